@@ -1,0 +1,26 @@
+//! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
+
+mod policies;
+
+use clap::{Parser, Subcommand};
+
+/// A KV-cache-aware load balancer and gateway for LLM serving.
+#[derive(Debug, Parser)]
+#[command(name = "kvgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List every routing policy with its parameters and defaults.
+    Policies(policies::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Policies(args) => policies::run(&args),
+    }
+}

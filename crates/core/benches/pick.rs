@@ -1,0 +1,150 @@
+//! Pick latency of the policies with the heaviest state, and the radix tree's memory per stored
+//! character. Run: `cargo bench -p kvgate-core --bench pick`.
+#![allow(missing_docs)] // criterion's macros generate undocumented functions
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use kvgate_core::index::radix::RadixTree;
+use kvgate_core::policy::PolicyConfig;
+use kvgate_core::{EndpointId, EndpointView, Event, Nanos, Observation, Request};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::hint::black_box;
+
+fn fleet(n: u32, rng: &mut ChaCha8Rng) -> Vec<EndpointView> {
+    (0..n)
+        .map(|i| {
+            EndpointView::new(EndpointId(i)).observed(
+                Observation {
+                    running: rng.random_range(0..8),
+                    waiting: rng.random_range(0..4),
+                    kv_usage: rng.random(),
+                    free_blocks: Some(rng.random_range(0..1000)),
+                    total_blocks: Some(1000),
+                },
+                Nanos::ZERO,
+            )
+        })
+        .collect()
+}
+
+/// `groups` shared system prompts of 2k characters, each followed by unique conversation text,
+/// until `total` characters were sent.
+fn corpus(total: usize, rng: &mut ChaCha8Rng) -> (Vec<String>, Vec<String>) {
+    let word = |rng: &mut ChaCha8Rng| -> String {
+        (0..rng.random_range(3..9))
+            .map(|_| char::from(rng.random_range(b'a'..=b'z')))
+            .collect()
+    };
+    let text = |rng: &mut ChaCha8Rng, chars: usize| {
+        let mut s = String::new();
+        while s.len() < chars {
+            s.push_str(&word(rng));
+            s.push(' ');
+        }
+        s
+    };
+    let systems: Vec<String> = (0..32).map(|_| text(rng, 2000)).collect();
+    let mut prompts = Vec::new();
+    let mut sent = 0;
+    while sent < total {
+        let p = format!(
+            "{}{}",
+            systems[rng.random_range(0..systems.len())],
+            text(rng, 6000)
+        );
+        sent += p.len();
+        prompts.push(p);
+    }
+    (systems, prompts)
+}
+
+fn bench_cache_aware(c: &mut Criterion) {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let fleet = fleet(64, &mut rng);
+    let (systems, prompts) = corpus(1_000_000, &mut rng);
+    let mut policy = PolicyConfig::default_for("cache_aware").unwrap().build();
+    for (k, p) in prompts.iter().enumerate() {
+        let r = Request::from_text(k as u64, p.clone());
+        let e = EndpointId(rng.random_range(0..64));
+        policy.observe(&Event::Dispatched {
+            request: &r,
+            endpoint: e,
+            at: Nanos(k as u64),
+        });
+    }
+    let query = Request::from_text(u64::MAX, format!("{}{}", systems[3], "x".repeat(6200)));
+    assert!(query.prompt.text.as_ref().unwrap().len() >= 8000);
+    c.bench_function("cache_aware pick, 64 endpoints, 1M chars, 8k prompt", |b| {
+        b.iter(|| black_box(policy.select(&query, &fleet, Nanos(1), &mut rng)))
+    });
+
+    let mut tree = RadixTree::<u8>::new(usize::MAX);
+    for (k, p) in prompts.iter().enumerate() {
+        tree.insert_key(0, p.as_bytes(), EndpointId(k as u32 % 64), Nanos(k as u64));
+    }
+    let inserted: usize = prompts.iter().map(String::len).sum();
+    eprintln!(
+        "radix tree: {} characters sent, {} stored, {} heap bytes: {:.2} bytes per stored character, {:.2} per sent",
+        inserted,
+        tree.stored(),
+        tree.heap_bytes(),
+        tree.heap_bytes() as f64 / tree.stored() as f64,
+        tree.heap_bytes() as f64 / inserted as f64,
+    );
+    c.bench_function("radix insert 8k prompt", |b| {
+        b.iter_batched(
+            || tree.clone(),
+            |mut t| {
+                t.insert_key(
+                    0,
+                    query.prompt.text.as_ref().unwrap().as_bytes(),
+                    EndpointId(1),
+                    Nanos(9),
+                )
+            },
+            BatchSize::LargeInput,
+        )
+    });
+}
+
+fn bench_kv_cost(c: &mut Criterion) {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let fleet = fleet(64, &mut rng);
+    let mut policy = PolicyConfig::default_for("kv_cost").unwrap().build();
+    let system: Vec<u32> = (0..1024).map(|_| rng.random_range(0..32000)).collect();
+    for k in 0..2000u64 {
+        let mut tokens = system[..rng.random_range(0..1024)].to_vec();
+        tokens.extend((0..512).map(|_| rng.random_range(0..32000u32)));
+        let r = Request::from_tokens(k, tokens);
+        let e = EndpointId(rng.random_range(0..64));
+        policy.observe(&Event::Dispatched {
+            request: &r,
+            endpoint: e,
+            at: Nanos(k),
+        });
+    }
+    let mut q = system.clone();
+    q.extend(0..1024);
+    let query = Request::from_tokens(u64::MAX, q);
+    c.bench_function("kv_cost pick, 64 endpoints, 2k-token prompt", |b| {
+        b.iter(|| black_box(policy.select(&query, &fleet, Nanos(1), &mut rng)))
+    });
+}
+
+fn bench_power_of_two(c: &mut Criterion) {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let fleet = fleet(1024, &mut rng);
+    let mut policy = PolicyConfig::default_for("power_of_two").unwrap().build();
+    let r = Request::from_text(1, "hello");
+    c.bench_function("power_of_two pick, 1024 endpoints", |b| {
+        b.iter(|| black_box(policy.select(&r, &fleet, Nanos(1), &mut rng)))
+    });
+}
+
+criterion_group!(
+    benches,
+    bench_cache_aware,
+    bench_kv_cost,
+    bench_power_of_two
+);
+criterion_main!(benches);

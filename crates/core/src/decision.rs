@@ -1,0 +1,268 @@
+//! What a policy returns and what it is told afterwards.
+
+use crate::index::blocks::KvEvent;
+use crate::{EndpointId, Nanos, Request};
+use serde::Serialize;
+use std::fmt;
+
+/// A policy's answer for one request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Send the request to `endpoint`.
+    Route(Route),
+    /// No endpoint can take it.
+    Reject(Rejection),
+}
+
+impl Decision {
+    /// The chosen endpoint, if any.
+    pub fn endpoint(&self) -> Option<EndpointId> {
+        match self {
+            Decision::Route(r) => Some(r.endpoint),
+            Decision::Reject(_) => None,
+        }
+    }
+}
+
+/// A routing choice and why it was made.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Route {
+    /// The chosen endpoint.
+    pub endpoint: EndpointId,
+    /// Why, for logs, metrics and the simulator's explanations.
+    pub reason: Reason,
+}
+
+/// Why a policy chose an endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// Uniformly random.
+    Random,
+    /// Next in turn.
+    RoundRobin,
+    /// Next in the smooth weighted turn, with the weight it had.
+    WeightedTurn {
+        /// Effective weight at the time of the pick.
+        weight: f64,
+    },
+    /// The least loaded of all candidates.
+    LeastLoaded {
+        /// Its load signal.
+        load: f64,
+    },
+    /// The less loaded of `d` random candidates.
+    PowerOfChoices {
+        /// How many were sampled.
+        sampled: usize,
+        /// The chosen one's load.
+        load: f64,
+    },
+    /// The lowest KV cache usage.
+    LeastKv {
+        /// Its usage, 0..=1.
+        usage: f64,
+    },
+    /// The consistent-hash owner of the key.
+    HashOwner,
+    /// The owner was over capacity; the ring walk moved `hops` endpoints on.
+    Overflow {
+        /// Endpoints skipped.
+        hops: u32,
+    },
+    /// The prefix index matched enough of the prompt here.
+    PrefixAffinity {
+        /// Matched units (characters, tokens or blocks).
+        matched: u32,
+        /// Units in the prompt.
+        total: u32,
+    },
+    /// The best match was too short; went to the least loaded.
+    LowMatch {
+        /// Best matched units.
+        matched: u32,
+        /// Units in the prompt.
+        total: u32,
+    },
+    /// The fleet was imbalanced, or the preferred endpoint overloaded; went to the least loaded.
+    BalanceEscape {
+        /// The load that triggered the escape.
+        max_load: f64,
+        /// The chosen endpoint's load.
+        min_load: f64,
+    },
+    /// Lowest cost (argmin).
+    LeastCost {
+        /// The chosen endpoint's cost.
+        cost: f64,
+    },
+    /// Sampled from a softmax over costs.
+    SampledCost {
+        /// The chosen endpoint's cost.
+        cost: f64,
+    },
+    /// Highest dynamic weight (`weight / (active + 1)^bias`).
+    WeightedLeastRequest {
+        /// The chosen endpoint's dynamic weight.
+        weight: f64,
+    },
+    /// Lowest peak-EWMA latency cost.
+    LowestLatency {
+        /// The chosen endpoint's cost in milliseconds.
+        cost_ms: f64,
+    },
+}
+
+impl Reason {
+    /// A short stable label for metrics: `affinity`, `balance`, `hash`, `overflow`, `cost`,
+    /// `load`, `turn`, `random` or `latency`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Reason::Random => "random",
+            Reason::RoundRobin | Reason::WeightedTurn { .. } => "turn",
+            Reason::LeastLoaded { .. }
+            | Reason::PowerOfChoices { .. }
+            | Reason::LeastKv { .. }
+            | Reason::WeightedLeastRequest { .. } => "load",
+            Reason::HashOwner => "hash",
+            Reason::Overflow { .. } => "overflow",
+            Reason::PrefixAffinity { .. } => "affinity",
+            Reason::LowMatch { .. } | Reason::BalanceEscape { .. } => "balance",
+            Reason::LeastCost { .. } | Reason::SampledCost { .. } => "cost",
+            Reason::LowestLatency { .. } => "latency",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Random => write!(f, "random"),
+            Reason::RoundRobin => write!(f, "round robin turn"),
+            Reason::WeightedTurn { weight } => write!(f, "weighted turn (weight {weight:.2})"),
+            Reason::LeastLoaded { load } => write!(f, "least loaded (load {load:.1})"),
+            Reason::PowerOfChoices { sampled, load } => {
+                write!(f, "least loaded of {sampled} sampled (load {load:.1})")
+            }
+            Reason::LeastKv { usage } => write!(f, "least KV usage ({:.0}%)", usage * 100.0),
+            Reason::HashOwner => write!(f, "hash owner"),
+            Reason::Overflow { hops } => {
+                write!(f, "owner over capacity, {hops} hop(s) on the ring")
+            }
+            Reason::PrefixAffinity { matched, total } => {
+                write!(f, "prefix affinity ({matched}/{total} matched)")
+            }
+            Reason::LowMatch { matched, total } => {
+                write!(f, "low match ({matched}/{total}), least loaded")
+            }
+            Reason::BalanceEscape { max_load, min_load } => {
+                write!(f, "balance escape (load {max_load:.1} vs {min_load:.1})")
+            }
+            Reason::LeastCost { cost } => write!(f, "least cost ({cost:.2})"),
+            Reason::SampledCost { cost } => write!(f, "softmax sample (cost {cost:.2})"),
+            Reason::WeightedLeastRequest { weight } => {
+                write!(f, "weighted least request (weight {weight:.3})")
+            }
+            Reason::LowestLatency { cost_ms } => write!(f, "lowest latency cost ({cost_ms:.2} ms)"),
+        }
+    }
+}
+
+/// Why no endpoint was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rejection {
+    /// The fleet is empty.
+    NoEndpoints,
+    /// Every endpoint is draining or unhealthy.
+    NoRoutableEndpoint,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::NoEndpoints => write!(f, "no endpoints"),
+            Rejection::NoRoutableEndpoint => write!(f, "no routable endpoint"),
+        }
+    }
+}
+
+/// How a request ended badly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Could not connect or the connection dropped before a response.
+    Connect,
+    /// The endpoint answered 5xx.
+    ServerError,
+    /// The endpoint answered 429.
+    Overloaded,
+    /// No first token in time.
+    Timeout,
+    /// The client went away.
+    Cancelled,
+}
+
+/// What a policy is told after it decided: the simulator and the gateway emit the same events.
+#[derive(Clone, Copy, Debug)]
+pub enum Event<'a> {
+    /// The request was sent to `endpoint` (which may differ from the policy's pick after a retry).
+    Dispatched {
+        /// The request.
+        request: &'a Request,
+        /// Where it went.
+        endpoint: EndpointId,
+        /// When.
+        at: Nanos,
+    },
+    /// The first token arrived after `ttft`.
+    FirstToken {
+        /// The request id.
+        request: u64,
+        /// Its endpoint.
+        endpoint: EndpointId,
+        /// When.
+        at: Nanos,
+        /// Time from dispatch to first token.
+        ttft: Nanos,
+    },
+    /// The request finished normally.
+    Completed {
+        /// The request id.
+        request: u64,
+        /// Its endpoint.
+        endpoint: EndpointId,
+        /// When.
+        at: Nanos,
+        /// Time from dispatch to the end of the stream.
+        latency: Nanos,
+        /// Output tokens produced.
+        output_tokens: u32,
+    },
+    /// The request failed on `endpoint`.
+    Failed {
+        /// The request id.
+        request: u64,
+        /// Its endpoint.
+        endpoint: EndpointId,
+        /// When.
+        at: Nanos,
+        /// How.
+        kind: FailureKind,
+    },
+    /// The endpoint left the pool: forget everything about it.
+    EndpointRemoved {
+        /// The endpoint.
+        endpoint: EndpointId,
+    },
+    /// An engine reported KV cache changes (vLLM KV events).
+    Kv {
+        /// The reporting endpoint.
+        endpoint: EndpointId,
+        /// What changed.
+        event: &'a KvEvent,
+        /// When it was received.
+        at: Nanos,
+    },
+}

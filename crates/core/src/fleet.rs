@@ -1,0 +1,239 @@
+//! The fleet as a policy sees it: per endpoint, what the router was last told and what it did
+//! itself since.
+
+use crate::Nanos;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+
+/// A replica's identity within one router. Dense small integers, assigned by the runtime.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct EndpointId(pub u32);
+
+impl fmt::Display for EndpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "e{}", self.0)
+    }
+}
+
+/// Whether an endpoint may receive new requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Accepting traffic.
+    #[default]
+    Healthy,
+    /// Finishing in-flight work; gets no new requests.
+    Draining,
+    /// Failing health checks, tripped breaker or steered away by Retry-After.
+    Unhealthy,
+}
+
+/// One scrape of an endpoint's engine metrics (vLLM `num_requests_running`,
+/// `num_requests_waiting`, `kv_cache_usage_perc`; DOMAIN.md §5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Sequences in the running batch.
+    pub running: u32,
+    /// Sequences queued in the engine, including those that hold no KV blocks yet.
+    pub waiting: u32,
+    /// KV cache usage, 0..=1.
+    pub kv_usage: f64,
+    /// Free KV blocks, if the engine reports them.
+    pub free_blocks: Option<u64>,
+    /// Total KV blocks, if the engine reports them.
+    pub total_blocks: Option<u64>,
+}
+
+impl Observation {
+    /// Accepted-but-unfinished work as the engine reported it: waiting plus running (the load
+    /// signal that must count queued requests too, DOMAIN.md §4).
+    pub fn outstanding(&self) -> u32 {
+        self.running.saturating_add(self.waiting)
+    }
+
+    /// KV blocks in use, from the block counts when reported, else from the usage ratio.
+    pub fn used_blocks(&self) -> Option<u64> {
+        match (self.free_blocks, self.total_blocks) {
+            (Some(free), Some(total)) => Some(total.saturating_sub(free)),
+            (None, Some(total)) => Some((self.kv_usage.clamp(0.0, 1.0) * total as f64) as u64),
+            _ => None,
+        }
+    }
+}
+
+/// One endpoint in the snapshot handed to a policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointView {
+    /// Identity.
+    pub id: EndpointId,
+    /// Static capacity weight (1.0 = nominal).
+    pub weight: f64,
+    /// Routable or not.
+    pub health: Health,
+    /// The last observation, if any.
+    pub observation: Option<Observation>,
+    /// When `observation` was taken.
+    pub observed_at: Nanos,
+    /// Requests this router dispatched after `observed_at` and that have not finished: the
+    /// self-accounting correction for a stale scrape (DOMAIN.md §5.6, mitigation 1). With no
+    /// observation at all this is every unfinished request of ours.
+    pub own_since_observation: u32,
+    /// Every unfinished request this router dispatched to the endpoint.
+    pub own_inflight: u32,
+    /// When the endpoint joined the pool; drives blackout and slow start.
+    pub joined_at: Nanos,
+}
+
+impl EndpointView {
+    /// A healthy endpoint of weight 1 with no observation, joined at the epoch.
+    pub fn new(id: EndpointId) -> Self {
+        EndpointView {
+            id,
+            weight: 1.0,
+            health: Health::Healthy,
+            observation: None,
+            observed_at: Nanos::ZERO,
+            own_since_observation: 0,
+            own_inflight: 0,
+            joined_at: Nanos::ZERO,
+        }
+    }
+
+    /// Sets the observation and when it was taken.
+    pub fn observed(mut self, observation: Observation, at: Nanos) -> Self {
+        self.observation = Some(observation);
+        self.observed_at = at;
+        self
+    }
+
+    /// Whether a policy may route to this endpoint.
+    pub fn is_routable(&self) -> bool {
+        self.health == Health::Healthy
+    }
+}
+
+/// The router's own bookkeeping of requests it dispatched and that have not finished, per
+/// endpoint, so it can say how many were sent after any given observation.
+///
+/// The simulator and the gateway both keep one and copy its counts into [`EndpointView`]s.
+#[derive(Clone, Debug, Default)]
+pub struct InflightLedger {
+    endpoints: HashMap<EndpointId, EndpointLedger>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct EndpointLedger {
+    inflight: HashMap<u64, Nanos>,
+    observed_at: Option<Nanos>,
+    since_observation: u32,
+}
+
+impl InflightLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that `request` was sent to `endpoint` at `at`.
+    pub fn dispatched(&mut self, endpoint: EndpointId, request: u64, at: Nanos) {
+        let ledger = self.endpoints.entry(endpoint).or_default();
+        if ledger.inflight.insert(request, at).is_none() {
+            ledger.since_observation += 1;
+        }
+    }
+
+    /// Records that `request` finished (completed, failed or cancelled). Unknown ids are ignored.
+    pub fn finished(&mut self, endpoint: EndpointId, request: u64) {
+        if let Some(ledger) = self.endpoints.get_mut(&endpoint) {
+            if let Some(sent) = ledger.inflight.remove(&request) {
+                if ledger.observed_at.is_none_or(|obs| sent > obs) {
+                    ledger.since_observation = ledger.since_observation.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Records that an observation of `endpoint` was taken at `at`: our requests sent at or
+    /// before `at` are now part of what the engine reported.
+    pub fn observed(&mut self, endpoint: EndpointId, at: Nanos) {
+        let ledger = self.endpoints.entry(endpoint).or_default();
+        ledger.observed_at = Some(at);
+        ledger.since_observation = count_u32(ledger.inflight.values().filter(|&&sent| sent > at));
+    }
+
+    /// Forgets an endpoint that left the pool.
+    pub fn remove(&mut self, endpoint: EndpointId) {
+        self.endpoints.remove(&endpoint);
+    }
+
+    /// Unfinished requests sent after the last observation of `endpoint`.
+    pub fn since_observation(&self, endpoint: EndpointId) -> u32 {
+        self.endpoints
+            .get(&endpoint)
+            .map_or(0, |l| l.since_observation)
+    }
+
+    /// Every unfinished request sent to `endpoint`.
+    pub fn inflight(&self, endpoint: EndpointId) -> u32 {
+        self.endpoints
+            .get(&endpoint)
+            .map_or(0, |l| count_u32(l.inflight.iter()))
+    }
+
+    /// Copies this ledger's counts into a view of the same endpoint.
+    pub fn annotate(&self, view: &mut EndpointView) {
+        view.own_since_observation = self.since_observation(view.id);
+        view.own_inflight = self.inflight(view.id);
+    }
+}
+
+fn count_u32<I: Iterator>(iter: I) -> u32 {
+    u32::try_from(iter.count()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_counts_only_dispatches_after_the_observation() {
+        let e = EndpointId(3);
+        let mut ledger = InflightLedger::new();
+        ledger.dispatched(e, 1, Nanos(10));
+        ledger.dispatched(e, 2, Nanos(20));
+        assert_eq!(ledger.since_observation(e), 2);
+        ledger.observed(e, Nanos(15));
+        assert_eq!(ledger.since_observation(e), 1);
+        assert_eq!(ledger.inflight(e), 2);
+        ledger.finished(e, 1);
+        assert_eq!(
+            ledger.since_observation(e),
+            1,
+            "request 1 was already in the scrape"
+        );
+        ledger.finished(e, 2);
+        assert_eq!(ledger.since_observation(e), 0);
+        ledger.finished(e, 2);
+        assert_eq!(ledger.inflight(e), 0);
+    }
+
+    #[test]
+    fn used_blocks_prefers_counts() {
+        let obs = Observation {
+            kv_usage: 0.5,
+            free_blocks: Some(30),
+            total_blocks: Some(100),
+            ..Observation::default()
+        };
+        assert_eq!(obs.used_blocks(), Some(70));
+        let ratio_only = Observation {
+            free_blocks: None,
+            ..obs
+        };
+        assert_eq!(ratio_only.used_blocks(), Some(50));
+    }
+}

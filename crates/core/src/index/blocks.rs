@@ -1,0 +1,414 @@
+//! An index of KV blocks keyed by chained block hashes (Dynamo's KV indexer, vLLM's prefix
+//! cache keys; DOMAIN.md §5.4).
+//!
+//! A prompt is cut into full blocks of `block_size` tokens; block `i`'s hash covers its tokens
+//! and block `i - 1`'s hash, so equal hashes mean equal prefixes. The index maps each hash to
+//! the endpoints (and cache tiers) holding it; an endpoint's overlap is its run of leading
+//! blocks.
+//!
+//! Engines name blocks by their own hashes, which a router cannot reproduce (vLLM seeds them
+//! per process), so events carry token ids and the index recomputes its own chained hashes,
+//! remembering each endpoint's external-to-local mapping for later removals. Without events the
+//! router inserts what it dispatched (Dynamo's approximate indexer) and entries expire after
+//! `ttl`.
+
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey};
+use crate::{EndpointId, Nanos};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Where a cached block lives (vLLM's `medium`: GPU, CPU, DISK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Accelerator memory.
+    Device,
+    /// Host (CPU) memory.
+    Host,
+    /// Local disk or a shared store.
+    Disk,
+}
+
+/// One KV cache change reported by an engine (vLLM `BlockStored`, `BlockRemoved`,
+/// `AllBlocksCleared`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum KvEvent {
+    /// Blocks were stored; `token_ids` holds `block_size` tokens per block, in order.
+    BlockStored {
+        /// The engine's hashes of the stored blocks.
+        block_hashes: Vec<u64>,
+        /// The engine's hash of the block before the first one, if any.
+        parent_block_hash: Option<u64>,
+        /// The blocks' tokens.
+        token_ids: Vec<u32>,
+        /// Tokens per block.
+        block_size: u32,
+        /// Where they were stored.
+        tier: Tier,
+    },
+    /// Blocks were evicted.
+    BlockRemoved {
+        /// The engine's hashes of the removed blocks.
+        block_hashes: Vec<u64>,
+        /// From where.
+        tier: Tier,
+    },
+    /// The engine dropped its whole cache.
+    AllBlocksCleared,
+}
+
+/// Chained hashes of the full blocks of `tokens`, seeded by `scope`.
+pub fn block_hashes(tokens: &[u32], block_size: usize, scope: u64) -> Vec<u64> {
+    let mut parent = scope;
+    tokens
+        .chunks_exact(block_size.max(1))
+        .map(|block| {
+            parent = hash_block(block, parent);
+            parent
+        })
+        .collect()
+}
+
+/// Chained hashes of a text key, cutting it into blocks of `4 * block_size` bytes (about
+/// `block_size` tokens at four bytes per token) when no token ids are known.
+pub fn text_block_hashes(text: &[u8], block_size: usize, scope: u64) -> Vec<u64> {
+    let mut parent = scope;
+    text.chunks_exact(4 * block_size.max(1))
+        .map(|block| {
+            parent = xxh3_64_with_seed(block, parent);
+            parent
+        })
+        .collect()
+}
+
+fn hash_block(tokens: &[u32], parent: u64) -> u64 {
+    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    for t in tokens {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&bytes, parent)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holder {
+    endpoint: EndpointId,
+    tier: Tier,
+    at: Nanos,
+}
+
+/// The block index. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct BlockIndex {
+    block_size: usize,
+    /// Expiry of router-inserted entries; `None` when fed by engine events.
+    ttl: Option<Nanos>,
+    blocks: HashMap<u64, Vec<Holder>>,
+    external: HashMap<(EndpointId, u64), u64>,
+    unplaced: u64,
+}
+
+impl BlockIndex {
+    /// An index of `block_size`-token blocks. With `ttl`, router-side inserts expire after it.
+    pub fn new(block_size: usize, ttl: Option<Nanos>) -> Self {
+        BlockIndex {
+            block_size: block_size.max(1),
+            ttl,
+            blocks: HashMap::new(),
+            external: HashMap::new(),
+            unplaced: 0,
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Distinct blocks known.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether no block is known.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Stored events whose parent block was unknown (for example after lost events); their
+    /// blocks cannot be placed in the chain.
+    pub fn unplaced(&self) -> u64 {
+        self.unplaced
+    }
+
+    /// The key's chained block hashes (tokens if known, else text).
+    pub fn hashes_of(&self, key: &PrefixKey<'_>) -> Vec<u64> {
+        match (key.tokens, key.text) {
+            (Some(tokens), _) => block_hashes(tokens, self.block_size, key.scope),
+            (None, Some(text)) => text_block_hashes(text, self.block_size, key.scope),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// Per endpoint, the run of leading blocks of `hashes` it holds, split by tier: the first
+    /// `device` blocks are all on the device, and so on down the tiers.
+    pub fn overlaps_of(&self, hashes: &[u64], now: Nanos) -> Overlaps {
+        let mut alive: Vec<Overlap> = Vec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            let holders = self.blocks.get(h).map(Vec::as_slice).unwrap_or(&[]);
+            let fresh = |x: &&Holder| self.ttl.is_none_or(|ttl| now.saturating_since(x.at) <= ttl);
+            if i == 0 {
+                for x in holders.iter().filter(fresh) {
+                    if !alive.iter().any(|o| o.endpoint == x.endpoint) {
+                        alive.push(Overlap {
+                            endpoint: x.endpoint,
+                            ..Overlap::default()
+                        });
+                    }
+                }
+            }
+            let mut any = false;
+            for o in alive.iter_mut() {
+                if o.total() as usize != i {
+                    continue;
+                }
+                let best = holders
+                    .iter()
+                    .filter(fresh)
+                    .filter(|x| x.endpoint == o.endpoint)
+                    .map(|x| x.tier)
+                    .min();
+                let Some(tier) = best else { continue };
+                // A block on a faster tier after a slower one still counts at the slower tier.
+                let tier = if o.disk > 0 {
+                    Tier::Disk
+                } else if o.host > 0 {
+                    tier.max(Tier::Host)
+                } else {
+                    tier
+                };
+                match tier {
+                    Tier::Device => o.device += 1,
+                    Tier::Host => o.host += 1,
+                    Tier::Disk => o.disk += 1,
+                }
+                any = true;
+            }
+            if !any {
+                break;
+            }
+        }
+        alive.retain(|o| o.total() > 0);
+        alive.sort_by_key(|o| o.endpoint);
+        Overlaps {
+            total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
+            endpoints: alive,
+        }
+    }
+
+    /// Applies one engine event from `endpoint`.
+    pub fn apply(&mut self, endpoint: EndpointId, event: &KvEvent, at: Nanos) {
+        match event {
+            KvEvent::BlockStored {
+                block_hashes: ext,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                tier,
+            } => {
+                let bs = (*block_size as usize).max(1);
+                let mut parent = match parent_block_hash {
+                    None => 0x6b76_u64,
+                    Some(p) => match self.external.get(&(endpoint, *p)) {
+                        Some(&local) => local,
+                        None => {
+                            self.unplaced += 1;
+                            return;
+                        }
+                    },
+                };
+                for (ext_hash, block) in ext.iter().zip(token_ids.chunks_exact(bs)) {
+                    let local = hash_block(block, parent);
+                    self.external.insert((endpoint, *ext_hash), local);
+                    self.hold(local, endpoint, *tier, at);
+                    parent = local;
+                }
+            }
+            KvEvent::BlockRemoved {
+                block_hashes: ext,
+                tier,
+            } => {
+                for h in ext {
+                    if let Some(local) = self.external.get(&(endpoint, *h)).copied() {
+                        self.release(local, endpoint, Some(*tier));
+                        if !self.holds(local, endpoint) {
+                            self.external.remove(&(endpoint, *h));
+                        }
+                    }
+                }
+            }
+            KvEvent::AllBlocksCleared => self.remove_endpoint(endpoint),
+        }
+    }
+
+    fn holds(&self, local: u64, endpoint: EndpointId) -> bool {
+        self.blocks
+            .get(&local)
+            .is_some_and(|v| v.iter().any(|x| x.endpoint == endpoint))
+    }
+
+    fn hold(&mut self, local: u64, endpoint: EndpointId, tier: Tier, at: Nanos) {
+        let holders = self.blocks.entry(local).or_default();
+        match holders
+            .iter_mut()
+            .find(|x| x.endpoint == endpoint && x.tier == tier)
+        {
+            Some(x) => x.at = x.at.max(at),
+            None => holders.push(Holder { endpoint, tier, at }),
+        }
+    }
+
+    fn release(&mut self, local: u64, endpoint: EndpointId, tier: Option<Tier>) {
+        if let Some(holders) = self.blocks.get_mut(&local) {
+            holders.retain(|x| !(x.endpoint == endpoint && tier.is_none_or(|t| t == x.tier)));
+            if holders.is_empty() {
+                self.blocks.remove(&local);
+            }
+        }
+    }
+}
+
+impl PrefixIndex for BlockIndex {
+    fn overlaps(&mut self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps {
+        let hashes = self.hashes_of(key);
+        self.overlaps_of(&hashes, now)
+    }
+
+    fn insert(&mut self, key: &PrefixKey<'_>, endpoint: EndpointId, now: Nanos) {
+        for h in self.hashes_of(key) {
+            self.hold(h, endpoint, Tier::Device, now);
+        }
+    }
+
+    fn remove_endpoint(&mut self, endpoint: EndpointId) {
+        self.blocks.retain(|_, holders| {
+            holders.retain(|x| x.endpoint != endpoint);
+            !holders.is_empty()
+        });
+        self.external.retain(|(e, _), _| *e != endpoint);
+    }
+
+    fn evict(&mut self, now: Nanos) {
+        if let Some(ttl) = self.ttl {
+            self.blocks.retain(|_, holders| {
+                holders.retain(|x| now.saturating_since(x.at) <= ttl);
+                !holders.is_empty()
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn stored(tokens: &[u32], parent: Option<u64>, ext0: u64, tier: Tier) -> KvEvent {
+        KvEvent::BlockStored {
+            block_hashes: (0..(tokens.len() / 4) as u64).map(|i| ext0 + i).collect(),
+            parent_block_hash: parent,
+            token_ids: tokens.to_vec(),
+            block_size: 4,
+            tier,
+        }
+    }
+
+    #[test]
+    fn events_and_requests_hash_alike() {
+        let mut idx = BlockIndex::new(4, None);
+        let prompt: Vec<u32> = (0..14).collect();
+        idx.apply(
+            EndpointId(1),
+            &stored(&prompt[..8], None, 100, Tier::Device),
+            Nanos(0),
+        );
+        idx.apply(
+            EndpointId(1),
+            &stored(&prompt[8..12], Some(101), 200, Tier::Host),
+            Nanos(0),
+        );
+        idx.apply(
+            EndpointId(2),
+            &stored(&prompt[..4], None, 900, Tier::Device),
+            Nanos(0),
+        );
+        let hashes = block_hashes(&prompt, 4, 0x6b76);
+        let o = idx.overlaps_of(&hashes, Nanos(0));
+        assert_eq!(o.total, 3);
+        assert_eq!(
+            o.of(EndpointId(1)),
+            Overlap {
+                endpoint: EndpointId(1),
+                device: 2,
+                host: 1,
+                disk: 0
+            }
+        );
+        assert_eq!(o.of(EndpointId(2)).device, 1);
+        idx.apply(
+            EndpointId(1),
+            &KvEvent::BlockRemoved {
+                block_hashes: vec![101],
+                tier: Tier::Device,
+            },
+            Nanos(1),
+        );
+        assert_eq!(
+            idx.overlaps_of(&hashes, Nanos(1)).of(EndpointId(1)).total(),
+            1
+        );
+        idx.apply(EndpointId(1), &KvEvent::AllBlocksCleared, Nanos(2));
+        assert_eq!(
+            idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(1)).total(),
+            0
+        );
+        assert_eq!(
+            idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(2)).total(),
+            1
+        );
+    }
+
+    #[test]
+    fn unknown_parent_is_not_placed() {
+        let mut idx = BlockIndex::new(4, None);
+        idx.apply(
+            EndpointId(0),
+            &stored(&[1, 2, 3, 4], Some(77), 5, Tier::Device),
+            Nanos(0),
+        );
+        assert!(idx.is_empty());
+        assert_eq!(idx.unplaced(), 1);
+    }
+
+    proptest! {
+        /// The index agrees with a recount: an endpoint's overlap is the longest run of leading
+        /// blocks of the query that it was sent, per router-side insert.
+        #[test]
+        fn overlap_matches_a_recount(sent in prop::collection::vec((0u32..3, prop::collection::vec(0u32..3, 0..24)), 0..20),
+                                     query in prop::collection::vec(0u32..3, 0..24)) {
+            let mut idx = BlockIndex::new(4, None);
+            for (e, toks) in &sent {
+                idx.insert(&PrefixKey { scope: 0, text: None, tokens: Some(toks) }, EndpointId(*e), Nanos(0));
+            }
+            let got = idx.overlaps(&PrefixKey { scope: 0, text: None, tokens: Some(&query) }, Nanos(0));
+            for e in 0..3 {
+                let recount = sent.iter().filter(|(x, _)| *x == e)
+                    .map(|(_, t)| t.iter().zip(&query).take_while(|(a, b)| a == b).count() / 4)
+                    .max().unwrap_or(0)
+                    .min(query.len() / 4);
+                prop_assert_eq!(got.of(EndpointId(e)).device as usize, recount);
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Prefix indexes: where the router believes each endpoint holds a prompt's prefix in its KV
+//! cache.
+//!
+//! Two implementations answer the same question, "how much of this prompt does each endpoint
+//! already have?":
+//! - [`radix::RadixTree`], an approximate tree of what the router itself sent where (SGLang's
+//!   approach: no engine cooperation, character- or token-keyed);
+//! - [`blocks::BlockIndex`], keyed by chained KV-block hashes and fed by the engines' own KV
+//!   events (Dynamo's and vLLM's approach), or by the router's dispatches when events are off.
+//!
+//! Keys are scoped: the model and, unless sharing is configured, the tenant are part of every
+//! key, so one tenant's prompts never earn affinity (and an observable cache hit) from
+//! another's (DOMAIN.md §13).
+
+pub mod blocks;
+pub mod radix;
+
+use crate::{EndpointId, Nanos, Request};
+use serde::Serialize;
+use std::fmt;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// A request's prefix key: a scope and the prompt's text and/or tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixKey<'a> {
+    /// Keys with different scopes never match each other.
+    pub scope: u64,
+    /// The prompt text as bytes.
+    pub text: Option<&'a [u8]>,
+    /// The prompt's token ids.
+    pub tokens: Option<&'a [u32]>,
+}
+
+impl<'a> PrefixKey<'a> {
+    /// The key of `request`: scoped by model, and by tenant unless `share_across_tenants`.
+    pub fn of(request: &'a Request, share_across_tenants: bool) -> Self {
+        let mut scope = 0x6b76_u64;
+        if let Some(model) = &request.model {
+            scope = xxh3_64_with_seed(model.as_bytes(), scope);
+        }
+        if !share_across_tenants {
+            if let Some(tenant) = &request.tenant {
+                scope = xxh3_64_with_seed(tenant.as_bytes(), scope ^ 0x7465_6e61_6e74);
+            }
+        }
+        PrefixKey {
+            scope,
+            text: request.prompt.text.as_deref().map(str::as_bytes),
+            tokens: request.prompt.tokens.as_deref(),
+        }
+    }
+}
+
+/// How much of a prompt one endpoint holds, per cache tier (DOMAIN.md §5.4: device, host, disk).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Overlap {
+    /// The endpoint.
+    pub endpoint: EndpointId,
+    /// Leading units in device (GPU) memory.
+    pub device: u32,
+    /// Leading units beyond `device` in host memory.
+    pub host: u32,
+    /// Leading units beyond `device + host` on disk.
+    pub disk: u32,
+}
+
+impl Overlap {
+    /// Units held in any tier.
+    pub fn total(&self) -> u32 {
+        self.device + self.host + self.disk
+    }
+}
+
+/// Every endpoint's overlap with one prompt. Endpoints with no overlap are absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Overlaps {
+    /// Units in the prompt (characters, tokens or blocks, depending on the index).
+    pub total: u32,
+    /// Per endpoint, sorted by endpoint id.
+    pub endpoints: Vec<Overlap>,
+}
+
+impl Overlaps {
+    /// The overlap of `endpoint`, zero when absent.
+    pub fn of(&self, endpoint: EndpointId) -> Overlap {
+        self.endpoints
+            .binary_search_by_key(&endpoint, |o| o.endpoint)
+            .map(|i| self.endpoints[i])
+            .unwrap_or(Overlap {
+                endpoint,
+                ..Overlap::default()
+            })
+    }
+
+    /// The largest overlap in any tier.
+    pub fn best(&self) -> u32 {
+        self.endpoints.iter().map(Overlap::total).max().unwrap_or(0)
+    }
+}
+
+/// The role every prefix index plays.
+pub trait PrefixIndex: fmt::Debug + Send {
+    /// Every endpoint's overlap with `key`. Takes `&mut self` so an index may reuse scratch
+    /// space; it does not change what is stored.
+    fn overlaps(&mut self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps;
+    /// Records that `endpoint` now holds `key` (and refreshes its recency).
+    fn insert(&mut self, key: &PrefixKey<'_>, endpoint: EndpointId, now: Nanos);
+    /// Forgets everything held by `endpoint`.
+    fn remove_endpoint(&mut self, endpoint: EndpointId);
+    /// Periodic upkeep (size or age based eviction), called by the owner on its own clock.
+    fn evict(&mut self, now: Nanos);
+}

@@ -1,0 +1,380 @@
+//! An approximate radix tree of the prompts the router sent to each endpoint (SGLang's
+//! cache-aware router, DOMAIN.md §5.5).
+//!
+//! Edges are compressed (one node per branching point), endpoints are *tenants* of the nodes
+//! on the paths they were sent, and each tenant's presence is prefix-closed: if an endpoint
+//! holds a node it holds every ancestor. Matching walks the query once, so it costs
+//! O(prompt length + tenants on the path). Each endpoint's stored size (the symbols on its
+//! paths) is bounded by `max_size`; when an insert goes over, that endpoint's least recently
+//! used leaves are evicted down to 90% of the bound, so the bound holds after every call and
+//! the eviction scan is amortised over many inserts. Recency only grows towards the root (an
+//! insert refreshes the whole path), so evicting leaves in timestamp order is exact LRU.
+//!
+//! The tree is keyed by bytes (`RadixTree<u8>`, SGLang's raw-text matching) or token ids
+//! (`RadixTree<u32>`). Each key scope (model, tenant) has its own root.
+
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey};
+use crate::{EndpointId, Nanos};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+use std::mem::size_of;
+
+/// A symbol the tree can be keyed by, and where to find it in a [`PrefixKey`].
+pub trait Symbol: Copy + Ord + fmt::Debug + Send + 'static {
+    /// The key's symbols of this kind, if it has them.
+    fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [Self]>;
+}
+
+impl Symbol for u8 {
+    fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [u8]> {
+        key.text
+    }
+}
+
+impl Symbol for u32 {
+    fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [u32]> {
+        key.tokens
+    }
+}
+
+type NodeId = u32;
+const NONE: NodeId = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Node<K> {
+    edge: Vec<K>,
+    parent: NodeId,
+    children: Vec<(K, NodeId)>,
+    tenants: Vec<(EndpointId, Nanos)>,
+}
+
+impl<K: Symbol> Node<K> {
+    fn child(&self, first: K) -> Option<NodeId> {
+        self.children
+            .binary_search_by_key(&first, |&(k, _)| k)
+            .ok()
+            .map(|i| self.children[i].1)
+    }
+
+    fn tenant(&self, t: EndpointId) -> Option<Nanos> {
+        self.tenants
+            .iter()
+            .find(|(e, _)| *e == t)
+            .map(|&(_, at)| at)
+    }
+}
+
+/// The tree. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct RadixTree<K> {
+    nodes: Vec<Node<K>>,
+    free: Vec<NodeId>,
+    roots: HashMap<u64, NodeId>,
+    sizes: HashMap<EndpointId, usize>,
+    stored: usize,
+    max_size: usize,
+    scratch: Vec<u32>,
+}
+
+impl<K: Symbol> RadixTree<K> {
+    /// An empty tree bounding each endpoint to `max_size` stored symbols.
+    pub fn new(max_size: usize) -> Self {
+        RadixTree {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            roots: HashMap::new(),
+            sizes: HashMap::new(),
+            stored: 0,
+            max_size: max_size.max(1),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Symbols stored in the tree (each edge counted once, however many tenants share it).
+    pub fn stored(&self) -> usize {
+        self.stored
+    }
+
+    /// Symbols on `endpoint`'s paths: what its bound applies to.
+    pub fn size_of(&self, endpoint: EndpointId) -> usize {
+        self.sizes.get(&endpoint).copied().unwrap_or(0)
+    }
+
+    /// The per-endpoint bound.
+    pub fn max_size(&self) -> usize {
+        self.max_size
+    }
+
+    /// Approximate heap bytes used, for the memory benchmark.
+    pub fn heap_bytes(&self) -> usize {
+        let nodes: usize = self
+            .nodes
+            .iter()
+            .map(|n| {
+                n.edge.capacity() * size_of::<K>()
+                    + n.children.capacity() * size_of::<(K, NodeId)>()
+                    + n.tenants.capacity() * size_of::<(EndpointId, Nanos)>()
+            })
+            .sum();
+        nodes
+            + self.nodes.capacity() * size_of::<Node<K>>()
+            + self.free.capacity() * size_of::<NodeId>()
+            + self.roots.capacity() * size_of::<(u64, NodeId)>() * 2
+    }
+
+    /// For each endpoint, how many leading symbols of `key` (in `scope`) it holds.
+    pub fn match_prefix(&mut self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32)> {
+        let Some(&root) = self.roots.get(&scope) else {
+            return Vec::new();
+        };
+        let mut touched: Vec<EndpointId> = Vec::new();
+        let (mut node, mut pos) = (root, 0usize);
+        while pos < key.len() {
+            let Some(c) = self.nodes[node as usize].child(key[pos]) else {
+                break;
+            };
+            let edge = &self.nodes[c as usize].edge;
+            let common = lcp(edge, &key[pos..]);
+            let matched = u32::try_from(pos + common).unwrap_or(u32::MAX);
+            for &(t, _) in &self.nodes[c as usize].tenants {
+                let slot = t.0 as usize;
+                if slot >= self.scratch.len() {
+                    self.scratch.resize(slot + 1, 0);
+                }
+                if self.scratch[slot] == 0 {
+                    touched.push(t);
+                }
+                self.scratch[slot] = matched;
+            }
+            if common < edge.len() {
+                break;
+            }
+            pos += common;
+            node = c;
+        }
+        touched.sort_unstable();
+        touched
+            .into_iter()
+            .map(|t| (t, std::mem::take(&mut self.scratch[t.0 as usize])))
+            .collect()
+    }
+
+    /// Records that `endpoint` was sent `key` (in `scope`) at `now`, then enforces the bound.
+    pub fn insert_key(&mut self, scope: u64, key: &[K], endpoint: EndpointId, now: Nanos) {
+        if key.is_empty() {
+            return;
+        }
+        let root = match self.roots.get(&scope) {
+            Some(&r) => r,
+            None => {
+                let r = self.alloc(Vec::new(), NONE);
+                self.roots.insert(scope, r);
+                r
+            }
+        };
+        let (mut node, mut pos) = (root, 0usize);
+        while pos < key.len() {
+            match self.nodes[node as usize].child(key[pos]) {
+                None => {
+                    let leaf = self.alloc(key[pos..].to_vec(), node);
+                    self.link(node, leaf);
+                    self.touch(leaf, endpoint, now);
+                    break;
+                }
+                Some(mut c) => {
+                    let common = lcp(&self.nodes[c as usize].edge, &key[pos..]);
+                    if common < self.nodes[c as usize].edge.len() {
+                        c = self.split(c, common);
+                    }
+                    self.touch(c, endpoint, now);
+                    pos += common;
+                    node = c;
+                }
+            }
+        }
+        if self.size_of(endpoint) > self.max_size {
+            let target = self.max_size - self.max_size / 10;
+            self.evict_endpoint_to(endpoint, target);
+        }
+    }
+
+    /// Evicts `endpoint`'s least recently used leaves until its size is at most `target`.
+    pub fn evict_endpoint_to(&mut self, endpoint: EndpointId, target: usize) {
+        let mut heap: BinaryHeap<Reverse<(Nanos, NodeId)>> = BinaryHeap::new();
+        for (id, node) in self.nodes.iter().enumerate() {
+            if node.parent == NONE && node.edge.is_empty() {
+                continue;
+            }
+            if let Some(at) = node.tenant(endpoint) {
+                if !self.child_has(id as NodeId, endpoint) {
+                    heap.push(Reverse((at, id as NodeId)));
+                }
+            }
+        }
+        while self.size_of(endpoint) > target {
+            let Some(Reverse((_, id))) = heap.pop() else {
+                break;
+            };
+            let parent = self.nodes[id as usize].parent;
+            self.drop_tenant(id, endpoint);
+            let p = &self.nodes[parent as usize];
+            if p.parent != NONE || !p.edge.is_empty() {
+                if let Some(at) = p.tenant(endpoint) {
+                    if !self.child_has(parent, endpoint) {
+                        heap.push(Reverse((at, parent)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn child_has(&self, id: NodeId, endpoint: EndpointId) -> bool {
+        self.nodes[id as usize]
+            .children
+            .iter()
+            .any(|&(_, c)| self.nodes[c as usize].tenant(endpoint).is_some())
+    }
+
+    fn drop_tenant(&mut self, id: NodeId, endpoint: EndpointId) {
+        let node = &mut self.nodes[id as usize];
+        let Some(i) = node.tenants.iter().position(|(e, _)| *e == endpoint) else {
+            return;
+        };
+        node.tenants.swap_remove(i);
+        let len = node.edge.len();
+        if let Some(size) = self.sizes.get_mut(&endpoint) {
+            *size -= len;
+            if *size == 0 {
+                self.sizes.remove(&endpoint);
+            }
+        }
+        if node.tenants.is_empty() {
+            debug_assert!(
+                node.children.is_empty(),
+                "a tenantless node has tenantless children"
+            );
+            let first = node.edge[0];
+            let parent = node.parent;
+            self.stored -= len;
+            let siblings = &mut self.nodes[parent as usize].children;
+            if let Ok(pos) = siblings.binary_search_by_key(&first, |&(k, _)| k) {
+                siblings.remove(pos);
+            }
+            let node = &mut self.nodes[id as usize];
+            node.edge = Vec::new();
+            node.children = Vec::new();
+            node.tenants = Vec::new();
+            node.parent = NONE;
+            self.free.push(id);
+        }
+    }
+
+    fn alloc(&mut self, edge: Vec<K>, parent: NodeId) -> NodeId {
+        self.stored += edge.len();
+        let node = Node {
+            edge,
+            parent,
+            children: Vec::new(),
+            tenants: Vec::new(),
+        };
+        if let Some(id) = self.free.pop() {
+            self.nodes[id as usize] = node;
+            id
+        } else {
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as NodeId
+        }
+    }
+
+    fn link(&mut self, parent: NodeId, child: NodeId) {
+        let first = self.nodes[child as usize].edge[0];
+        let children = &mut self.nodes[parent as usize].children;
+        let at = children.partition_point(|&(k, _)| k < first);
+        children.insert(at, (first, child));
+    }
+
+    /// Splits `c`'s edge after `at` symbols; returns the new upper node.
+    fn split(&mut self, c: NodeId, at: usize) -> NodeId {
+        let parent = self.nodes[c as usize].parent;
+        let lower_edge = self.nodes[c as usize].edge.split_off(at);
+        let upper_edge = std::mem::take(&mut self.nodes[c as usize].edge);
+        let tenants = self.nodes[c as usize].tenants.clone();
+        let first = upper_edge[0];
+        self.stored -= upper_edge.len() + lower_edge.len();
+        let upper = self.alloc(upper_edge, parent);
+        self.stored += lower_edge.len();
+        self.nodes[upper as usize].tenants = tenants;
+        self.nodes[upper as usize].children = vec![(lower_edge[0], c)];
+        let node = &mut self.nodes[c as usize];
+        node.edge = lower_edge;
+        node.parent = upper;
+        let siblings = &mut self.nodes[parent as usize].children;
+        if let Ok(pos) = siblings.binary_search_by_key(&first, |&(k, _)| k) {
+            siblings[pos].1 = upper;
+        }
+        upper
+    }
+
+    fn touch(&mut self, id: NodeId, endpoint: EndpointId, now: Nanos) {
+        let node = &mut self.nodes[id as usize];
+        match node.tenants.iter_mut().find(|(e, _)| *e == endpoint) {
+            Some(entry) => entry.1 = entry.1.max(now),
+            None => {
+                node.tenants.push((endpoint, now));
+                *self.sizes.entry(endpoint).or_insert(0) += node.edge.len();
+            }
+        }
+    }
+}
+
+fn lcp<K: PartialEq>(a: &[K], b: &[K]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl<K: Symbol> PrefixIndex for RadixTree<K> {
+    fn overlaps(&mut self, key: &PrefixKey<'_>, _now: Nanos) -> Overlaps {
+        let Some(symbols) = K::of(key) else {
+            return Overlaps::default();
+        };
+        let endpoints = self
+            .match_prefix(key.scope, symbols)
+            .into_iter()
+            .map(|(endpoint, device)| Overlap {
+                endpoint,
+                device,
+                host: 0,
+                disk: 0,
+            })
+            .collect();
+        Overlaps {
+            total: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
+            endpoints,
+        }
+    }
+
+    fn insert(&mut self, key: &PrefixKey<'_>, endpoint: EndpointId, now: Nanos) {
+        if let Some(symbols) = K::of(key) {
+            self.insert_key(key.scope, symbols, endpoint, now);
+        }
+    }
+
+    fn remove_endpoint(&mut self, endpoint: EndpointId) {
+        self.evict_endpoint_to(endpoint, 0);
+    }
+
+    fn evict(&mut self, _now: Nanos) {
+        let over: Vec<EndpointId> = self
+            .sizes
+            .iter()
+            .filter(|&(_, &s)| s > self.max_size)
+            .map(|(&e, _)| e)
+            .collect();
+        for e in over {
+            self.evict_endpoint_to(e, self.max_size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+//! NVIDIA Dynamo's KV router cost (DOMAIN.md §5.4, seed 003), in KV blocks:
+//!
+//! ```text
+//! credit   = device_overlap * device_credit + host_overlap * 0.75 + disk_overlap * 0.25
+//! cost     = prefill_load_scale * max(prefill_blocks - credit, 0)
+//!          + potential_decode_blocks + decode_active_request_weight * active_requests
+//! device_credit = overlap_score_credit / (1 + decay * normalized_excess_prefill)
+//! ```
+//! `router_temperature = 0` takes the argmin; above 0 it samples a softmax over the costs
+//! normalised to `[0, 1]`, which keeps many routers from herding on one snapshot (§5.6).
+//!
+//! Where the reference leaves details open, kvgate's reading is:
+//! - `prefill_blocks` are the request's blocks (the larger of its full-block count and
+//!   `ceil(prompt_tokens / block_size)`);
+//! - `potential_decode_blocks` are the larger of the blocks held by the requests this router
+//!   has in flight on the endpoint (Dynamo's active-sequence tracking) and the used blocks the
+//!   endpoint last reported;
+//! - `normalized_excess_prefill` is the endpoint's pending prefill (blocks of its dispatched
+//!   requests that have not produced a first token) above the fleet minimum, divided by this
+//!   request's prefill blocks: a cache hit behind a deep prefill queue earns less credit.
+//!
+//! The overlap comes from a [`BlockIndex`]: fed by engine KV events when `use_kv_events`, else by
+//! this router's dispatches with a TTL (Dynamo's approximate indexer, 120 s).
+
+use super::{no_route, Policy, PolicyDoc};
+use crate::index::blocks::BlockIndex;
+use crate::index::{Overlap, PrefixIndex, PrefixKey};
+use crate::{
+    Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route,
+};
+use rand::{Rng, RngCore};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+pub(super) const DOC: PolicyDoc = PolicyDoc {
+    name: "kv_cost",
+    summary: "Dynamo's block cost: prefill blocks less overlap credit, plus decode blocks; argmin or softmax",
+    params: &[
+        ("block_size", "tokens per KV block"),
+        ("overlap_score_credit", "credit per device-resident overlapping block"),
+        ("host_cache_hit_weight", "credit per host-memory block"),
+        ("disk_cache_hit_weight", "credit per disk block"),
+        ("prefill_load_scale", "weight of the uncached prefill blocks"),
+        ("decode_active_request_weight", "weight of the active request count"),
+        ("overlap_credit_decay", "shrinks device credit on endpoints with excess pending prefill"),
+        ("router_temperature", "0 = argmin; > 0 samples a softmax over normalised costs"),
+        ("use_kv_events", "index fed by engine KV events instead of own dispatches"),
+        ("approx_ttl_secs", "lifetime of dispatch-inserted index entries"),
+        ("share_across_tenants", "let tenants share cache affinity"),
+        ("load", "stale-signal handling"),
+    ],
+};
+
+/// `kv_cost` parameters; defaults are Dynamo's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Credit per device-resident overlapping block (Dynamo `overlap_score_weight`).
+    pub overlap_score_credit: f64,
+    /// Credit per host-memory block.
+    pub host_cache_hit_weight: f64,
+    /// Credit per disk block.
+    pub disk_cache_hit_weight: f64,
+    /// Weight of uncached prefill blocks.
+    pub prefill_load_scale: f64,
+    /// Weight of the active request count.
+    pub decode_active_request_weight: f64,
+    /// Decay of device credit with excess pending prefill; 0 disables it.
+    pub overlap_credit_decay: f64,
+    /// Softmax temperature; 0 takes the argmin.
+    pub router_temperature: f64,
+    /// Feed the index from engine KV events instead of own dispatches.
+    pub use_kv_events: bool,
+    /// Lifetime of dispatch-inserted entries.
+    pub approx_ttl_secs: u64,
+    /// Let tenants share cache affinity.
+    pub share_across_tenants: bool,
+    /// Stale-signal handling.
+    pub load: LoadConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            block_size: 16,
+            overlap_score_credit: 1.0,
+            host_cache_hit_weight: 0.75,
+            disk_cache_hit_weight: 0.25,
+            prefill_load_scale: 1.0,
+            decode_active_request_weight: 0.0,
+            overlap_credit_decay: 0.0,
+            router_temperature: 0.0,
+            use_kv_events: false,
+            approx_ttl_secs: 120,
+            share_across_tenants: false,
+            load: LoadConfig::default(),
+        }
+    }
+}
+
+/// One endpoint's inputs to the cost formula.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CostInputs {
+    /// The request's prefill blocks.
+    pub prefill_blocks: f64,
+    /// Overlapping blocks per tier.
+    pub overlap: Overlap,
+    /// Blocks the endpoint will be decoding.
+    pub decode_blocks: f64,
+    /// Active requests.
+    pub active_requests: f64,
+    /// Pending prefill above the fleet minimum, over this request's prefill blocks.
+    pub normalized_excess_prefill: f64,
+}
+
+impl Config {
+    /// The cost of sending a request with `inputs` to one endpoint.
+    pub fn cost(&self, x: &CostInputs) -> f64 {
+        let device_credit = self.overlap_score_credit
+            / (1.0 + self.overlap_credit_decay * x.normalized_excess_prefill);
+        let credit = f64::from(x.overlap.device) * device_credit
+            + f64::from(x.overlap.host) * self.host_cache_hit_weight
+            + f64::from(x.overlap.disk) * self.disk_cache_hit_weight;
+        let adjusted_prefill = (x.prefill_blocks - credit).max(0.0);
+        self.prefill_load_scale * adjusted_prefill
+            + x.decode_blocks
+            + self.decode_active_request_weight * x.active_requests
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Active {
+    endpoint: EndpointId,
+    blocks: f64,
+    prefilling: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct EndpointBlocks {
+    active: f64,
+    prefill: f64,
+}
+
+/// The Dynamo-style cost policy.
+#[derive(Debug)]
+pub struct KvCost {
+    config: Config,
+    index: BlockIndex,
+    active: HashMap<u64, Active>,
+    per_endpoint: HashMap<EndpointId, EndpointBlocks>,
+    costs: Vec<(usize, f64)>,
+}
+
+impl KvCost {
+    /// A new instance.
+    pub fn new(config: Config) -> Self {
+        let ttl = (!config.use_kv_events).then(|| Nanos::from_secs(config.approx_ttl_secs));
+        KvCost {
+            index: BlockIndex::new(config.block_size, ttl),
+            config,
+            active: HashMap::new(),
+            per_endpoint: HashMap::new(),
+            costs: Vec::new(),
+        }
+    }
+
+    fn request_blocks(&self, request: &Request, hashed: usize) -> f64 {
+        let by_len = (request.prompt_tokens as usize).div_ceil(self.config.block_size);
+        by_len.max(hashed) as f64
+    }
+
+    fn finish(&mut self, request: u64) {
+        if let Some(a) = self.active.remove(&request) {
+            let e = self.per_endpoint.entry(a.endpoint).or_default();
+            e.active = (e.active - a.blocks).max(0.0);
+            if a.prefilling {
+                e.prefill = (e.prefill - a.blocks).max(0.0);
+            }
+        }
+    }
+}
+
+impl Policy for KvCost {
+    fn name(&self) -> &'static str {
+        DOC.name
+    }
+
+    fn select(
+        &mut self,
+        request: &Request,
+        fleet: &[EndpointView],
+        now: Nanos,
+        rng: &mut dyn RngCore,
+    ) -> Decision {
+        let view = LoadView::new(fleet, &self.config.load, now);
+        let key = PrefixKey::of(request, self.config.share_across_tenants);
+        let hashes = self.index.hashes_of(&key);
+        let overlaps = self.index.overlaps_of(&hashes, now);
+        let prefill_blocks = self.request_blocks(request, hashes.len());
+        let pending = |id: EndpointId| self.per_endpoint.get(&id).copied().unwrap_or_default();
+        let min_pending = view
+            .routable()
+            .map(|i| pending(fleet[i].id).prefill)
+            .fold(f64::INFINITY, f64::min);
+        self.costs.clear();
+        for i in view.routable() {
+            let e = &fleet[i];
+            let own = pending(e.id);
+            let observed_used = if view.is_fresh(i) {
+                e.observation.and_then(|o| o.used_blocks()).unwrap_or(0) as f64
+            } else {
+                0.0
+            };
+            let inputs = CostInputs {
+                prefill_blocks,
+                overlap: overlaps.of(e.id),
+                decode_blocks: own.active.max(observed_used),
+                active_requests: view.load(i),
+                normalized_excess_prefill: (own.prefill - min_pending) / prefill_blocks.max(1.0),
+            };
+            let cost = self.config.cost(&inputs) / view.slow_start_factor(i);
+            self.costs.push((i, cost));
+        }
+        if self.costs.is_empty() {
+            return no_route(fleet);
+        }
+        let (i, cost, reason) = if self.config.router_temperature > 0.0 {
+            let (i, cost) = softmax_sample(&self.costs, self.config.router_temperature, rng);
+            (i, cost, Reason::SampledCost { cost })
+        } else {
+            let (i, cost) = view
+                .argmin_by(rng, |i| {
+                    self.costs
+                        .iter()
+                        .find(|&&(k, _)| k == i)
+                        .map_or(f64::INFINITY, |&(_, c)| c)
+                })
+                .unwrap_or(self.costs[0]);
+            (i, cost, Reason::LeastCost { cost })
+        };
+        let _ = cost;
+        Decision::Route(Route {
+            endpoint: fleet[i].id,
+            reason,
+        })
+    }
+
+    fn observe(&mut self, event: &Event<'_>) {
+        match *event {
+            Event::Dispatched {
+                request,
+                endpoint,
+                at,
+            } => {
+                let key = PrefixKey::of(request, self.config.share_across_tenants);
+                let hashed = self.index.hashes_of(&key).len();
+                let blocks = self.request_blocks(request, hashed);
+                self.finish(request.id);
+                self.active.insert(
+                    request.id,
+                    Active {
+                        endpoint,
+                        blocks,
+                        prefilling: true,
+                    },
+                );
+                let e = self.per_endpoint.entry(endpoint).or_default();
+                e.active += blocks;
+                e.prefill += blocks;
+                if !self.config.use_kv_events {
+                    self.index.insert(&key, endpoint, at);
+                }
+            }
+            Event::FirstToken { request, .. } => {
+                if let Some(a) = self.active.get_mut(&request) {
+                    if a.prefilling {
+                        a.prefilling = false;
+                        let e = self.per_endpoint.entry(a.endpoint).or_default();
+                        e.prefill = (e.prefill - a.blocks).max(0.0);
+                    }
+                }
+            }
+            Event::Completed { request, .. } | Event::Failed { request, .. } => {
+                self.finish(request);
+            }
+            Event::EndpointRemoved { endpoint } => {
+                self.index.remove_endpoint(endpoint);
+                self.per_endpoint.remove(&endpoint);
+                self.active.retain(|_, a| a.endpoint != endpoint);
+            }
+            Event::Kv {
+                endpoint,
+                event,
+                at,
+            } => {
+                if self.config.use_kv_events {
+                    self.index.apply(endpoint, event, at);
+                }
+            }
+        }
+    }
+
+    fn maintain(&mut self, now: Nanos) {
+        self.index.evict(now);
+    }
+}
+
+/// Samples from `softmax(-normalised cost / temperature)`, costs normalised to `[0, 1]` by the
+/// fleet's min and max (equal costs sample uniformly).
+fn softmax_sample(costs: &[(usize, f64)], temperature: f64, rng: &mut dyn RngCore) -> (usize, f64) {
+    let min = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+    let max = costs.iter().map(|c| c.1).fold(f64::NEG_INFINITY, f64::max);
+    let span = max - min;
+    let weight = |c: f64| {
+        let norm = if span > 0.0 { (c - min) / span } else { 0.0 };
+        (-norm / temperature).exp()
+    };
+    let total: f64 = costs.iter().map(|c| weight(c.1)).sum();
+    let mut x = rng.random::<f64>() * total;
+    for &(i, c) in costs {
+        x -= weight(c);
+        if x < 0.0 {
+            return (i, c);
+        }
+    }
+    costs[costs.len() - 1]
+}
