@@ -226,21 +226,13 @@ impl Policy for KvCost {
         if self.costs.is_empty() {
             return no_route(fleet);
         }
-        let (i, cost, reason) = if self.config.router_temperature > 0.0 {
+        let (i, reason) = if self.config.router_temperature > 0.0 {
             let (i, cost) = softmax_sample(&self.costs, self.config.router_temperature, rng);
-            (i, cost, Reason::SampledCost { cost })
+            (i, Reason::SampledCost { cost })
         } else {
-            let (i, cost) = view
-                .argmin_by(rng, |i| {
-                    self.costs
-                        .iter()
-                        .find(|&&(k, _)| k == i)
-                        .map_or(f64::INFINITY, |&(_, c)| c)
-                })
-                .unwrap_or(self.costs[0]);
-            (i, cost, Reason::LeastCost { cost })
+            let (i, cost) = argmin(&self.costs, rng);
+            (i, Reason::LeastCost { cost })
         };
-        let _ = cost;
         Decision::Route(Route {
             endpoint: fleet[i].id,
             reason,
@@ -305,6 +297,24 @@ impl Policy for KvCost {
     fn maintain(&mut self, now: Nanos) {
         self.index.evict(now);
     }
+}
+
+/// The lowest cost, ties broken uniformly at random. `costs` is not empty.
+fn argmin(costs: &[(usize, f64)], rng: &mut dyn RngCore) -> (usize, f64) {
+    let mut best = costs[0];
+    let mut ties = 1u32;
+    for &(i, c) in &costs[1..] {
+        if c < best.1 {
+            best = (i, c);
+            ties = 1;
+        } else if c == best.1 {
+            ties += 1;
+            if rng.random_range(0..ties) == 0 {
+                best = (i, c);
+            }
+        }
+    }
+    best
 }
 
 /// Samples from `softmax(-normalised cost / temperature)`, costs normalised to `[0, 1]` by the
