@@ -59,23 +59,23 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
-/// Chained hashes of the full blocks of `tokens`, seeded by `scope`.
+/// Chained hashes of the full blocks of `tokens`, seeded by `scope`: block `i` hashes its
+/// tokens' little-endian bytes with block `i - 1`'s hash as the seed.
 pub fn block_hashes(tokens: &[u32], block_size: usize, scope: u64) -> Vec<u64> {
-    let mut parent = scope;
-    tokens
-        .chunks_exact(block_size.max(1))
-        .map(|block| {
-            parent = hash_block(block, parent);
-            parent
-        })
-        .collect()
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    chain(&bytes, 4 * block_size.max(1), scope)
 }
 
 /// Chained hashes of a text key, cutting it into blocks of `4 * block_size` bytes (about
 /// `block_size` tokens at four bytes per token) when no token ids are known.
 pub fn text_block_hashes(text: &[u8], block_size: usize, scope: u64) -> Vec<u64> {
-    let mut parent = scope;
-    text.chunks_exact(4 * block_size.max(1))
+    chain(text, 4 * block_size.max(1), scope)
+}
+
+fn chain(bytes: &[u8], chunk: usize, seed: u64) -> Vec<u64> {
+    let mut parent = seed;
+    bytes
+        .chunks_exact(chunk)
         .map(|block| {
             parent = xxh3_64_with_seed(block, parent);
             parent
@@ -83,13 +83,8 @@ pub fn text_block_hashes(text: &[u8], block_size: usize, scope: u64) -> Vec<u64>
         .collect()
 }
 
-fn hash_block(tokens: &[u32], parent: u64) -> u64 {
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
-    for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
-    }
-    xxh3_64_with_seed(&bytes, parent)
-}
+/// The seed of the first block of a chain stored by an engine event.
+pub const ENGINE_SCOPE: u64 = 0x6b76;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Holder {
@@ -143,44 +138,62 @@ impl BlockIndex {
     }
 
     /// The key's chained block hashes (tokens if known, else text).
+    ///
+    /// An index fed by engine events ignores the key's scope: an engine's cache is keyed by
+    /// token content alone, so that is what its events can be matched on (tenant isolation
+    /// inside an engine is the engine's business, vLLM's `cache_salt`).
     pub fn hashes_of(&self, key: &PrefixKey<'_>) -> Vec<u64> {
+        let scope = if self.ttl.is_none() {
+            ENGINE_SCOPE
+        } else {
+            key.scope
+        };
         match (key.tokens, key.text) {
-            (Some(tokens), _) => block_hashes(tokens, self.block_size, key.scope),
-            (None, Some(text)) => text_block_hashes(text, self.block_size, key.scope),
+            (Some(tokens), _) => block_hashes(tokens, self.block_size, scope),
+            (None, Some(text)) => text_block_hashes(text, self.block_size, scope),
             (None, None) => Vec::new(),
         }
     }
 
     /// Per endpoint, the run of leading blocks of `hashes` it holds, split by tier: the first
-    /// `device` blocks are all on the device, and so on down the tiers.
+    /// `device` blocks are all on the device, and so on down the tiers (a block on a faster tier
+    /// after a slower one counts at the slower tier). Costs O(blocks + holders of those blocks).
     pub fn overlaps_of(&self, hashes: &[u64], now: Nanos) -> Overlaps {
-        let mut alive: Vec<Overlap> = Vec::new();
+        // Per endpoint id: its overlap so far, and the best tier seen for the current block.
+        let mut runs: Vec<Option<(Overlap, Option<Tier>)>> = Vec::new();
+        let mut alive: Vec<usize> = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
             let holders = self.blocks.get(h).map(Vec::as_slice).unwrap_or(&[]);
-            let fresh = |x: &&Holder| self.ttl.is_none_or(|ttl| now.saturating_since(x.at) <= ttl);
-            if i == 0 {
-                for x in holders.iter().filter(fresh) {
-                    if !alive.iter().any(|o| o.endpoint == x.endpoint) {
-                        alive.push(Overlap {
+            for x in holders {
+                if self.ttl.is_some_and(|ttl| now.saturating_since(x.at) > ttl) {
+                    continue;
+                }
+                let e = x.endpoint.0 as usize;
+                if e >= runs.len() {
+                    runs.resize(e + 1, None);
+                }
+                if i == 0 && runs[e].is_none() {
+                    runs[e] = Some((
+                        Overlap {
                             endpoint: x.endpoint,
                             ..Overlap::default()
-                        });
+                        },
+                        None,
+                    ));
+                    alive.push(e);
+                }
+                if let Some((o, best)) = runs[e].as_mut() {
+                    if o.total() as usize == i {
+                        *best = Some(best.map_or(x.tier, |b| b.min(x.tier)));
                     }
                 }
             }
             let mut any = false;
-            for o in alive.iter_mut() {
-                if o.total() as usize != i {
+            for &e in &alive {
+                let Some((o, best)) = runs[e].as_mut() else {
                     continue;
-                }
-                let best = holders
-                    .iter()
-                    .filter(fresh)
-                    .filter(|x| x.endpoint == o.endpoint)
-                    .map(|x| x.tier)
-                    .min();
-                let Some(tier) = best else { continue };
-                // A block on a faster tier after a slower one still counts at the slower tier.
+                };
+                let Some(tier) = best.take() else { continue };
                 let tier = if o.disk > 0 {
                     Tier::Disk
                 } else if o.host > 0 {
@@ -199,11 +212,15 @@ impl BlockIndex {
                 break;
             }
         }
-        alive.retain(|o| o.total() > 0);
-        alive.sort_by_key(|o| o.endpoint);
+        let mut endpoints: Vec<Overlap> = alive
+            .into_iter()
+            .filter_map(|e| runs[e].map(|(o, _)| o))
+            .filter(|o| o.total() > 0)
+            .collect();
+        endpoints.sort_by_key(|o| o.endpoint);
         Overlaps {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
-            endpoints: alive,
+            endpoints,
         }
     }
 
@@ -218,8 +235,8 @@ impl BlockIndex {
                 tier,
             } => {
                 let bs = (*block_size as usize).max(1);
-                let mut parent = match parent_block_hash {
-                    None => 0x6b76_u64,
+                let parent = match parent_block_hash {
+                    None => ENGINE_SCOPE,
                     Some(p) => match self.external.get(&(endpoint, *p)) {
                         Some(&local) => local,
                         None => {
@@ -228,11 +245,10 @@ impl BlockIndex {
                         }
                     },
                 };
-                for (ext_hash, block) in ext.iter().zip(token_ids.chunks_exact(bs)) {
-                    let local = hash_block(block, parent);
+                let locals = block_hashes(token_ids, bs, parent);
+                for (ext_hash, &local) in ext.iter().zip(&locals) {
                     self.external.insert((endpoint, *ext_hash), local);
                     self.hold(local, endpoint, *tier, at);
-                    parent = local;
                 }
             }
             KvEvent::BlockRemoved {
@@ -343,7 +359,7 @@ mod tests {
             &stored(&prompt[..4], None, 900, Tier::Device),
             Nanos(0),
         );
-        let hashes = block_hashes(&prompt, 4, 0x6b76);
+        let hashes = block_hashes(&prompt, 4, ENGINE_SCOPE);
         let o = idx.overlaps_of(&hashes, Nanos(0));
         assert_eq!(o.total, 3);
         assert_eq!(

@@ -422,3 +422,49 @@ proptest! {
         prop_assert_eq!(decision_log(name, seed), decision_log(name, seed));
     }
 }
+
+/// With engine KV events, a request (with a model and a tenant) matches the blocks an engine
+/// reported storing, and a removal takes the affinity away.
+#[test]
+fn kv_cost_follows_engine_kv_events() {
+    use crate::index::blocks::{block_hashes, KvEvent, Tier};
+    let mut p = KvCost::new(config::KvCost {
+        block_size: 4,
+        use_kv_events: true,
+        ..Default::default()
+    });
+    let prompt: Vec<u32> = (0..32).collect();
+    let ext: Vec<u64> = block_hashes(&prompt, 4, 1234);
+    let stored = KvEvent::BlockStored {
+        block_hashes: ext.clone(),
+        parent_block_hash: None,
+        token_ids: prompt.clone(),
+        block_size: 4,
+        tier: Tier::Device,
+    };
+    p.observe(&Event::Kv {
+        endpoint: EndpointId(2),
+        event: &stored,
+        at: Nanos::ZERO,
+    });
+    let mut req = Request::from_tokens(1, prompt.clone()).with_tenant("t1");
+    req.model = Some("m".into());
+    let d = p.select(&req, &fleet(4), Nanos::ZERO, &mut rng(0));
+    assert_eq!(d.endpoint(), Some(EndpointId(2)));
+    assert!(
+        matches!(d, Decision::Route(Route { reason: Reason::LeastCost { cost }, .. }) if cost == 0.0)
+    );
+    let removed = KvEvent::BlockRemoved {
+        block_hashes: ext[..1].to_vec(),
+        tier: Tier::Device,
+    };
+    p.observe(&Event::Kv {
+        endpoint: EndpointId(2),
+        event: &removed,
+        at: Nanos(1),
+    });
+    let d = p.select(&req, &fleet(4), Nanos(1), &mut rng(0));
+    assert!(
+        matches!(d, Decision::Route(Route { reason: Reason::LeastCost { cost }, .. }) if cost == 8.0)
+    );
+}
