@@ -16,6 +16,7 @@ use super::{Overlap, Overlaps, PrefixIndex, PrefixKey};
 use crate::{EndpointId, Nanos};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Where a cached block lives (vLLM's `medium`: GPU, CPU, DISK).
@@ -83,6 +84,28 @@ fn chain(bytes: &[u8], chunk: usize, seed: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Block hashes are already uniform 64-bit values: hashing them again would only cost time.
+#[derive(Clone, Copy, Debug, Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
+
 /// The seed of the first block of a chain stored by an engine event.
 pub const ENGINE_SCOPE: u64 = 0x6b76;
 
@@ -99,7 +122,7 @@ pub struct BlockIndex {
     block_size: usize,
     /// Expiry of router-inserted entries; `None` when fed by engine events.
     ttl: Option<Nanos>,
-    blocks: HashMap<u64, Vec<Holder>>,
+    blocks: BlockMap<Vec<Holder>>,
     external: HashMap<(EndpointId, u64), u64>,
     unplaced: u64,
 }
@@ -110,7 +133,7 @@ impl BlockIndex {
         BlockIndex {
             block_size: block_size.max(1),
             ttl,
-            blocks: HashMap::new(),
+            blocks: BlockMap::default(),
             external: HashMap::new(),
             unplaced: 0,
         }
@@ -162,6 +185,7 @@ impl BlockIndex {
         // Per endpoint id: its overlap so far, and the best tier seen for the current block.
         let mut runs: Vec<Option<(Overlap, Option<Tier>)>> = Vec::new();
         let mut alive: Vec<usize> = Vec::new();
+        let mut finished: Vec<usize> = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
             let holders = self.blocks.get(h).map(Vec::as_slice).unwrap_or(&[]);
             for x in holders {
@@ -188,8 +212,9 @@ impl BlockIndex {
                     }
                 }
             }
-            let mut any = false;
-            for &e in &alive {
+            let mut extended = 0;
+            for k in 0..alive.len() {
+                let e = alive[k];
                 let Some((o, best)) = runs[e].as_mut() else {
                     continue;
                 };
@@ -206,12 +231,15 @@ impl BlockIndex {
                     Tier::Host => o.host += 1,
                     Tier::Disk => o.disk += 1,
                 }
-                any = true;
+                alive.swap(extended, k);
+                extended += 1;
             }
-            if !any {
+            if extended == 0 {
                 break;
             }
+            finished.extend(alive.drain(extended..));
         }
+        alive.extend(finished);
         let mut endpoints: Vec<Overlap> = alive
             .into_iter()
             .filter_map(|e| runs[e].map(|(o, _)| o))

@@ -199,15 +199,18 @@ impl Policy for KvCost {
         let hashes = self.index.hashes_of(&key);
         let overlaps = self.index.overlaps_of(&hashes, now);
         let prefill_blocks = self.request_blocks(request, hashes.len());
-        let pending = |id: EndpointId| self.per_endpoint.get(&id).copied().unwrap_or_default();
+        let pending: Vec<EndpointBlocks> = fleet
+            .iter()
+            .map(|e| self.per_endpoint.get(&e.id).copied().unwrap_or_default())
+            .collect();
         let min_pending = view
             .routable()
-            .map(|i| pending(fleet[i].id).prefill)
+            .map(|i| pending[i].prefill)
             .fold(f64::INFINITY, f64::min);
         self.costs.clear();
         for i in view.routable() {
             let e = &fleet[i];
-            let own = pending(e.id);
+            let own = pending[i];
             let observed_used = if view.is_fresh(i) {
                 e.observation.and_then(|o| o.used_blocks()).unwrap_or(0) as f64
             } else {
