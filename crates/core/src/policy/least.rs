@@ -7,8 +7,8 @@
 //! a stale snapshot (§5.6). Least KV usage is the reference's cautionary tale: waiting requests
 //! hold no KV blocks, so it herds onto replicas with deep queues (§4.2).
 
-use super::{no_route, Policy, PolicyDoc};
-use crate::{Decision, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route};
+use super::{route_or_reject, Policy, PolicyDoc};
+use crate::{Decision, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
@@ -92,13 +92,9 @@ impl Policy for LeastOutstanding {
         rng: &mut dyn RngCore,
     ) -> Decision {
         let view = LoadView::new(fleet, &self.config.load, now);
-        match view.least_loaded(rng) {
-            Some((i, load)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::LeastLoaded { load },
-            }),
-            None => no_route(fleet),
-        }
+        route_or_reject(fleet, view.least_loaded(rng), |load| Reason::LeastLoaded {
+            load,
+        })
     }
 }
 
@@ -158,16 +154,12 @@ impl Policy for PowerOfTwo {
     ) -> Decision {
         let view = LoadView::new(fleet, &self.config.load, now);
         let d = self.config.choices;
-        match least_of_sample(&view, d, &mut self.routable, rng, |i| view.ranked_load(i)) {
-            Some((i, load)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::PowerOfChoices {
-                    sampled: d.min(self.routable.len()),
-                    load,
-                },
-            }),
-            None => no_route(fleet),
-        }
+        let picked = least_of_sample(&view, d, &mut self.routable, rng, |i| view.ranked_load(i));
+        let sampled = d.min(self.routable.len());
+        route_or_reject(fleet, picked, |load| Reason::PowerOfChoices {
+            sampled,
+            load,
+        })
     }
 }
 
@@ -197,12 +189,7 @@ impl Policy for LeastKv {
         rng: &mut dyn RngCore,
     ) -> Decision {
         let view = LoadView::new(fleet, &self.config.load, now);
-        match view.argmin_by(rng, |i| view.kv_usage(i)) {
-            Some((i, usage)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::LeastKv { usage },
-            }),
-            None => no_route(fleet),
-        }
+        let picked = view.argmin_by(rng, |i| view.kv_usage(i));
+        route_or_reject(fleet, picked, |usage| Reason::LeastKv { usage })
     }
 }

@@ -78,6 +78,21 @@ pub(crate) fn no_route(fleet: &[EndpointView]) -> Decision {
     })
 }
 
+/// Routes to the fleet position in `picked` with the reason made from its score, or rejects.
+pub(crate) fn route_or_reject(
+    fleet: &[EndpointView],
+    picked: Option<(usize, f64)>,
+    reason: impl FnOnce(f64) -> crate::Reason,
+) -> Decision {
+    match picked {
+        Some((i, score)) => Decision::Route(crate::Route {
+            endpoint: fleet[i].id,
+            reason: reason(score),
+        }),
+        None => no_route(fleet),
+    }
+}
+
 /// One policy and its parameters: the `policy` section of kvgate's configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]

@@ -10,9 +10,9 @@
 //! Defaults are linkerd's: decay 10 s, default RTT 30 ms.
 
 use super::least::least_of_sample;
-use super::{no_route, Policy, PolicyDoc};
+use super::{route_or_reject, Policy, PolicyDoc};
 use crate::{
-    Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route,
+    Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request,
 };
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -138,13 +138,7 @@ impl Policy for PeakEwma {
             self.cost(&fleet[i], now, view.slow_start_factor(i))
         });
         self.scratch = scratch;
-        match picked {
-            Some((i, cost_ms)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::LowestLatency { cost_ms },
-            }),
-            None => no_route(fleet),
-        }
+        route_or_reject(fleet, picked, |cost_ms| Reason::LowestLatency { cost_ms })
     }
 
     fn observe(&mut self, event: &Event<'_>) {

@@ -3,7 +3,7 @@
 //! They need no signal and cost O(1) (O(n) for the weighted turn), and they fail exactly where
 //! LLM requests differ in work (DOMAIN.md §1, §4): they are the baselines.
 
-use super::{no_route, Policy, PolicyDoc};
+use super::{no_route, route_or_reject, Policy, PolicyDoc};
 use crate::{
     Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route,
 };
@@ -203,13 +203,8 @@ impl Policy for WeightedRoundRobin {
         let weights = view
             .routable()
             .map(|i| (i, fleet[i].id, view.effective_weight(i)));
-        match smooth_step(&mut self.current, weights) {
-            Some((i, weight)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::WeightedTurn { weight },
-            }),
-            None => no_route(fleet),
-        }
+        let picked = smooth_step(&mut self.current, weights);
+        route_or_reject(fleet, picked, |weight| Reason::WeightedTurn { weight })
     }
 
     fn observe(&mut self, event: &crate::Event<'_>) {

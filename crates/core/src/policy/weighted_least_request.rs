@@ -9,10 +9,8 @@
 
 use super::least::least_of_sample;
 use super::simple::smooth_step;
-use super::{no_route, Policy, PolicyDoc};
-use crate::{
-    Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route,
-};
+use super::{route_or_reject, Policy, PolicyDoc};
+use crate::{Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -118,13 +116,9 @@ impl Policy for WeightedLeastRequest {
             });
             smooth_step(&mut self.current, dynamic)
         };
-        match picked {
-            Some((i, weight)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::WeightedLeastRequest { weight },
-            }),
-            None => no_route(fleet),
-        }
+        route_or_reject(fleet, picked, |weight| Reason::WeightedLeastRequest {
+            weight,
+        })
     }
 
     fn observe(&mut self, event: &crate::Event<'_>) {
