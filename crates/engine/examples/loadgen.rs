@@ -8,8 +8,9 @@
 //! or truncated response.
 //!
 //! ```text
-//! cargo run --release -p kvgate-engine --example loadgen -- \
-//!     --addr 127.0.0.1:8000 --connections 64 --seconds 10 --max-tokens 8
+//! cargo build --release -p kvgate && cargo build --release -p kvgate-engine --example loadgen
+//! ./target/release/kvgate engine --listen 127.0.0.1:8000 --time-scale 0 &
+//! ./target/release/examples/loadgen --addr 127.0.0.1:8000 --connections 64 --seconds 5 --max-tokens 8
 //! ```
 
 use std::time::{Duration, Instant};

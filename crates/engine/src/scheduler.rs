@@ -61,6 +61,8 @@ struct Tracked {
     last_at: Instant,
     prompt_tokens: u32,
     length_limited: bool,
+    /// The model finished it; its last updates wait in the outbox.
+    finished: bool,
 }
 
 /// Iterations run back to back at time scale 0 before handlers are woken (see module docs).
@@ -190,14 +192,18 @@ fn apply(
                     last_at: arrived,
                     prompt_tokens: request.prompt.len() as u32,
                     length_limited,
+                    finished: false,
                 },
             );
             model.submit(request);
         }
         Command::Abort { id } => {
-            if tracked.remove(&id).is_some() {
-                model.abort(id);
-                lock(metrics).success_abort += 1;
+            // A sequence that finished in the current burst is already counted as finished.
+            if let Some(t) = tracked.remove(&id) {
+                if !t.finished {
+                    model.abort(id);
+                    lock(metrics).success_abort += 1;
+                }
             }
         }
     }
@@ -261,9 +267,10 @@ fn deliver(
                 outbox.pending.push((id, Update::Token));
             }
             SeqEvent::Finished { id, output_tokens } => {
-                let Some(t) = tracked.get(&id) else {
+                let Some(t) = tracked.get_mut(&id) else {
                     continue;
                 };
+                t.finished = true;
                 m.decode
                     .observe(now.duration_since(t.first_at.unwrap_or(now)).as_secs_f64());
                 m.e2e.observe(now.duration_since(t.arrived).as_secs_f64());
