@@ -19,7 +19,8 @@
 //!
 //! `slow_decode` and `drain` act on the whole engine (`p` is ignored); the others are drawn per
 //! request from a seeded random source, in the order listed by the operator, and the first
-//! error-response fault drawn wins.
+//! error-response fault drawn wins. Non-streamed requests meet the stream faults too: stalls
+//! delay the response, `disconnect_mid` resets once K tokens were generated.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -296,25 +296,11 @@ async fn generate(
         )
             .into_response()
     } else {
-        let mut seq = seq;
-        let mut cached_tokens = 0;
-        let mut produced = 0;
-        let completion_tokens = loop {
-            match seq.updates.recv().await {
-                Some(Update::First { cached_tokens: c }) if produced == 0 => {
-                    cached_tokens = c;
-                    produced = 1;
-                }
-                Some(Update::First { .. }) => {}
-                Some(Update::Token) => produced += 1,
-                Some(Update::Finished { output_tokens }) => {
-                    seq.finished = true;
-                    break output_tokens;
-                }
-                None => {
-                    return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
-                        .into_response()
-                }
+        let (completion_tokens, cached_tokens) = match stream::collect(seq, &faults, &conn).await {
+            Some(counts) => counts,
+            None => {
+                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
+                    .into_response()
             }
         };
         let text: String = (0..completion_tokens)

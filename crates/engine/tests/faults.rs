@@ -283,3 +283,32 @@ async fn admin_api_lists_validates_and_requires_the_token() {
         500
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streamed_requests_meet_stalls_and_disconnects_too() {
+    let engine = start(with_faults(&["stall_first:ms=200"])).await;
+    let sent = Instant::now();
+    let r = engine
+        .post("/v1/completions", json!({"prompt": "x", "max_tokens": 2}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(sent.elapsed() >= Duration::from_millis(200));
+
+    let engine = start(EngineConfig {
+        time_scale: 0.05,
+        ..with_faults(&["disconnect_mid:after=2"])
+    })
+    .await;
+    let result = engine
+        .client
+        .post(format!("{}/v1/completions", engine.base))
+        .json(&json!({"prompt": "x", "max_tokens": 4000, "ignore_eos": true}))
+        .send()
+        .await;
+    assert!(result.is_err(), "the connection is reset before a response");
+    engine
+        .wait_metrics("the cut request counted as aborted", |m| {
+            labelled(m, "vllm:request_success_total", "finished_reason", "abort") == 1.0
+        })
+        .await;
+}
