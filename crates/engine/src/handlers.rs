@@ -3,7 +3,7 @@
 use crate::error::ApiError;
 use crate::faults::FaultKind;
 use crate::request::{self, Endpoint, Parsed};
-use crate::scheduler::{Command, Update};
+use crate::scheduler::Command;
 use crate::server::Connection;
 use crate::state::Shared;
 use crate::stream::{self, SeqHandle, StreamPlan};
