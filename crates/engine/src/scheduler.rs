@@ -63,6 +63,8 @@ struct Tracked {
     length_limited: bool,
     /// The model finished it; its last updates wait in the outbox.
     finished: bool,
+    /// Start of the iteration that produced its first token (queue time ends there).
+    scheduled_at: Option<Instant>,
 }
 
 /// Iterations run back to back at time scale 0 before handlers are woken (see module docs).
@@ -193,6 +195,7 @@ fn apply(
                     prompt_tokens: request.prompt.len() as u32,
                     length_limited,
                     finished: false,
+                    scheduled_at: None,
                 },
             );
             model.submit(request);
@@ -248,6 +251,7 @@ fn deliver(
                     continue;
                 };
                 t.first_at = Some(now);
+                t.scheduled_at = Some(started);
                 t.last_at = now;
                 m.ttft.observe(now.duration_since(t.arrived).as_secs_f64());
                 m.queue
@@ -274,6 +278,16 @@ fn deliver(
                 m.decode
                     .observe(now.duration_since(t.first_at.unwrap_or(now)).as_secs_f64());
                 m.e2e.observe(now.duration_since(t.arrived).as_secs_f64());
+                if let Some(first) = t.first_at {
+                    m.inference.observe(
+                        now.duration_since(t.scheduled_at.unwrap_or(first))
+                            .as_secs_f64(),
+                    );
+                    if output_tokens > 1 {
+                        let after_first = now.duration_since(first).as_secs_f64();
+                        m.tpot.observe(after_first / f64::from(output_tokens - 1));
+                    }
+                }
                 if t.length_limited {
                     m.success_length += 1;
                 } else {

@@ -118,6 +118,8 @@ async fn histograms_and_token_counters_follow_the_requests() {
         "vllm:request_prefill_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:e2e_request_latency_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_time_per_output_token_seconds",
     ] {
         assert_eq!(histogram_count(&m, name), 5, "{name}");
     }
