@@ -126,11 +126,12 @@ impl FromStr for Fault {
                     )
                 }
                 "after" => {
-                    after = Some(
-                        value
-                            .parse::<u32>()
-                            .map_err(|_| err("after must be a token count"))?,
-                    )
+                    let k = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&k| k >= 1)
+                        .ok_or_else(|| err("after must be a token count >= 1"))?;
+                    after = Some(k);
                 }
                 "factor" => {
                     let f = value
@@ -368,6 +369,7 @@ mod tests {
             "500:p=2",
             "slow_decode:factor=0.5",
             "stall_mid:after",
+            "stall_mid:after=0",
             "reset:x=1",
         ] {
             assert!(spec.parse::<Fault>().is_err(), "{spec}");
