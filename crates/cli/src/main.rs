@@ -1,6 +1,7 @@
 //! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
 
 mod policies;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -16,11 +17,14 @@ struct Cli {
 enum Command {
     /// List every routing policy with its parameters and defaults.
     Policies(policies::Args),
+    /// Run a fleet simulation scenario.
+    Sim(sim::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Policies(args) => policies::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }
