@@ -275,7 +275,7 @@ async fn generate(
         commands: shared.commands.clone(),
         finished: false,
     };
-    let response_id = wire::response_id(endpoint, id, config.seed);
+    let response_id = wire::response_id(endpoint, id, shared.id_salt);
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

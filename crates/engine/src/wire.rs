@@ -67,12 +67,12 @@ impl Usage {
 }
 
 /// Request ids in vLLM's style: `chatcmpl-` or `cmpl-` and 16 hex digits.
-pub(crate) fn response_id(endpoint: Endpoint, seq_id: u64, engine_seed: u64) -> String {
+pub(crate) fn response_id(endpoint: Endpoint, seq_id: u64, salt: u64) -> String {
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
     };
-    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), engine_seed);
+    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), salt);
     format!("{prefix}-{hash:016x}")
 }
 
