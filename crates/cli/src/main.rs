@@ -1,6 +1,8 @@
 //! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
 
+mod engine;
 mod policies;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -16,11 +18,17 @@ struct Cli {
 enum Command {
     /// List every routing policy with its parameters and defaults.
     Policies(policies::Args),
+    /// Run an emulated vLLM-compatible engine.
+    Engine(Box<engine::Args>),
+    /// Run a fleet simulation scenario.
+    Sim(sim::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Policies(args) => policies::run(&args),
+        Command::Engine(args) => engine::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }
