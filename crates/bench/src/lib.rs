@@ -70,19 +70,19 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.urls.is_empty() {
         return bad("at least one --url is required");
     }
-    if !(args.rate >= 0.0) {
+    if args.rate.is_nan() || args.rate < 0.0 {
         return bad("--rate must be >= 0");
     }
     if !(args.burstiness > 0.0 && args.burstiness.is_finite()) {
         return bad("--burstiness must be a positive number");
     }
-    if args.duration.is_some_and(|d| !(d > 0.0)) {
+    if args.duration.is_some_and(|d| d.is_nan() || d <= 0.0) {
         return bad("--duration must be positive");
     }
     if args.num_requests == Some(0) {
         return bad("--num-requests must be positive");
     }
-    if !(args.timeout_s > 0.0) {
+    if args.timeout_s.is_nan() || args.timeout_s <= 0.0 {
         return bad("--timeout-s must be positive");
     }
     if !(0.0..=1.0).contains(&args.capacity_attainment) {
