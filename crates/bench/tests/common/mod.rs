@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -95,6 +96,10 @@ pub async fn spawn_on(addr: &str, config: ServerConfig, record_arrivals: bool) -
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    // Without TCP_NODELAY, Nagle plus the client's delayed ACK holds small SSE chunks ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
