@@ -148,22 +148,32 @@ pub async fn run_schedule(
         }
         out
     });
-    for (at_s, spec) in schedule {
-        let at = sender.run_start + Duration::from_secs_f64(at_s);
-        if at > Instant::now() {
-            tokio::time::sleep_until(at).await;
+    // The schedule runs on its own thread and sleeps with the OS timer (tens of microseconds of
+    // slack) instead of tokio's millisecond timer wheel; requests are spawned onto the runtime.
+    let handle = tokio::runtime::Handle::current();
+    let opts = opts.clone();
+    let scheduler = tokio::task::spawn_blocking(move || {
+        let start = sender.run_start.into_std();
+        for (at_s, spec) in schedule {
+            let at = start + Duration::from_secs_f64(at_s);
+            let now = std::time::Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            let body = client::body(&spec, &opts);
+            let at = Instant::from_std(at);
+            for i in 0..n_targets {
+                let (sender, targets, tx, body) =
+                    (sender.clone(), targets.clone(), tx.clone(), body.clone());
+                handle.spawn(async move {
+                    let rec = sender.measure(&targets[i], body, at).await;
+                    let _ = tx.send((i, rec));
+                });
+            }
         }
-        let body = client::body(&spec, opts);
-        for i in 0..n_targets {
-            let (sender, targets, tx, body) =
-                (sender.clone(), targets.clone(), tx.clone(), body.clone());
-            tokio::spawn(async move {
-                let rec = sender.measure(&targets[i], body, at).await;
-                let _ = tx.send((i, rec));
-            });
-        }
-    }
-    drop(tx);
+    });
+    // The scheduler thread owns the last sender clones; a panic there ends the run early.
+    let _ = scheduler.await;
     let mut out = collector.await.unwrap_or_default();
     for records in &mut out {
         records.sort_by(|a, b| a.scheduled_s.total_cmp(&b.scheduled_s));
