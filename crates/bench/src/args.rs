@@ -15,6 +15,14 @@ pub enum Api {
     Completions,
 }
 
+/// How the rate moves from `--ramp-up-start-rps` to `--ramp-up-end-rps`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RampUpStrategy {
+    /// Linear in the request index (or in time with only `--duration`).
+    #[default]
+    Linear,
+}
+
 /// Flags of `kvgate bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -49,6 +57,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1.0)]
     pub burstiness: f64,
 
+    /// Ramp-up strategy (vLLM spelling); only `linear` exists and it is implied by the rates.
+    #[arg(long, value_enum)]
+    pub ramp_up_strategy: Option<RampUpStrategy>,
+
     /// Linear ramp-up: rate at the start (requires --ramp-up-end-rps).
     #[arg(long, requires = "ramp_up_end_rps")]
     pub ramp_up_start_rps: Option<f64>,
@@ -56,6 +68,11 @@ pub struct BenchArgs {
     /// Linear ramp-up: rate at the end (requires --ramp-up-start-rps).
     #[arg(long, requires = "ramp_up_start_rps")]
     pub ramp_up_end_rps: Option<f64>,
+
+    /// Requests sent (at the first rate, to every target) before measuring, to warm caches;
+    /// they are not reported and the measured requests differ from them.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_requests: u64,
 
     /// Stop scheduling after this many seconds (per rate in a sweep).
     #[arg(long, value_name = "S")]
@@ -109,8 +126,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 300.0)]
     pub timeout_s: f64,
 
-    /// Bearer token sent as `Authorization: Bearer ...`.
-    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    /// Bearer token sent as `Authorization: Bearer ...` (never read from the environment, so
+    /// a key is only sent where it is asked for).
+    #[arg(long)]
     pub api_key: Option<String>,
 
     /// Do not draw a progress bar.

@@ -166,7 +166,7 @@ fn progress_bar(args: &BenchArgs, total: Option<u64>) -> ProgressBar {
         None => ProgressBar::no_length(),
     };
     if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} responses ({per_sec})",
+        "{spinner} [{elapsed_precise}] {msg} {wide_bar} {pos}/{len} responses ({per_sec})",
     ) {
         bar.set_style(style);
     }
@@ -222,10 +222,39 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         tpot_ms: args.slo_tpot_ms,
     };
     let limits = limits(args);
+    let sender = Sender {
+        client: http.clone(),
+        stream: !args.no_stream,
+        key: args.api_key.clone(),
+        run_start: tokio::time::Instant::now(),
+        timeout,
+    };
+    let per_unit = Workload::new(kind.clone(), args.seed, None).requests_per_unit();
+    let warm_units = args.warmup_requests.div_ceil(per_unit);
+    if args.warmup_requests > 0 {
+        let workload = Workload::new(kind.clone(), args.seed, args.output_len);
+        let rate = rates[0]
+            .or(args.ramp_up_start_rps)
+            .unwrap_or(args.rate)
+            .max(1.0);
+        let arrivals = arrivals::Arrivals::new(
+            runner::arrival_config(rate, args.burstiness, Ramp::Constant),
+            args.seed ^ 0x5741_524d,
+        );
+        let warm = Limits {
+            duration_s: None,
+            num_requests: Some(args.warmup_requests),
+        };
+        let bar = progress_bar(args, Some(args.warmup_requests * targets.len() as u64));
+        bar.set_message("warm-up");
+        let schedule = Schedule::new(arrivals, workload, warm);
+        runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
+        bar.finish_and_clear();
+    }
     let mut results = Vec::new();
     for rate in &rates {
-        let workload = Workload::new(kind.clone(), args.seed, args.output_len);
-        let per_unit = workload.requests_per_unit();
+        let mut workload = Workload::new(kind.clone(), args.seed, args.output_len);
+        workload.skip_units(warm_units);
         let rate_value = rate.unwrap_or(0.0);
         let arrivals = arrivals::Arrivals::new(
             runner::arrival_config(rate_value, args.burstiness, ramp(args, &limits)),
@@ -239,15 +268,9 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         if let Some(r) = rate {
             bar.set_message(format!("{r} req/s"));
         }
-        let sender = Sender {
-            client: http.clone(),
-            stream: !args.no_stream,
-            key: args.api_key.clone(),
-            run_start: tokio::time::Instant::now(),
-            timeout,
-        };
         let schedule = Schedule::new(arrivals, workload, limits);
-        let per_target = runner::run_schedule(schedule, targets.clone(), &opts, sender, &bar).await;
+        let per_target =
+            runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
         bar.finish_and_clear();
         for (t, records) in targets.iter().zip(&per_target) {
             results.push(TargetReport::new(&t.name, *rate, records, &slo));

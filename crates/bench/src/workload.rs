@@ -262,6 +262,13 @@ impl Workload {
         self.output_override.unwrap_or(len).max(1)
     }
 
+    /// Discards the next `units` arrivals' requests (the ones a warm-up sent).
+    pub fn skip_units(&mut self, units: u64) {
+        for _ in 0..units {
+            self.next_unit();
+        }
+    }
+
     /// The requests of the next arrival, in non-decreasing offset order.
     pub fn next_unit(&mut self) -> Vec<Timed> {
         match self.kind.clone() {

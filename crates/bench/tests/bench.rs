@@ -327,3 +327,38 @@ async fn agentic_workload_and_non_streaming_run() {
     assert_eq!(r.ttft_ms.p50, r.e2e_ms.p50);
     assert!(r.cache_hit_ratio.unwrap() > 0.9);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_requests_are_sent_but_not_reported() {
+    let server = spawn(ServerConfig {
+        tokens: Some(2),
+        ..ServerConfig::default()
+    })
+    .await;
+    let url = server.url();
+    let a = args(&[
+        "--url",
+        &url,
+        "--workload",
+        "prefix-repetition",
+        "--rate",
+        "200",
+        "--num-requests",
+        "10",
+        "--warmup-requests",
+        "5",
+        "--ramp-up-strategy",
+        "linear",
+        "--model",
+        "m",
+    ]);
+    let out = run(&a).await.unwrap();
+    assert_eq!(out.results[0].requests, 10);
+    assert_eq!(
+        server
+            .state
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed),
+        15
+    );
+}
