@@ -70,8 +70,12 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.urls.is_empty() {
         return bad("at least one --url is required");
     }
-    if args.rate.is_nan() || args.rate < 0.0 {
-        return bad("--rate must be >= 0");
+    if args.rate.is_nan() || args.rate <= 0.0 {
+        return bad("--rate must be positive");
+    }
+    let unbounded = args.sweep.is_none() && args.ramp_up_start_rps.is_none();
+    if unbounded && args.rate.is_infinite() && args.num_requests.is_none() {
+        return bad("--rate inf needs --num-requests");
     }
     if !(args.burstiness > 0.0 && args.burstiness.is_finite()) {
         return bad("--burstiness must be a positive number");
@@ -91,10 +95,11 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.sweep.is_some() && args.ramp_up_start_rps.is_some() {
         return bad("--sweep and --ramp-up-* are exclusive");
     }
-    if args.ramp_up_start_rps.is_some_and(|r| r < 0.0)
-        || args.ramp_up_end_rps.is_some_and(|r| r <= 0.0)
+    let finite_positive = |r: f64| r.is_finite() && r > 0.0;
+    if args.ramp_up_start_rps.is_some_and(|r| !finite_positive(r))
+        || args.ramp_up_end_rps.is_some_and(|r| !finite_positive(r))
     {
-        return bad("ramp-up rates must be >= 0 (end > 0)");
+        return bad("ramp-up rates must be positive and finite");
     }
     Ok(())
 }
@@ -301,4 +306,72 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         plot::draw(path, &outcome.results, args.sweep.is_some())?;
     }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut argv = vec!["bench", "--url", "http://x"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|c| c.bench)
+    }
+
+    #[test]
+    fn validation_rejects_unrunnable_flags() {
+        for bad in [
+            &["--rate", "0"][..],
+            &["--rate", "inf", "--duration", "5"],
+            &["--burstiness", "0"],
+            &["--ramp-up-start-rps", "0", "--ramp-up-end-rps", "5"],
+            &["--capacity-attainment", "1.5"],
+            &["--num-requests", "0"],
+        ] {
+            let args = parse(bad).unwrap();
+            assert!(
+                matches!(validate(&args), Err(BenchError::Config(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(validate(&parse(&["--rate", "inf", "--num-requests", "5"]).unwrap()).is_ok());
+        assert!(
+            parse(&["--rate", "5", "--sweep", "1:2:1"]).is_err(),
+            "rate and sweep conflict"
+        );
+        assert!(
+            parse(&["--ramp-up-start-rps", "1"]).is_err(),
+            "ramp needs both ends"
+        );
+    }
+
+    #[test]
+    fn vllm_aliases_parse() {
+        let a = parse(&["--request-rate", "3", "--num-prompts", "7"]).unwrap();
+        assert_eq!((a.rate, a.num_requests), (3.0, Some(7)));
+        assert_eq!(limits(&parse(&[]).unwrap()).num_requests, Some(1000));
+        let ramp = ramp(
+            &parse(&["--ramp-up-start-rps", "1", "--ramp-up-end-rps", "9"]).unwrap(),
+            &Limits {
+                duration_s: None,
+                num_requests: Some(100),
+            },
+        );
+        assert_eq!(
+            ramp,
+            Ramp::Linear {
+                start: 1.0,
+                end: 9.0,
+                over: 100.0,
+                axis: RampAxis::Requests
+            }
+        );
+    }
 }
