@@ -156,11 +156,12 @@ pub async fn run_schedule(
         let start = sender.run_start.into_std();
         for (at_s, spec) in schedule {
             let at = start + Duration::from_secs_f64(at_s);
+            // Serialise while waiting, so the wake-up only spawns.
+            let body = client::body(&spec, &opts);
             let now = std::time::Instant::now();
             if at > now {
                 std::thread::sleep(at - now);
             }
-            let body = client::body(&spec, &opts);
             let at = Instant::from_std(at);
             for i in 0..n_targets {
                 let (sender, targets, tx, body) =
