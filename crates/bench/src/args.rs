@@ -1,0 +1,193 @@
+//! Command-line flags of `kvgate bench`. Names follow vLLM's `benchmark_serving.py` where the
+//! concept is the same (`--request-rate`, `--burstiness`, `--ramp-up-*`, `--ignore-eos`,
+//! `--random-*`, `--prefix-repetition-*`); the contract spellings (`--rate`, `--num-requests`)
+//! are primary and the vLLM ones are aliases.
+
+use std::path::PathBuf;
+
+/// Which OpenAI endpoint to call.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Api {
+    /// `POST /v1/chat/completions` with `messages`.
+    #[default]
+    Chat,
+    /// `POST /v1/completions` with `prompt`.
+    Completions,
+}
+
+/// How the rate moves from `--ramp-up-start-rps` to `--ramp-up-end-rps`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RampUpStrategy {
+    /// Linear in the request index (or in time with only `--duration`).
+    #[default]
+    Linear,
+}
+
+/// Flags of `kvgate bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Target base URL (e.g. http://127.0.0.1:8080). Repeat to compare targets: every target
+    /// receives the same requests at the same scheduled times, interleaved in one run.
+    #[arg(long = "url", alias = "base-url", required = true, value_name = "URL")]
+    pub urls: Vec<String>,
+
+    /// Workload: `random`, `prefix-repetition`, `agentic`, or a JSONL file to replay.
+    #[arg(long, default_value = "random", value_name = "NAME|FILE")]
+    pub workload: String,
+
+    /// Offered request rate per target in requests per second (`inf` sends all at once).
+    /// For `agentic` it is the rate at which sessions start.
+    #[arg(
+        long,
+        alias = "request-rate",
+        default_value_t = 10.0,
+        conflicts_with = "sweep"
+    )]
+    pub rate: f64,
+
+    /// Sweep offered rates `A:B:STEP` (inclusive); reports each target's capacity.
+    #[arg(long, value_name = "A:B:STEP")]
+    pub sweep: Option<String>,
+
+    /// Minimum SLO attainment (0..1) for a swept rate to count as within capacity.
+    #[arg(long, default_value_t = 0.9)]
+    pub capacity_attainment: f64,
+
+    /// Gamma shape of inter-arrival gaps: CV = 1/sqrt(B); 1.0 = Poisson.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+
+    /// Ramp-up strategy (vLLM spelling); only `linear` exists and it is implied by the rates.
+    #[arg(long, value_enum)]
+    pub ramp_up_strategy: Option<RampUpStrategy>,
+
+    /// Linear ramp-up: rate at the start (requires --ramp-up-end-rps).
+    #[arg(long, requires = "ramp_up_end_rps")]
+    pub ramp_up_start_rps: Option<f64>,
+
+    /// Linear ramp-up: rate at the end (requires --ramp-up-start-rps).
+    #[arg(long, requires = "ramp_up_start_rps")]
+    pub ramp_up_end_rps: Option<f64>,
+
+    /// Requests sent (at the first rate, to every target) before measuring, to warm caches;
+    /// they are not reported and the measured requests differ from them.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_requests: u64,
+
+    /// Stop scheduling after this many seconds (per rate in a sweep).
+    #[arg(long, value_name = "S")]
+    pub duration: Option<f64>,
+
+    /// Stop after this many requests per target (default 1000 when --duration is absent).
+    #[arg(long, alias = "num-prompts", value_name = "N")]
+    pub num_requests: Option<u64>,
+
+    /// TTFT SLO in milliseconds.
+    #[arg(long, value_name = "X")]
+    pub slo_ttft_ms: Option<f64>,
+
+    /// TPOT SLO in milliseconds.
+    #[arg(long, value_name = "Y")]
+    pub slo_tpot_ms: Option<f64>,
+
+    /// Write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Draw latency CDFs (and sweep curves) to this .svg or .png file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+
+    /// Model name sent in requests; default: first id from the target's /v1/models.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// API flavour.
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub api: Api,
+
+    /// Send `ignore_eos: true` so every request generates exactly its output length.
+    #[arg(long)]
+    pub ignore_eos: bool,
+
+    /// Override every workload's output length (max_tokens).
+    #[arg(long, value_name = "TOKENS")]
+    pub output_len: Option<u32>,
+
+    /// Disable streaming (then TTFT equals E2E).
+    #[arg(long)]
+    pub no_stream: bool,
+
+    /// Seed of the arrival process and the workload generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout_s: f64,
+
+    /// Bearer token sent as `Authorization: Bearer ...` (never read from the environment, so
+    /// a key is only sent where it is asked for).
+    #[arg(long)]
+    pub api_key: Option<String>,
+
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+
+    /// random: mean prompt length in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub random_input_len: u32,
+
+    /// random: mean output length in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub random_output_len: u32,
+
+    /// random: lengths are uniform in [len*(1-r), len*(1+r)].
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+
+    /// prefix-repetition: shared prefix length in tokens.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_repetition_prefix_len: u32,
+
+    /// prefix-repetition: unique suffix length in tokens.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_repetition_suffix_len: u32,
+
+    /// prefix-repetition: number of distinct prefixes.
+    #[arg(long, default_value_t = 10)]
+    pub prefix_repetition_num_prefixes: u32,
+
+    /// prefix-repetition: output length in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub prefix_repetition_output_len: u32,
+
+    /// agentic: number of tenants (each has its own system prompt and tool definitions).
+    #[arg(long, default_value_t = 4)]
+    pub agentic_tenants: u32,
+
+    /// agentic: tokens of system prompt plus tool definitions per tenant.
+    #[arg(long, default_value_t = 2048)]
+    pub agentic_system_len: u32,
+
+    /// agentic: turns per session; each turn appends the previous answer and a new message.
+    #[arg(long, default_value_t = 5)]
+    pub agentic_turns: u32,
+
+    /// agentic: tokens of each new user / tool-result message.
+    #[arg(long, default_value_t = 256)]
+    pub agentic_user_len: u32,
+
+    /// agentic: output length per call in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub agentic_output_len: u32,
+
+    /// agentic: think time between turns of a session in milliseconds.
+    #[arg(long, default_value_t = 1000.0)]
+    pub agentic_think_time_ms: f64,
+
+    /// agentic: parallel calls per turn (sub-agents sharing the conversation so far).
+    #[arg(long, default_value_t = 1)]
+    pub agentic_fan_out: u32,
+}

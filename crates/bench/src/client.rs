@@ -1,0 +1,541 @@
+//! Sending one request and measuring it on the client.
+//!
+//! Streaming responses are OpenAI server-sent events: `data: {json}` lines, a final usage chunk
+//! when `stream_options.include_usage` is set, and `data: [DONE]`. Per DOMAIN.md §2, measured from
+//! the moment the request left (actual send time; the lag behind the schedule is recorded apart):
+//! TTFT is the time to the first chunk carrying content (or reasoning content), ITL the gap between
+//! consecutive content chunks as they arrive, E2E the time to the end of the stream, and TPOT
+//! `(E2E - TTFT) / (output tokens - 1)` for requests with at least two output tokens. Output tokens
+//! and cached tokens come from the usage chunk when present (`completion_tokens`,
+//! `prompt_tokens_details.cached_tokens`); without usage the output count is the number of content
+//! chunks.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::args::Api;
+use crate::workload::{Message, RequestSpec};
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The connection could not be established.
+    Connect,
+    /// The request did not finish within the timeout.
+    Timeout,
+    /// The server answered 4xx.
+    #[serde(rename = "http_4xx")]
+    Http4xx,
+    /// The server answered 5xx.
+    #[serde(rename = "http_5xx")]
+    Http5xx,
+    /// Any other non-success status.
+    HttpOther,
+    /// The body broke off, carried an error event, or ended without `[DONE]`.
+    Stream,
+    /// Any other client-side failure.
+    Request,
+}
+
+impl ErrorKind {
+    /// Every kind, in report order.
+    pub const ALL: [ErrorKind; 7] = [
+        ErrorKind::Connect,
+        ErrorKind::Timeout,
+        ErrorKind::Http4xx,
+        ErrorKind::Http5xx,
+        ErrorKind::HttpOther,
+        ErrorKind::Stream,
+        ErrorKind::Request,
+    ];
+
+    /// The JSON key of the kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Http4xx => "http_4xx",
+            ErrorKind::Http5xx => "http_5xx",
+            ErrorKind::HttpOther => "http_other",
+            ErrorKind::Stream => "stream",
+            ErrorKind::Request => "request",
+        }
+    }
+
+    fn of(e: &reqwest::Error) -> Self {
+        if e.is_timeout() {
+            ErrorKind::Timeout
+        } else if e.is_connect() {
+            ErrorKind::Connect
+        } else if e.is_body() || e.is_decode() {
+            ErrorKind::Stream
+        } else {
+            ErrorKind::Request
+        }
+    }
+}
+
+/// What the client saw of one request. Times are milliseconds; offsets are seconds since the
+/// start of the run.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// Scheduled send offset.
+    pub scheduled_s: f64,
+    /// Actual send offset.
+    pub sent_s: f64,
+    /// Actual minus scheduled send time.
+    pub lag_ms: f64,
+    /// Time to first content token, if one arrived.
+    pub ttft_ms: Option<f64>,
+    /// Time to the end of the response (or to the failure).
+    pub e2e_ms: f64,
+    /// Inter-chunk gaps after the first token.
+    pub itl_ms: Vec<f32>,
+    /// Output tokens (usage, else content chunks).
+    pub output_tokens: u64,
+    /// Prompt tokens from usage (0 when absent).
+    pub prompt_tokens: u64,
+    /// Cached prompt tokens from usage (0 when absent).
+    pub cached_tokens: u64,
+    /// The failure, if any.
+    pub error: Option<ErrorKind>,
+}
+
+impl Record {
+    /// `(E2E - TTFT) / (output tokens - 1)`, defined for successful requests with at least two
+    /// output tokens.
+    pub fn tpot_ms(&self) -> Option<f64> {
+        match (self.error, self.ttft_ms) {
+            (None, Some(ttft)) if self.output_tokens > 1 => {
+                Some((self.e2e_ms - ttft) / (self.output_tokens - 1) as f64)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One benchmark target: a resolved endpoint URL.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The URL as given on the command line (the report's name for it).
+    pub name: String,
+    /// The completions endpoint requests are posted to.
+    pub endpoint: String,
+    /// The models listing URL.
+    pub models: String,
+}
+
+impl Target {
+    /// Resolves `url` (a base URL, a `/v1` URL, or a full endpoint URL) for `api`.
+    pub fn new(url: &str, api: Api) -> Self {
+        let trimmed = url.trim_end_matches('/');
+        let path = match api {
+            Api::Chat => "/chat/completions",
+            Api::Completions => "/completions",
+        };
+        let (base, endpoint) = if let Some(b) = trimmed.strip_suffix("/chat/completions") {
+            (b.to_owned(), trimmed.to_owned())
+        } else if let Some(b) = trimmed.strip_suffix("/completions") {
+            (b.to_owned(), trimmed.to_owned())
+        } else if trimmed.ends_with("/v1") {
+            (trimmed.to_owned(), format!("{trimmed}{path}"))
+        } else {
+            (format!("{trimmed}/v1"), format!("{trimmed}/v1{path}"))
+        };
+        Self {
+            name: url.to_owned(),
+            endpoint,
+            models: format!("{base}/models"),
+        }
+    }
+}
+
+/// Asks `GET /v1/models` for the first model id.
+pub async fn first_model(
+    client: &reqwest::Client,
+    target: &Target,
+    key: Option<&str>,
+) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Models {
+        data: Vec<Model>,
+    }
+    #[derive(Deserialize)]
+    struct Model {
+        id: String,
+    }
+    let mut req = client.get(&target.models).timeout(Duration::from_secs(10));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.ok()?.error_for_status().ok()?;
+    let models: Models = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
+    models.data.into_iter().next().map(|m| m.id)
+}
+
+/// Request options shared by every request of a run.
+#[derive(Debug, Clone)]
+pub struct BodyOptions {
+    /// Model name.
+    pub model: String,
+    /// API flavour.
+    pub api: Api,
+    /// Stream the response.
+    pub stream: bool,
+    /// Send `ignore_eos: true`.
+    pub ignore_eos: bool,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<&'a [Message]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt: Option<String>,
+    max_tokens: u32,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ignore_eos: bool,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// Serialises `spec` as an OpenAI request body.
+pub fn body(spec: &RequestSpec, opts: &BodyOptions) -> Bytes {
+    let (messages, prompt) = match opts.api {
+        Api::Chat => (Some(spec.messages.as_slice()), None),
+        Api::Completions => (None, Some(spec.prompt_text())),
+    };
+    let body = Body {
+        model: &opts.model,
+        messages,
+        prompt,
+        max_tokens: spec.max_tokens,
+        stream: opts.stream,
+        stream_options: opts.stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+        ignore_eos: opts.ignore_eos,
+    };
+    // Serialising plain strings and integers cannot fail.
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<Choice<'a>>,
+    usage: Option<Usage>,
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default, borrow)]
+    message: Option<Delta<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+fn non_empty(s: &Option<Cow<'_, str>>) -> bool {
+    s.as_deref().is_some_and(|s| !s.is_empty())
+}
+
+impl Chunk<'_> {
+    fn has_content(&self) -> bool {
+        self.choices.iter().any(|c| {
+            non_empty(&c.text)
+                || [&c.delta, &c.message]
+                    .into_iter()
+                    .flatten()
+                    .any(|d| non_empty(&d.content) || non_empty(&d.reasoning_content))
+        })
+    }
+}
+
+/// Accumulates what the stream says.
+#[derive(Default)]
+struct Meter {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    chunks: u64,
+    itl_ms: Vec<f32>,
+    usage_output: Option<u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    done: bool,
+    failed: bool,
+}
+
+impl Meter {
+    fn event(&mut self, payload: &[u8], now: Instant) {
+        if payload == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(payload) else {
+            self.failed = true;
+            return;
+        };
+        if chunk.error.is_some() {
+            self.failed = true;
+        }
+        if chunk.has_content() {
+            if let Some(last) = self.last {
+                self.itl_ms.push((now - last).as_secs_f32() * 1e3);
+            } else {
+                self.first = Some(now);
+            }
+            self.last = Some(now);
+            self.chunks += 1;
+        }
+        if let Some(u) = chunk.usage {
+            self.prompt_tokens = u.prompt_tokens;
+            self.usage_output = u.completion_tokens.or(self.usage_output);
+            self.cached_tokens = u
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0);
+        }
+    }
+
+    /// Feeds complete lines of `buf`, keeping an unfinished tail.
+    fn feed(&mut self, buf: &mut Vec<u8>, now: Instant) {
+        let mut start = 0;
+        while let Some(pos) = buf[start..].iter().position(|&b| b == b'\n') {
+            let line = &buf[start..start + pos];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(data) = line.strip_prefix(b"data:") {
+                let data = data.strip_prefix(b" ").unwrap_or(data);
+                self.event(data, now);
+            }
+            start += pos + 1;
+        }
+        buf.drain(..start);
+    }
+}
+
+/// Everything a request needs besides its target and body.
+#[derive(Debug, Clone)]
+pub struct Sender {
+    /// The pooled client (keep-alive).
+    pub client: reqwest::Client,
+    /// Stream responses.
+    pub stream: bool,
+    /// Bearer token.
+    pub key: Option<String>,
+    /// Anchor of all offsets.
+    pub run_start: Instant,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+impl Sender {
+    /// Sends one request and measures it; `scheduled` is when the schedule wanted it to leave.
+    pub async fn measure(&self, target: &Target, body: Bytes, scheduled: Instant) -> Record {
+        let sent = Instant::now();
+        let mut rec = Record {
+            scheduled_s: (scheduled - self.run_start).as_secs_f64(),
+            sent_s: (sent - self.run_start).as_secs_f64(),
+            lag_ms: sent.saturating_duration_since(scheduled).as_secs_f64() * 1e3,
+            ..Record::default()
+        };
+        let mut meter = Meter::default();
+        let exchange = exchange(
+            &self.client,
+            target,
+            body,
+            self.stream,
+            self.key.as_deref(),
+            &mut meter,
+        );
+        let outcome = tokio::time::timeout(self.timeout, exchange).await;
+        let end = Instant::now();
+        rec.e2e_ms = (end - sent).as_secs_f64() * 1e3;
+        rec.error = match outcome {
+            Err(_) => Some(ErrorKind::Timeout),
+            Ok(Err(kind)) => Some(kind),
+            Ok(Ok(())) if meter.failed || (self.stream && !meter.done) => Some(ErrorKind::Stream),
+            Ok(Ok(())) => None,
+        };
+        rec.ttft_ms = if self.stream {
+            meter.first.map(|f| (f - sent).as_secs_f64() * 1e3)
+        } else if rec.error.is_none() {
+            Some(rec.e2e_ms)
+        } else {
+            None
+        };
+        rec.output_tokens = meter.usage_output.unwrap_or(meter.chunks);
+        rec.prompt_tokens = meter.prompt_tokens;
+        rec.cached_tokens = meter.cached_tokens;
+        rec.itl_ms = meter.itl_ms;
+        rec
+    }
+}
+
+async fn exchange(
+    client: &reqwest::Client,
+    target: &Target,
+    body: Bytes,
+    stream: bool,
+    key: Option<&str>,
+    meter: &mut Meter,
+) -> Result<(), ErrorKind> {
+    let mut req = client
+        .post(&target.endpoint)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let mut resp = req.send().await.map_err(|e| ErrorKind::of(&e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(if status.is_client_error() {
+            ErrorKind::Http4xx
+        } else if status.is_server_error() {
+            ErrorKind::Http5xx
+        } else {
+            ErrorKind::HttpOther
+        });
+    }
+    if !stream {
+        let bytes = resp.bytes().await.map_err(|e| ErrorKind::of(&e))?;
+        let now = Instant::now();
+        meter.event(&bytes, now);
+        return Ok(());
+    }
+    let mut buf = Vec::with_capacity(1024);
+    while let Some(bytes) = resp.chunk().await.map_err(|e| ErrorKind::of(&e))? {
+        let now = Instant::now();
+        buf.extend_from_slice(&bytes);
+        meter.feed(&mut buf, now);
+        if meter.done {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_resolves_base_v1_and_full_urls() {
+        let t = Target::new("http://h:1/", Api::Chat);
+        assert_eq!(t.endpoint, "http://h:1/v1/chat/completions");
+        assert_eq!(t.models, "http://h:1/v1/models");
+        let t = Target::new("http://h:1/v1", Api::Completions);
+        assert_eq!(t.endpoint, "http://h:1/v1/completions");
+        let t = Target::new("http://h:1/v1/chat/completions", Api::Completions);
+        assert_eq!(t.endpoint, "http://h:1/v1/chat/completions");
+        assert_eq!(t.models, "http://h:1/v1/models");
+    }
+
+    #[test]
+    fn meter_parses_sse_split_across_reads() {
+        let t0 = Instant::now();
+        let mut m = Meter::default();
+        let mut buf = Vec::new();
+        let text = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n\
+                    data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2,\
+                    \"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
+        for (i, piece) in text.as_bytes().chunks(7).enumerate() {
+            buf.extend_from_slice(piece);
+            m.feed(&mut buf, t0 + Duration::from_millis(i as u64));
+        }
+        assert!(m.done && !m.failed);
+        assert_eq!(m.chunks, 2);
+        assert_eq!(m.itl_ms.len(), 1);
+        assert_eq!(
+            (m.usage_output, m.prompt_tokens, m.cached_tokens),
+            (Some(2), 10, 4)
+        );
+    }
+
+    #[test]
+    fn body_has_stream_options_and_ignore_eos() {
+        let spec = RequestSpec {
+            messages: vec![Message {
+                role: "user".into(),
+                content: "hi".into(),
+            }],
+            max_tokens: 3,
+        };
+        let opts = BodyOptions {
+            model: "m".into(),
+            api: Api::Chat,
+            stream: true,
+            ignore_eos: true,
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body(&spec, &opts)).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["ignore_eos"], true);
+        assert_eq!(v["messages"][0]["content"], "hi");
+        let opts = BodyOptions {
+            api: Api::Completions,
+            stream: false,
+            ignore_eos: false,
+            ..opts
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body(&spec, &opts)).unwrap();
+        assert_eq!(v["prompt"], "hi");
+        assert!(v.get("ignore_eos").is_none() && v.get("stream_options").is_none());
+    }
+
+    #[test]
+    fn tpot_follows_the_definition() {
+        let r = Record {
+            ttft_ms: Some(100.0),
+            e2e_ms: 190.0,
+            output_tokens: 10,
+            ..Record::default()
+        };
+        assert_eq!(r.tpot_ms(), Some(10.0));
+        let one = Record {
+            output_tokens: 1,
+            ..r.clone()
+        };
+        assert_eq!(one.tpot_ms(), None);
+    }
+}

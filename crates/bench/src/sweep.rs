@@ -1,0 +1,94 @@
+//! Rate sweeps: the list of offered rates and each target's capacity.
+//!
+//! Capacity is the largest swept rate at which a target's SLO attainment reached the threshold
+//! (`--capacity-attainment`, default 0.9), the definition of DOMAIN.md §14. It is the largest such
+//! rate, not the first failing one, so one noisy step below the knee does not hide a higher
+//! passing rate.
+
+use crate::error::BenchError;
+use crate::report::{Capacity, TargetReport};
+
+/// Parses `A:B:STEP` into `A, A + STEP, ...` up to `B` inclusive (within rounding).
+pub fn parse(spec: &str) -> Result<Vec<f64>, BenchError> {
+    let bad = || {
+        BenchError::Config(format!(
+            "--sweep expects A:B:STEP with 0 < A <= B, STEP > 0, got {spec:?}"
+        ))
+    };
+    let parts: Vec<f64> = spec
+        .split(':')
+        .map(|p| p.trim().parse::<f64>().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let [a, b, step] = parts[..] else {
+        return Err(bad());
+    };
+    if !(a > 0.0 && b >= a && step > 0.0 && b.is_finite()) {
+        return Err(bad());
+    }
+    let n = ((b - a) / step + 1e-9).floor() as usize;
+    if n > 10_000 {
+        return Err(bad());
+    }
+    Ok((0..=n).map(|i| a + step * i as f64).collect())
+}
+
+/// The capacity of every target named in `results` (first-appearance order).
+pub fn capacity(results: &[TargetReport], min_attainment: f64) -> Vec<Capacity> {
+    let mut out: Vec<Capacity> = Vec::new();
+    for r in results {
+        let idx = match out.iter().position(|c| c.target == r.target) {
+            Some(i) => i,
+            None => {
+                out.push(Capacity {
+                    target: r.target.clone(),
+                    rate: None,
+                    min_attainment,
+                });
+                out.len() - 1
+            }
+        };
+        if r.slo_attainment >= min_attainment {
+            if let Some(rate) = r.offered_rate {
+                let c = &mut out[idx];
+                c.rate = Some(c.rate.map_or(rate, |x: f64| x.max(rate)));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Slo;
+
+    #[test]
+    fn parses_inclusive_ranges() {
+        assert_eq!(parse("1:3:1").unwrap(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(parse("0.5:1.5:0.5").unwrap(), vec![0.5, 1.0, 1.5]);
+        assert_eq!(parse("2:3:5").unwrap(), vec![2.0]);
+        for bad in ["1:2", "3:1:1", "1:2:0", "a:b:c", "0:1:1"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn capacity_is_largest_passing_rate() {
+        let mk = |t: &str, rate: f64, att: f64| {
+            let mut r = TargetReport::new(t, Some(rate), &[], &Slo::default());
+            r.slo_attainment = att;
+            r
+        };
+        let results = vec![
+            mk("a", 1.0, 1.0),
+            mk("b", 1.0, 0.5),
+            mk("a", 2.0, 0.95),
+            mk("b", 2.0, 0.1),
+            mk("a", 3.0, 0.2),
+        ];
+        let c = capacity(&results, 0.9);
+        assert_eq!(c[0].rate, Some(2.0));
+        assert_eq!(c[1].target, "b");
+        assert_eq!(c[1].rate, None);
+    }
+}

@@ -1,0 +1,480 @@
+//! Workload generators: what each arrival sends.
+//!
+//! An arrival produces a *unit of work*: one request for `random`, `prefix-repetition` and
+//! replayed files, and a whole session for `agentic`. Each request of a unit carries an offset from
+//! the arrival, so the schedule stays open loop (nothing waits for a response).
+//!
+//! - `random`: prompts of random words, lengths uniform in `len * [1 - r, 1 + r]` (vLLM's
+//!   `--random-range-ratio`). Random prompts defeat prefix caching by design.
+//! - `prefix-repetition`: `num_prefixes` fixed prefixes; every request is one of them (uniform)
+//!   followed by a fresh random suffix (vLLM's `prefix_repetition` dataset).
+//! - `agentic`: tenants with their own system prompt and tool definitions; each arrival starts a
+//!   session of one tenant; turn `k` is sent `k * think_time` after the session starts and resends
+//!   the whole conversation: system, then for every earlier turn its user message and a synthetic
+//!   assistant answer of the output length, then the new message. With `fan_out > 1` each turn
+//!   issues that many calls that share the conversation and differ in their last message (parallel
+//!   sub-agents). The previous answer is synthetic because an open-loop schedule cannot wait for
+//!   the real one; the prompt grows exactly as a real agent's would.
+//! - a JSONL file: one request per line, `{"prompt": "..."}` or `{"messages": [...]}`, with an
+//!   optional `max_tokens` (or `output_len`); lines are replayed in order and cycled.
+//!
+//! One "token" is one word from a small vocabulary of common short English words, each a single
+//! token in common BPE vocabularies, so prompt lengths are close to the requested token counts.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
+
+use crate::error::BenchError;
+
+const VOCAB: &[&str] = &[
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
+    "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "out", "up", "into",
+    "some", "than", "them", "two", "may", "then", "do", "first", "any", "my", "now", "such",
+];
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text content.
+    pub content: String,
+}
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestSpec {
+    /// The conversation (a completions request joins the contents with newlines).
+    pub messages: Vec<Message>,
+    /// `max_tokens` to send.
+    pub max_tokens: u32,
+}
+
+impl RequestSpec {
+    /// The prompt as one string (for the completions API).
+    pub fn prompt_text(&self) -> String {
+        let mut s = String::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            if i > 0 {
+                s.push('\n');
+            }
+            s.push_str(&m.content);
+        }
+        s
+    }
+}
+
+/// A request and its delay after the arrival that produced it, in seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    /// Seconds after the unit's arrival.
+    pub offset_s: f64,
+    /// The request.
+    pub spec: RequestSpec,
+}
+
+/// Parameters of the `random` workload.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RandomConfig {
+    /// Mean input length in tokens.
+    pub input_len: u32,
+    /// Mean output length in tokens.
+    pub output_len: u32,
+    /// Lengths are uniform in `len * [1 - r, 1 + r]`.
+    pub range_ratio: f64,
+}
+
+/// Parameters of the `prefix-repetition` workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixConfig {
+    /// Shared prefix length in tokens.
+    pub prefix_len: u32,
+    /// Unique suffix length in tokens.
+    pub suffix_len: u32,
+    /// Number of distinct prefixes.
+    pub num_prefixes: u32,
+    /// Output length in tokens.
+    pub output_len: u32,
+}
+
+/// Parameters of the `agentic` workload.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgenticConfig {
+    /// Number of tenants.
+    pub tenants: u32,
+    /// System prompt plus tool definitions, tokens per tenant.
+    pub system_len: u32,
+    /// Turns per session.
+    pub turns: u32,
+    /// Tokens of each new message.
+    pub user_len: u32,
+    /// Output tokens per call (also the length of the synthetic previous answer).
+    pub output_len: u32,
+    /// Seconds between turns.
+    pub think_time_s: f64,
+    /// Parallel calls per turn.
+    pub fan_out: u32,
+}
+
+/// Which generator to use.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// Random prompts.
+    Random(RandomConfig),
+    /// Shared prefixes plus random suffixes.
+    PrefixRepetition(PrefixConfig),
+    /// Multi-tenant, multi-turn agent sessions.
+    Agentic(AgenticConfig),
+    /// Replay of a JSONL file.
+    Replay(Vec<RequestSpec>),
+}
+
+/// A seeded workload generator.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    kind: Kind,
+    rng: ChaCha8Rng,
+    prefixes: Vec<String>,
+    next_line: usize,
+    next_session: u64,
+    output_override: Option<u32>,
+}
+
+/// `n` random words joined by spaces.
+fn words<R: Rng>(rng: &mut R, n: u32) -> String {
+    let mut s = String::with_capacity(n as usize * 5);
+    for i in 0..n {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(VOCAB[rng.random_range(0..VOCAB.len())]);
+    }
+    s
+}
+
+fn spread<R: Rng>(rng: &mut R, len: u32, ratio: f64) -> u32 {
+    if ratio <= 0.0 {
+        return len;
+    }
+    let lo = (f64::from(len) * (1.0 - ratio)).round().max(1.0) as u32;
+    let hi = (f64::from(len) * (1.0 + ratio)).round().max(f64::from(lo)) as u32;
+    rng.random_range(lo..=hi)
+}
+
+fn user(content: String) -> Message {
+    Message {
+        role: "user".into(),
+        content,
+    }
+}
+
+impl Workload {
+    /// Creates a generator. `output_override` replaces every output length when set.
+    pub fn new(kind: Kind, seed: u64, output_override: Option<u32>) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let prefixes = match &kind {
+            Kind::PrefixRepetition(c) => (0..c.num_prefixes.max(1))
+                .map(|i| format!("prefix {i}: {}", words(&mut rng, c.prefix_len)))
+                .collect(),
+            Kind::Agentic(c) => (0..c.tenants.max(1))
+                .map(|i| {
+                    format!(
+                        "tenant {i} system and tools: {}",
+                        words(&mut rng, c.system_len)
+                    )
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Self {
+            kind,
+            rng,
+            prefixes,
+            next_line: 0,
+            next_session: 0,
+            output_override,
+        }
+    }
+
+    /// Loads a JSONL replay file.
+    pub fn load_jsonl(path: &Path) -> Result<Vec<RequestSpec>, BenchError> {
+        #[derive(Deserialize)]
+        struct Line {
+            prompt: Option<String>,
+            messages: Option<Vec<Message>>,
+            max_tokens: Option<u32>,
+            output_len: Option<u32>,
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| BenchError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut out = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let line: Line = serde_json::from_str(raw).map_err(|source| BenchError::Replay {
+                path: path.to_owned(),
+                line: i + 1,
+                source,
+            })?;
+            let messages = match (line.messages, line.prompt) {
+                (Some(m), _) => m,
+                (None, Some(p)) => vec![user(p)],
+                (None, None) => {
+                    return Err(BenchError::Config(format!(
+                        "{}:{}: a line needs `prompt` or `messages`",
+                        path.display(),
+                        i + 1
+                    )))
+                }
+            };
+            let max_tokens = line.max_tokens.or(line.output_len).unwrap_or(128);
+            out.push(RequestSpec {
+                messages,
+                max_tokens,
+            });
+        }
+        if out.is_empty() {
+            return Err(BenchError::Config(format!(
+                "{} holds no requests",
+                path.display()
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Number of requests one arrival produces.
+    pub fn requests_per_unit(&self) -> u64 {
+        match &self.kind {
+            Kind::Agentic(c) => u64::from(c.turns.max(1)) * u64::from(c.fan_out.max(1)),
+            _ => 1,
+        }
+    }
+
+    fn out_len(&self, len: u32) -> u32 {
+        self.output_override.unwrap_or(len).max(1)
+    }
+
+    /// Discards the next `units` arrivals' requests (the ones a warm-up sent).
+    pub fn skip_units(&mut self, units: u64) {
+        for _ in 0..units {
+            self.next_unit();
+        }
+    }
+
+    /// The requests of the next arrival, in non-decreasing offset order.
+    pub fn next_unit(&mut self) -> Vec<Timed> {
+        match self.kind.clone() {
+            Kind::Random(c) => {
+                let input = spread(&mut self.rng, c.input_len, c.range_ratio);
+                let output = spread(&mut self.rng, c.output_len, c.range_ratio);
+                let spec = RequestSpec {
+                    messages: vec![user(words(&mut self.rng, input))],
+                    max_tokens: self.out_len(output),
+                };
+                vec![Timed {
+                    offset_s: 0.0,
+                    spec,
+                }]
+            }
+            Kind::PrefixRepetition(c) => {
+                let p = self.rng.random_range(0..self.prefixes.len());
+                let mut content = self.prefixes[p].clone();
+                content.push(' ');
+                content.push_str(&words(&mut self.rng, c.suffix_len));
+                let spec = RequestSpec {
+                    messages: vec![user(content)],
+                    max_tokens: self.out_len(c.output_len),
+                };
+                vec![Timed {
+                    offset_s: 0.0,
+                    spec,
+                }]
+            }
+            Kind::Agentic(c) => self.session(&c),
+            Kind::Replay(lines) => {
+                let mut spec = lines[self.next_line % lines.len()].clone();
+                self.next_line += 1;
+                spec.max_tokens = self.out_len(spec.max_tokens);
+                vec![Timed {
+                    offset_s: 0.0,
+                    spec,
+                }]
+            }
+        }
+    }
+
+    fn session(&mut self, c: &AgenticConfig) -> Vec<Timed> {
+        let session = self.next_session;
+        self.next_session += 1;
+        let tenant = self.rng.random_range(0..self.prefixes.len());
+        let max_tokens = self.out_len(c.output_len);
+        let mut history = vec![Message {
+            role: "system".into(),
+            content: self.prefixes[tenant].clone(),
+        }];
+        let mut out = Vec::with_capacity((c.turns.max(1) * c.fan_out.max(1)) as usize);
+        for turn in 0..c.turns.max(1) {
+            let offset_s = f64::from(turn) * c.think_time_s;
+            let mut first_call = None;
+            for branch in 0..c.fan_out.max(1) {
+                let mut messages = history.clone();
+                let tag = format!("session {session} turn {turn} call {branch}: ");
+                let msg = user(tag + &words(&mut self.rng, c.user_len));
+                if branch == 0 {
+                    first_call = Some(msg.clone());
+                }
+                messages.push(msg);
+                out.push(Timed {
+                    offset_s,
+                    spec: RequestSpec {
+                        messages,
+                        max_tokens,
+                    },
+                });
+            }
+            // The next turn carries this turn's first call's message and an answer.
+            history.extend(first_call);
+            history.push(Message {
+                role: "assistant".into(),
+                content: words(&mut self.rng, c.output_len),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix_cfg() -> PrefixConfig {
+        PrefixConfig {
+            prefix_len: 50,
+            suffix_len: 10,
+            num_prefixes: 3,
+            output_len: 16,
+        }
+    }
+
+    #[test]
+    fn random_lengths_stay_in_range() {
+        let cfg = RandomConfig {
+            input_len: 100,
+            output_len: 20,
+            range_ratio: 0.5,
+        };
+        let mut w = Workload::new(Kind::Random(cfg), 1, None);
+        for _ in 0..200 {
+            let u = w.next_unit();
+            assert_eq!(u.len(), 1);
+            let n = u[0].spec.messages[0].content.split(' ').count();
+            assert!((50..=150).contains(&n), "{n}");
+            assert!((10..=30).contains(&u[0].spec.max_tokens));
+        }
+    }
+
+    #[test]
+    fn prefix_repetition_repeats_exactly_num_prefixes() {
+        let mut w = Workload::new(Kind::PrefixRepetition(prefix_cfg()), 3, None);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..100 {
+            let text = w.next_unit().remove(0).spec.messages.remove(0).content;
+            let words: Vec<&str> = text.split(' ').collect();
+            // "prefix", "i:", then 50 words, then the 10-word suffix.
+            assert_eq!(words.len(), 2 + 50 + 10);
+            seen.insert(words[..52].join(" "));
+        }
+        assert_eq!(seen.len(), 3, "every prefix is reused, no others appear");
+    }
+
+    #[test]
+    fn same_seed_same_requests() {
+        let mut a = Workload::new(Kind::PrefixRepetition(prefix_cfg()), 5, None);
+        let mut b = Workload::new(Kind::PrefixRepetition(prefix_cfg()), 5, None);
+        for _ in 0..20 {
+            assert_eq!(a.next_unit(), b.next_unit());
+        }
+    }
+
+    #[test]
+    fn agentic_turns_grow_the_conversation_and_share_the_tenant_prefix() {
+        let cfg = AgenticConfig {
+            tenants: 2,
+            system_len: 30,
+            turns: 4,
+            user_len: 5,
+            output_len: 7,
+            think_time_s: 0.5,
+            fan_out: 2,
+        };
+        let mut w = Workload::new(Kind::Agentic(cfg), 11, None);
+        assert_eq!(w.requests_per_unit(), 8);
+        let unit = w.next_unit();
+        assert_eq!(unit.len(), 8);
+        for (i, t) in unit.iter().enumerate() {
+            let turn = i / 2;
+            assert_eq!(t.offset_s, 0.5 * turn as f64);
+            // system + 2 messages per earlier turn + the new one
+            assert_eq!(t.spec.messages.len(), 1 + 2 * turn + 1);
+            assert_eq!(t.spec.messages[0].role, "system");
+            assert_eq!(t.spec.max_tokens, 7);
+        }
+        // Turn k+1's conversation starts with all of turn k's (first call's) conversation.
+        for turn in 0..3 {
+            let prev = &unit[2 * turn].spec.messages;
+            let next = &unit[2 * (turn + 1)].spec.messages;
+            assert_eq!(&next[..prev.len()], &prev[..]);
+            assert_eq!(next[prev.len()].role, "assistant");
+            assert_eq!(next[prev.len()].content.split(' ').count(), 7);
+        }
+        // Fan-out calls share everything but the last message.
+        let (a, b) = (&unit[4].spec.messages, &unit[5].spec.messages);
+        assert_eq!(a[..a.len() - 1], b[..b.len() - 1]);
+        assert_ne!(a.last(), b.last());
+        // Sessions of the same tenant share the system prompt.
+        let systems: std::collections::BTreeSet<String> = (0..20)
+            .map(|_| w.next_unit()[0].spec.messages[0].content.clone())
+            .collect();
+        assert_eq!(systems.len(), 2);
+    }
+
+    #[test]
+    fn output_override_applies() {
+        let cfg = RandomConfig {
+            input_len: 5,
+            output_len: 20,
+            range_ratio: 0.0,
+        };
+        let mut w = Workload::new(Kind::Random(cfg), 1, Some(3));
+        assert_eq!(w.next_unit()[0].spec.max_tokens, 3);
+    }
+
+    #[test]
+    fn replay_reads_prompt_and_messages_lines() {
+        let dir = std::env::temp_dir().join(format!("kvgate-bench-replay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.jsonl");
+        std::fs::write(
+            &path,
+            "{\"prompt\": \"hello\", \"max_tokens\": 4}\n\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+        )
+        .unwrap();
+        let lines = Workload::load_jsonl(&path).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].max_tokens, 4);
+        let mut w = Workload::new(Kind::Replay(lines), 0, None);
+        let texts: Vec<String> = (0..3)
+            .map(|_| w.next_unit()[0].spec.prompt_text())
+            .collect();
+        assert_eq!(texts, ["hello", "hi", "hello"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
