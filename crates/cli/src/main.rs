@@ -1,5 +1,6 @@
 //! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
 
+mod bench;
 mod engine;
 mod policies;
 mod sim;
@@ -22,6 +23,8 @@ enum Command {
     Engine(Box<engine::Args>),
     /// Run a fleet simulation scenario.
     Sim(sim::Args),
+    /// Open-loop benchmark of OpenAI-compatible endpoints (goodput under an SLO).
+    Bench(Box<bench::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +33,6 @@ fn main() -> anyhow::Result<()> {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
