@@ -1,5 +1,6 @@
 //! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
 
+mod engine;
 mod policies;
 
 use clap::{Parser, Subcommand};
@@ -16,11 +17,14 @@ struct Cli {
 enum Command {
     /// List every routing policy with its parameters and defaults.
     Policies(policies::Args),
+    /// Run an emulated vLLM-compatible engine.
+    Engine(Box<engine::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Policies(args) => policies::run(&args),
+        Command::Engine(args) => engine::run(&args),
     }
 }

@@ -1,0 +1,128 @@
+//! `kvgate engine`: run one emulated vLLM-compatible engine.
+
+use anyhow::Context;
+use kvgate_engine::{EngineConfig, Fault};
+
+/// Flags of `kvgate engine`; defaults resemble a mid-size model on one GPU.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Address to listen on (HOST:PORT; port 0 picks a free one and prints it).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: String,
+    /// Engine name (shown in the `x-kvgate-engine` response header).
+    #[arg(long, default_value = "engine-0")]
+    id: String,
+    /// Served model name.
+    #[arg(long, default_value = "kvgate-emulated")]
+    model: String,
+    /// KV blocks in the pool (vLLM num_gpu_blocks).
+    #[arg(long, default_value_t = EngineConfig::default().kv_blocks)]
+    kv_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
+    block_size: usize,
+    /// Batch slots (vLLM --max-num-seqs).
+    #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
+    max_num_seqs: usize,
+    /// Token budget per iteration with chunked prefill (vLLM --max-num-batched-tokens).
+    #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
+    max_num_batched_tokens: usize,
+    /// Longest prompt plus output accepted (vLLM --max-model-len).
+    #[arg(long, default_value_t = EngineConfig::default().max_model_len)]
+    max_model_len: usize,
+    /// Disable the prefix cache (vLLM --no-enable-prefix-caching).
+    #[arg(long)]
+    no_prefix_caching: bool,
+    /// Real seconds per modelled second; 0 runs without delays.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Mean output length in tokens when a request does not set ignore_eos.
+    #[arg(long, default_value_t = EngineConfig::default().mean_output_tokens)]
+    mean_output_tokens: u32,
+    /// Seed for output lengths, text and fault draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Publish KV events on this ZMQ endpoint (`tcp://*:5557` binds, `tcp://HOST:PORT` connects).
+    #[arg(long)]
+    kv_events: Option<String>,
+    /// Topic frame of KV-event messages.
+    #[arg(long, default_value = "kv-events")]
+    kv_events_topic: String,
+    /// A fault active from startup (repeatable), e.g. `429:retry_after=2,p=0.1`; see the README.
+    #[arg(long = "fault", value_name = "SPEC")]
+    faults: Vec<Fault>,
+    /// Bearer token required by /admin/*; without it /admin/* is loopback-only.
+    #[arg(long, env = "KVGATE_ENGINE_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// Worker threads of the async runtime (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let config = EngineConfig {
+        id: args.id.clone(),
+        model: args.model.clone(),
+        kv_blocks: args.kv_blocks,
+        block_size: args.block_size,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_model_len: args.max_model_len,
+        prefix_caching: !args.no_prefix_caching,
+        time_scale: args.time_scale,
+        mean_output_tokens: args.mean_output_tokens,
+        seed: args.seed,
+        kv_events: args.kv_events.clone(),
+        kv_events_topic: args.kv_events_topic.clone(),
+        faults: args.faults.clone(),
+        admin_token: args.admin_token.clone(),
+    };
+    config.validate()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        builder.worker_threads(threads.max(1));
+    }
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let engine = kvgate_engine::spawn(config, listener).await?;
+        // One parseable line for scripts and tests that listen on port 0.
+        println!("kvgate engine {} listening on http://{addr}", args.id);
+        let token = engine.shutdown_token();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            token.cancel();
+        });
+        engine.join().await?;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

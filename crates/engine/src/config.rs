@@ -1,0 +1,116 @@
+//! The emulated engine's configuration: identity, the engine model's capacity, time scale,
+//! output lengths, KV events and faults.
+
+use crate::faults::Fault;
+
+/// Everything `serve` needs. [`EngineConfig::default`] resembles a mid-size model (~8B) on one
+/// GPU, like the simulator's default engine model.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Name of this engine in logs and in the `x-kvgate-engine` response header.
+    pub id: String,
+    /// The served model name (`/v1/models`, `model` in responses, the `model_name` label).
+    pub model: String,
+    /// KV blocks in the pool (vLLM `num_gpu_blocks`).
+    pub kv_blocks: usize,
+    /// Tokens per KV block (vLLM `--block-size`; 16 on GPUs).
+    pub block_size: usize,
+    /// Batch slots (vLLM `--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Token budget per iteration with chunked prefill (vLLM `--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+    /// Longest prompt plus output accepted (vLLM `--max-model-len`).
+    pub max_model_len: usize,
+    /// Whether full prompt blocks are reused across requests (vLLM `--enable-prefix-caching`).
+    pub prefix_caching: bool,
+    /// Real seconds slept per modelled second of engine time; 0 runs as fast as possible.
+    pub time_scale: f64,
+    /// Mean output length, in tokens, when a request does not force its length with `ignore_eos`.
+    pub mean_output_tokens: u32,
+    /// Seed for output lengths, output text and fault draws.
+    pub seed: u64,
+    /// ZMQ endpoint for KV events (`tcp://*:5557` binds, `tcp://127.0.0.1:5557` connects).
+    pub kv_events: Option<String>,
+    /// Topic frame of each KV-event message (vLLM's `kv_events_config.topic`).
+    pub kv_events_topic: String,
+    /// Faults active from startup.
+    pub faults: Vec<Fault>,
+    /// Bearer token for `/admin/*`; without one only loopback clients may use it.
+    pub admin_token: Option<String>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            id: "engine-0".to_owned(),
+            model: "kvgate-emulated".to_owned(),
+            kv_blocks: 16_384,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len: 32_768,
+            prefix_caching: true,
+            time_scale: 1.0,
+            mean_output_tokens: 128,
+            seed: 0,
+            kv_events: None,
+            kv_events_topic: "kv-events".to_owned(),
+            faults: Vec::new(),
+            admin_token: None,
+        }
+    }
+}
+
+/// An inconsistent configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid engine configuration: {0}")]
+pub struct ConfigError(String);
+
+impl EngineConfig {
+    /// Checks the values that would make the engine unable to serve.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: &str| Err(ConfigError(m.to_owned()));
+        if self.model.is_empty() {
+            return fail("model name is empty");
+        }
+        if self.block_size == 0 || self.kv_blocks == 0 || self.max_num_seqs == 0 {
+            return fail("block_size, kv_blocks and max_num_seqs must be positive");
+        }
+        if self.max_num_batched_tokens == 0 {
+            return fail("max_num_batched_tokens must be positive");
+        }
+        if self.max_model_len == 0 {
+            return fail("max_model_len must be positive");
+        }
+        if self.max_model_len > self.kv_blocks * self.block_size {
+            return fail("max_model_len exceeds the KV pool (kv_blocks x block_size tokens)");
+        }
+        if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
+            return fail("time_scale must be a finite number >= 0");
+        }
+        if self.mean_output_tokens == 0 {
+            return fail("mean_output_tokens must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_bad_values_are_caught() {
+        assert!(EngineConfig::default().validate().is_ok());
+        let bad = EngineConfig {
+            time_scale: -1.0,
+            ..EngineConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = EngineConfig {
+            kv_blocks: 10,
+            ..EngineConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

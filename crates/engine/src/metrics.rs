@@ -1,0 +1,328 @@
+//! vLLM's Prometheus metrics (DOMAIN.md §5), with vLLM's names, types, labels and buckets.
+//!
+//! Real vLLM (checked against `test-data/vllm/metrics.txt`) exposes every series with labels
+//! `engine` (the engine index, "0" for one engine) and `model_name`; counters carry the `_total`
+//! suffix; histograms use the bucket bounds below. The scheduler task updates one
+//! [`MetricsState`] behind a mutex once per iteration; `/metrics` renders it.
+
+use std::fmt::Write;
+
+/// TTFT buckets of vLLM's `vllm:time_to_first_token_seconds`.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// Buckets of vLLM's `vllm:inter_token_latency_seconds`.
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Buckets of vLLM's per-request phase histograms (queue, prefill, decode, e2e).
+const REQUEST_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A cumulative histogram with fixed bounds.
+#[derive(Clone, Debug)]
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one observation in seconds.
+    pub(crate) fn observe(&mut self, seconds: f64) {
+        let idx = self.bounds.partition_point(|&b| b < seconds);
+        if let Some(c) = self.counts.get_mut(idx) {
+            *c += 1;
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+}
+
+/// Every value `/metrics` shows.
+#[derive(Clone, Debug)]
+pub(crate) struct MetricsState {
+    pub(crate) running: u32,
+    pub(crate) waiting: u32,
+    pub(crate) kv_usage: f64,
+    pub(crate) prefix_queries: u64,
+    pub(crate) prefix_hits: u64,
+    pub(crate) preemptions: u64,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) generation_tokens: u64,
+    pub(crate) success_stop: u64,
+    pub(crate) success_length: u64,
+    pub(crate) success_abort: u64,
+    pub(crate) ttft: Histogram,
+    pub(crate) itl: Histogram,
+    pub(crate) queue: Histogram,
+    pub(crate) prefill: Histogram,
+    pub(crate) decode: Histogram,
+    pub(crate) e2e: Histogram,
+}
+
+impl Default for MetricsState {
+    fn default() -> Self {
+        MetricsState {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+            prefix_queries: 0,
+            prefix_hits: 0,
+            preemptions: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            success_stop: 0,
+            success_length: 0,
+            success_abort: 0,
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            queue: Histogram::new(REQUEST_BUCKETS),
+            prefill: Histogram::new(REQUEST_BUCKETS),
+            decode: Histogram::new(REQUEST_BUCKETS),
+            e2e: Histogram::new(REQUEST_BUCKETS),
+        }
+    }
+}
+
+/// Static facts shown as the `vllm:cache_config_info` info gauge.
+#[derive(Clone, Debug)]
+pub(crate) struct CacheInfo {
+    pub(crate) block_size: usize,
+    pub(crate) num_gpu_blocks: usize,
+    pub(crate) enable_prefix_caching: bool,
+}
+
+struct Writer<'a> {
+    out: String,
+    labels: &'a str,
+}
+
+impl Writer<'_> {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, extra: &str, value: f64) {
+        let sep = if extra.is_empty() { "" } else { "," };
+        let _ = writeln!(
+            self.out,
+            "{name}{{{}{sep}{extra}}} {}",
+            self.labels,
+            fmt_value(value)
+        );
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.header(name, "gauge", help);
+        self.sample(name, "", value);
+    }
+
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.header(name, "counter", help);
+        self.sample(name, "", value as f64);
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        self.header(name, "histogram", help);
+        let mut cumulative = 0;
+        for (bound, count) in h.bounds.iter().zip(&h.counts) {
+            cumulative += count;
+            self.sample(
+                &format!("{name}_bucket"),
+                &format!("le=\"{}\"", fmt_value(*bound)),
+                cumulative as f64,
+            );
+        }
+        self.sample(&format!("{name}_bucket"), "le=\"+Inf\"", h.count as f64);
+        self.sample(&format!("{name}_count"), "", h.count as f64);
+        self.sample(&format!("{name}_sum"), "", h.sum);
+    }
+}
+
+/// Python's float formatting as prometheus_client prints it (`1.0`, `0.25`, `2560.0`).
+fn fmt_value(v: f64) -> String {
+    if v.is_finite() && v == v.trunc() && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Escapes a label value for the text exposition format.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Renders the Prometheus text exposition (format 0.0.4).
+pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) -> String {
+    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model_name));
+    let mut w = Writer {
+        out: String::with_capacity(16 * 1024),
+        labels: &labels,
+    };
+    w.gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        f64::from(state.running),
+    );
+    w.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        f64::from(state.waiting),
+    );
+    w.gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        state.kv_usage,
+    );
+    w.counter(
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        state.prefix_queries,
+    );
+    w.counter(
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        state.prefix_hits,
+    );
+    w.counter(
+        "vllm:num_preemptions_total",
+        "Cumulative number of preemption from the engine.",
+        state.preemptions,
+    );
+    w.counter(
+        "vllm:prompt_tokens_total",
+        "Number of prefill tokens processed.",
+        state.prompt_tokens,
+    );
+    w.counter(
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed.",
+        state.generation_tokens,
+    );
+    w.header(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+    );
+    for (reason, n) in [
+        ("stop", state.success_stop),
+        ("length", state.success_length),
+        ("abort", state.success_abort),
+    ] {
+        w.sample(
+            "vllm:request_success_total",
+            &format!("finished_reason=\"{reason}\""),
+            n as f64,
+        );
+    }
+    w.header(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+    );
+    let info = format!(
+        "block_size=\"{}\",enable_prefix_caching=\"{}\",num_gpu_blocks=\"{}\"",
+        cache.block_size,
+        if cache.enable_prefix_caching {
+            "True"
+        } else {
+            "False"
+        },
+        cache.num_gpu_blocks
+    );
+    // The info gauge carries only its own labels in vLLM, not engine/model_name.
+    let _ = writeln!(w.out, "vllm:cache_config_info{{{info}}} 1.0");
+    w.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &state.ttft,
+    );
+    w.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &state.itl,
+    );
+    w.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &state.queue,
+    );
+    w.histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &state.prefill,
+    );
+    w.histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        &state.decode,
+    );
+    w.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &state.e2e,
+    );
+    w.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_le_inclusive() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        h.observe(0.1);
+        h.observe(0.5);
+        h.observe(5.0);
+        let state = MetricsState {
+            ttft: h,
+            ..MetricsState::default()
+        };
+        let cache = CacheInfo {
+            block_size: 16,
+            num_gpu_blocks: 10,
+            enable_prefix_caching: true,
+        };
+        let text = render(&state, &cache, "m");
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.1\"} 1.0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"1.0\"} 2.0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"+Inf\"} 3.0\n"));
+        assert!(text.contains(
+            "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 3.0\n"
+        ));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let text = render(
+            &MetricsState::default(),
+            &CacheInfo {
+                block_size: 16,
+                num_gpu_blocks: 1,
+                enable_prefix_caching: false,
+            },
+            "a\"b",
+        );
+        assert!(text.contains("model_name=\"a\\\"b\""));
+    }
+}

@@ -1,0 +1,55 @@
+//! State shared by every request handler.
+
+use crate::config::EngineConfig;
+use crate::faults::FaultState;
+use crate::metrics::{CacheInfo, MetricsState};
+use crate::scheduler::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: EngineConfig,
+    /// `model` as a JSON string literal, quotes included, escaped once.
+    pub(crate) model_json: String,
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) metrics: Arc<Mutex<MetricsState>>,
+    pub(crate) faults: Arc<FaultState>,
+    pub(crate) cache_info: CacheInfo,
+    /// Unix seconds at startup (`created` of the model card).
+    pub(crate) started_unix: u64,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        config: EngineConfig,
+        commands: mpsc::UnboundedSender<Command>,
+        metrics: Arc<Mutex<MetricsState>>,
+        faults: Arc<FaultState>,
+        started_unix: u64,
+    ) -> Self {
+        let cache_info = CacheInfo {
+            block_size: config.block_size,
+            num_gpu_blocks: config.kv_blocks,
+            enable_prefix_caching: config.prefix_caching,
+        };
+        Shared {
+            model_json: serde_json::to_string(&config.model).unwrap_or_else(|_| "\"\"".to_owned()),
+            config,
+            commands,
+            metrics,
+            faults,
+            cache_info,
+            started_unix,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh sequence id.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}

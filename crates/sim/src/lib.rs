@@ -1,0 +1,4 @@
+//! kvgate's fleet simulator: an iteration-level engine model ([`model`]), shared with the
+//! emulated engine.
+
+pub mod model;

@@ -1,0 +1,505 @@
+//! The scheduler: which sequences compute what in each iteration. See the parent module for the
+//! semantics.
+
+use super::pool::{BlockId, BlockPool};
+use super::{Batching, EngineConfig, EngineStats, Iteration, SeqEvent, SeqRequest};
+use kvgate_core::index::blocks::{block_hashes, KvEvent, Tier};
+use std::collections::{HashMap, VecDeque};
+
+/// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute
+/// from token ids, DOMAIN.md §5.4).
+const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
+
+#[derive(Clone, Debug)]
+struct Seq {
+    prompt: Vec<u32>,
+    /// Chained hashes of the prompt's full blocks.
+    hashes: Vec<u64>,
+    max_output: u32,
+    output: u32,
+    /// Tokens whose KV is held in `blocks`.
+    computed: u32,
+    /// Tokens to compute before the next token is sampled: the prompt, plus generated tokens
+    /// after a preemption.
+    target: u32,
+    blocks: Vec<BlockId>,
+    /// Leading prompt blocks already offered to the cache.
+    registered: usize,
+    cached_tokens: u32,
+}
+
+impl Seq {
+    fn prefilling(&self) -> bool {
+        self.computed < self.target
+    }
+}
+
+/// One unit of scheduled work: `tokens` for sequence `id`.
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    id: u64,
+    tokens: u32,
+    decode: bool,
+}
+
+/// The engine. See the module documentation of [`crate::model`].
+#[derive(Debug)]
+pub struct EngineModel {
+    config: EngineConfig,
+    pool: BlockPool,
+    seqs: HashMap<u64, Seq>,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    rejected: Vec<u64>,
+    token_events: bool,
+    kv_events: bool,
+    prefix_queries_tokens: u64,
+    prefix_hits_tokens: u64,
+    preemptions: u64,
+}
+
+impl EngineModel {
+    /// An idle engine with an empty pool.
+    pub fn new(config: EngineConfig) -> Self {
+        let config = EngineConfig {
+            max_num_seqs: config.max_num_seqs.max(1),
+            block_size: config.block_size.max(1),
+            ..config
+        };
+        EngineModel {
+            pool: BlockPool::new(config.kv_blocks, config.prefix_caching),
+            config,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            rejected: Vec::new(),
+            token_events: true,
+            kv_events: true,
+            prefix_queries_tokens: 0,
+            prefix_hits_tokens: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// Whether [`SeqEvent::Token`] events are produced (default on).
+    pub fn with_token_events(mut self, on: bool) -> Self {
+        self.token_events = on;
+        self
+    }
+
+    /// Whether [`Iteration::kv_events`] are produced (default on).
+    pub fn with_kv_events(mut self, on: bool) -> Self {
+        self.kv_events = on;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Queues a request. A request whose prompt plus output can never fit in the pool is
+    /// finished with zero output at the next step. An id already held is ignored.
+    pub fn submit(&mut self, request: SeqRequest) {
+        if self.seqs.contains_key(&request.id) {
+            return;
+        }
+        let bs = self.config.block_size;
+        let max_output = request.max_output_tokens.max(1);
+        let prompt_len = u32::try_from(request.prompt.len()).unwrap_or(u32::MAX);
+        let need = (prompt_len as usize + max_output as usize).div_ceil(bs);
+        let hashes = if self.config.prefix_caching {
+            block_hashes(&request.prompt, bs, ENGINE_HASH_SEED)
+        } else {
+            Vec::new()
+        };
+        let seq = Seq {
+            prompt: request.prompt,
+            hashes,
+            max_output,
+            output: 0,
+            computed: 0,
+            target: prompt_len.max(1),
+            blocks: Vec::new(),
+            registered: 0,
+            cached_tokens: 0,
+        };
+        self.seqs.insert(request.id, seq);
+        if need > self.pool.total() {
+            self.rejected.push(request.id);
+        } else {
+            self.waiting.push_back(request.id);
+        }
+    }
+
+    /// Drops a request (the client went away), freeing its blocks. Returns its
+    /// [`SeqEvent::Finished`], or `None` when the id is unknown.
+    pub fn abort(&mut self, id: u64) -> Option<SeqEvent> {
+        let seq = self.seqs.remove(&id)?;
+        self.pool.release(&seq.blocks);
+        if let Some(i) = self.running.iter().position(|&r| r == id) {
+            self.running.remove(i);
+        } else if let Some(i) = self.waiting.iter().position(|&w| w == id) {
+            self.waiting.remove(i);
+        } else {
+            self.rejected.retain(|&r| r != id);
+        }
+        Some(SeqEvent::Finished {
+            id,
+            output_tokens: seq.output,
+        })
+    }
+
+    /// Whether nothing is running, waiting or pending rejection.
+    pub fn is_idle(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Runs one iteration; `None` when idle.
+    pub fn step(&mut self) -> Option<Iteration> {
+        if self.seqs.is_empty() {
+            return None;
+        }
+        let mut it = Iteration::default();
+        for id in std::mem::take(&mut self.rejected) {
+            self.seqs.remove(&id);
+            it.events.push(SeqEvent::Finished {
+                id,
+                output_tokens: 0,
+            });
+        }
+        let work = match self.config.batching {
+            Batching::Chunked {
+                max_num_batched_tokens,
+            } => self.schedule_chunked(max_num_batched_tokens.max(1), &mut it),
+            Batching::Continuous => self.schedule_continuous(&mut it),
+            Batching::Static => self.schedule_static(&mut it),
+        };
+        let mut context_tokens = 0u64;
+        for w in &work {
+            if w.decode {
+                it.decode_seqs += 1;
+                context_tokens += u64::from(self.seqs[&w.id].computed) + 1;
+            } else {
+                it.prefill_tokens += w.tokens;
+            }
+        }
+        it.duration = self.config.cost.iteration(
+            u64::from(it.prefill_tokens),
+            u64::from(it.decode_seqs),
+            context_tokens,
+        );
+        let mut finished = false;
+        for w in work {
+            finished |= self.execute(w, &mut it);
+        }
+        if finished {
+            let seqs = &self.seqs;
+            self.running.retain(|id| seqs.contains_key(id));
+        }
+        Some(it)
+    }
+
+    /// Drops the whole prefix cache (vLLM `reset_prefix_cache`): idle cached blocks become
+    /// free and blocks in use stop being shareable. Returns `AllBlocksCleared` when anything was
+    /// cached and KV events are on.
+    pub fn reset_prefix_cache(&mut self) -> Option<KvEvent> {
+        let any = self.pool.clear_cache();
+        for seq in self.seqs.values_mut() {
+            // Blocks still held are no longer cached; do not offer them again.
+            seq.registered = seq
+                .registered
+                .max(seq.computed as usize / self.config.block_size);
+        }
+        (any && self.kv_events).then_some(KvEvent::AllBlocksCleared)
+    }
+
+    /// Checks the pool and queue invariants (tests only).
+    #[cfg(test)]
+    pub(crate) fn check(&self) -> Result<(), String> {
+        self.pool.check()?;
+        if self.running.len() > self.config.max_num_seqs {
+            return Err("too many running".into());
+        }
+        let held: usize = self.seqs.values().map(|s| s.blocks.len()).sum();
+        if held < self.pool.in_use() {
+            return Err(format!(
+                "{held} blocks held but {} in use",
+                self.pool.in_use()
+            ));
+        }
+        for id in self.waiting.iter().chain(&self.running) {
+            if !self.seqs.contains_key(id) {
+                return Err(format!("queued {id} unknown"));
+            }
+        }
+        if self.waiting.len() + self.running.len() + self.rejected.len() != self.seqs.len() {
+            return Err("queues and sequences disagree".into());
+        }
+        Ok(())
+    }
+
+    /// The gauges and counters.
+    pub fn stats(&self) -> EngineStats {
+        let total = self.pool.total();
+        EngineStats {
+            running: self.running.len() as u32,
+            waiting: (self.waiting.len() + self.rejected.len()) as u32,
+            kv_usage: if total == 0 {
+                0.0
+            } else {
+                self.pool.in_use() as f64 / total as f64
+            },
+            free_blocks: self.pool.available() as u64,
+            total_blocks: total as u64,
+            prefix_queries_tokens: self.prefix_queries_tokens,
+            prefix_hits_tokens: self.prefix_hits_tokens,
+            preemptions: self.preemptions,
+        }
+    }
+
+    fn schedule_chunked(&mut self, budget: usize, it: &mut Iteration) -> Vec<Work> {
+        let mut budget = budget as u32;
+        let mut work = Vec::with_capacity(self.running.len() + 1);
+        let preemptions_before = self.preemptions;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let (tokens, decode) = if seq.prefilling() {
+                ((seq.target - seq.computed).min(budget), false)
+            } else {
+                (1, true)
+            };
+            if !self.reserve(i, tokens, it) {
+                break; // `id` itself was preempted: it was last, nothing follows
+            }
+            budget -= tokens;
+            work.push(Work { id, tokens, decode });
+            i += 1;
+        }
+        // Like vLLM, nothing new is admitted in an iteration that had to preempt.
+        if self.preemptions == preemptions_before {
+            while budget > 0 {
+                let Some(tokens) = self.admit(Some(budget), it) else {
+                    break;
+                };
+                let id = *self.running.last().expect("admitted");
+                budget -= tokens;
+                work.push(Work {
+                    id,
+                    tokens,
+                    decode: false,
+                });
+            }
+        }
+        work
+    }
+
+    fn schedule_continuous(&mut self, it: &mut Iteration) -> Vec<Work> {
+        let mut work = Vec::new();
+        while let Some(tokens) = self.admit(None, it) {
+            let id = *self.running.last().expect("admitted");
+            work.push(Work {
+                id,
+                tokens,
+                decode: false,
+            });
+        }
+        if work.is_empty() {
+            self.schedule_decodes(&mut work, it);
+        }
+        work
+    }
+
+    fn schedule_static(&mut self, it: &mut Iteration) -> Vec<Work> {
+        let mut work = Vec::new();
+        if self.running.is_empty() {
+            while let Some(tokens) = self.admit(None, it) {
+                let id = *self.running.last().expect("admitted");
+                work.push(Work {
+                    id,
+                    tokens,
+                    decode: false,
+                });
+            }
+        } else {
+            self.schedule_decodes(&mut work, it);
+        }
+        work
+    }
+
+    /// One decode token for every running sequence, preempting from the back for blocks.
+    fn schedule_decodes(&mut self, work: &mut Vec<Work>, it: &mut Iteration) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let id = self.running[i];
+            if !self.reserve(i, 1, it) {
+                break;
+            }
+            work.push(Work {
+                id,
+                tokens: 1,
+                decode: true,
+            });
+            i += 1;
+        }
+    }
+
+    /// Makes sure `running[i]` has blocks for `tokens` more tokens, preempting running
+    /// sequences from the back as needed. Returns false when `running[i]` itself had to go.
+    fn reserve(&mut self, i: usize, tokens: u32, it: &mut Iteration) -> bool {
+        let id = self.running[i];
+        let bs = self.config.block_size;
+        loop {
+            let seq = &self.seqs[&id];
+            let need = (seq.computed as usize + tokens as usize)
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len());
+            if need <= self.pool.available() {
+                for _ in 0..need {
+                    let block = self.allocate(it);
+                    self.seqs.get_mut(&id).expect("running").blocks.push(block);
+                }
+                return true;
+            }
+            let victim = self.running.pop().expect("running is not empty");
+            self.preempt(victim, it);
+            if victim == id {
+                return false;
+            }
+        }
+    }
+
+    fn allocate(&mut self, it: &mut Iteration) -> BlockId {
+        let (block, evicted) = self.pool.allocate().expect("checked available");
+        if let (Some(hash), true) = (evicted, self.kv_events) {
+            it.kv_events.push(KvEvent::BlockRemoved {
+                block_hashes: vec![hash],
+                tier: Tier::Device,
+            });
+        }
+        block
+    }
+
+    fn preempt(&mut self, id: u64, it: &mut Iteration) {
+        let seq = self.seqs.get_mut(&id).expect("running");
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.computed = 0;
+        seq.registered = 0;
+        seq.target = (seq.prompt.len() as u32).max(1) + seq.output;
+        self.waiting.push_front(id);
+        self.preemptions += 1;
+        it.events.push(SeqEvent::Preempted { id });
+    }
+
+    /// Admits the head of the queue if a slot and its blocks are available, computing at most
+    /// `budget` tokens of it this iteration. Returns the tokens scheduled.
+    fn admit(&mut self, budget: Option<u32>, it: &mut Iteration) -> Option<u32> {
+        if self.running.len() >= self.config.max_num_seqs {
+            return None;
+        }
+        let id = *self.waiting.front()?;
+        let bs = self.config.block_size;
+        let seq = &self.seqs[&id];
+        let mut hits = seq
+            .hashes
+            .iter()
+            .take_while(|h| self.pool.is_cached(**h))
+            .count();
+        // At least one token is computed, so the last token can be sampled.
+        hits = hits.min((seq.target as usize - 1) / bs);
+        let cached = (hits * bs) as u32;
+        let tokens = (seq.target - cached).min(budget.unwrap_or(u32::MAX));
+        let idle_hits = seq.hashes[..hits]
+            .iter()
+            .filter(|h| self.pool.is_idle_cached(**h))
+            .count();
+        let need = (cached as usize + tokens as usize).div_ceil(bs) - hits;
+        if need + idle_hits > self.pool.available() {
+            return None;
+        }
+        self.waiting.pop_front();
+        let hashes = self.seqs[&id].hashes[..hits].to_vec();
+        let mut blocks = Vec::with_capacity((seq.target as usize).div_ceil(bs));
+        for h in hashes {
+            blocks.push(self.pool.acquire_cached(h).expect("checked cached"));
+        }
+        // Evictions here cannot touch this sequence's hits: they are referenced now.
+        for _ in 0..need {
+            blocks.push(self.allocate(it));
+        }
+        let seq = self.seqs.get_mut(&id).expect("waiting");
+        seq.blocks = blocks;
+        seq.computed = cached;
+        seq.registered = hits;
+        seq.cached_tokens = cached;
+        let prompt_len = seq.prompt.len() as u64;
+        self.prefix_queries_tokens += prompt_len;
+        self.prefix_hits_tokens += u64::from(cached);
+        self.running.push(id);
+        Some(tokens)
+    }
+
+    /// Applies scheduled work; returns whether the sequence finished.
+    fn execute(&mut self, w: Work, it: &mut Iteration) -> bool {
+        let bs = self.config.block_size;
+        let seq = self.seqs.get_mut(&w.id).expect("scheduled");
+        seq.computed += w.tokens;
+        if !w.decode && self.config.prefix_caching {
+            let full = (seq.computed as usize / bs).min(seq.hashes.len());
+            let mut stored_from = None;
+            for b in seq.registered..full {
+                let ok = self.pool.register(seq.blocks[b], seq.hashes[b]);
+                match (ok, stored_from) {
+                    (true, None) => stored_from = Some(b),
+                    (false, Some(from)) => {
+                        if self.kv_events {
+                            it.kv_events.push(stored_event(seq, from, b, bs));
+                        }
+                        stored_from = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let (Some(from), true) = (stored_from, self.kv_events) {
+                it.kv_events.push(stored_event(seq, from, full, bs));
+            }
+            seq.registered = seq.registered.max(full);
+        }
+        if seq.prefilling() {
+            return false;
+        }
+        seq.output += 1;
+        if seq.output == 1 {
+            it.events.push(SeqEvent::FirstToken {
+                id: w.id,
+                cached_tokens: seq.cached_tokens,
+            });
+        } else if self.token_events {
+            it.events.push(SeqEvent::Token { id: w.id });
+        }
+        if seq.output < seq.max_output {
+            return false;
+        }
+        let seq = self.seqs.remove(&w.id).expect("scheduled");
+        self.pool.release(&seq.blocks);
+        it.events.push(SeqEvent::Finished {
+            id: w.id,
+            output_tokens: seq.output,
+        });
+        true
+    }
+}
+
+/// `BlockStored` for prompt blocks `from..to` of `seq`.
+fn stored_event(seq: &Seq, from: usize, to: usize, bs: usize) -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: seq.hashes[from..to].to_vec(),
+        parent_block_hash: from.checked_sub(1).map(|p| seq.hashes[p]),
+        token_ids: seq.prompt[from * bs..to * bs].to_vec(),
+        block_size: bs as u32,
+        tier: Tier::Device,
+    }
+}

@@ -1,0 +1,239 @@
+//! The KV block pool and its prefix cache (PagedAttention blocks, vLLM's automatic prefix
+//! caching; DOMAIN.md §7 and §5.4).
+//!
+//! Every block is in exactly one of three states:
+//! - *free*: holds nothing, on the free list;
+//! - *in use*: referenced by one or more sequences (`refs > 0`), possibly also cached;
+//! - *idle cached*: a full block whose hash is still in the cache but that no sequence
+//!   references; it counts as free capacity and is evicted least-recently-released first when
+//!   an allocation finds the free list empty (DOMAIN.md §4.2: cached blocks do not consume KV
+//!   capacity).
+//!
+//! The cache maps a chained block hash to the block holding it. Lookups never iterate the map,
+//! so its order cannot leak into decisions.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Index of a block in the pool.
+pub(crate) type BlockId = u32;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Block {
+    refs: u32,
+    /// The chained hash, when the block is in the prefix cache.
+    hash: Option<u64>,
+    /// Position in the idle LRU (release stamp), when idle and cached.
+    idle_stamp: Option<u64>,
+}
+
+/// The pool. See the module documentation.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockPool {
+    blocks: Vec<Block>,
+    free: Vec<BlockId>,
+    /// Idle cached blocks by release stamp, oldest first.
+    idle: BTreeMap<u64, BlockId>,
+    cached: HashMap<u64, BlockId>,
+    next_stamp: u64,
+    caching: bool,
+}
+
+impl BlockPool {
+    /// A pool of `total` free blocks; with `caching` false nothing is ever cached.
+    pub(crate) fn new(total: usize, caching: bool) -> Self {
+        let total = u32::try_from(total).unwrap_or(u32::MAX);
+        BlockPool {
+            blocks: vec![Block::default(); total as usize],
+            // Pop from the back: hand out low ids first.
+            free: (0..total).rev().collect(),
+            idle: BTreeMap::new(),
+            cached: HashMap::new(),
+            next_stamp: 0,
+            caching,
+        }
+    }
+
+    /// Total blocks.
+    pub(crate) fn total(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks an allocation could obtain: free plus idle cached.
+    pub(crate) fn available(&self) -> usize {
+        self.free.len() + self.idle.len()
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub(crate) fn in_use(&self) -> usize {
+        self.total() - self.available()
+    }
+
+    /// The cached block holding `hash`, taking a reference to it (reviving it if idle).
+    pub(crate) fn acquire_cached(&mut self, hash: u64) -> Option<BlockId> {
+        let id = *self.cached.get(&hash)?;
+        let block = &mut self.blocks[id as usize];
+        if let Some(stamp) = block.idle_stamp.take() {
+            self.idle.remove(&stamp);
+        }
+        block.refs += 1;
+        Some(id)
+    }
+
+    /// Whether `hash` is cached in a block no sequence references.
+    pub(crate) fn is_idle_cached(&self, hash: u64) -> bool {
+        self.cached
+            .get(&hash)
+            .is_some_and(|&id| self.blocks[id as usize].refs == 0)
+    }
+
+    /// Whether `hash` is in the cache (in use or idle).
+    pub(crate) fn is_cached(&self, hash: u64) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// A fresh block with one reference. When the free list is empty the least recently
+    /// released idle cached block is evicted; its hash is returned alongside so the caller can
+    /// report the removal. `None` when every block is in use.
+    pub(crate) fn allocate(&mut self) -> Option<(BlockId, Option<u64>)> {
+        let (id, evicted) = if let Some(id) = self.free.pop() {
+            (id, None)
+        } else {
+            let (_, id) = self.idle.pop_first()?;
+            let block = &mut self.blocks[id as usize];
+            block.idle_stamp = None;
+            let hash = block.hash.take();
+            if let Some(h) = hash {
+                self.cached.remove(&h);
+            }
+            (id, hash)
+        };
+        self.blocks[id as usize].refs = 1;
+        Some((id, evicted))
+    }
+
+    /// Enters a full, in-use block into the cache under `hash`. Returns false (and leaves the
+    /// block uncached) when caching is off or another block already holds that hash.
+    pub(crate) fn register(&mut self, id: BlockId, hash: u64) -> bool {
+        if !self.caching || self.cached.contains_key(&hash) {
+            return false;
+        }
+        let block = &mut self.blocks[id as usize];
+        debug_assert!(block.refs > 0 && block.hash.is_none());
+        block.hash = Some(hash);
+        self.cached.insert(hash, id);
+        true
+    }
+
+    /// Drops one reference to each block, last block first, so that a sequence's tail blocks
+    /// become the oldest idle entries and are evicted before its head (vLLM frees in reverse
+    /// order for the same reason: heads are the shared prefixes).
+    pub(crate) fn release(&mut self, ids: &[BlockId]) {
+        for &id in ids.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.refs > 0);
+            block.refs -= 1;
+            if block.refs > 0 {
+                continue;
+            }
+            if block.hash.is_some() {
+                let stamp = self.next_stamp;
+                self.next_stamp += 1;
+                block.idle_stamp = Some(stamp);
+                self.idle.insert(stamp, id);
+            } else {
+                self.free.push(id);
+            }
+        }
+    }
+
+    /// Drops every cached hash (vLLM `reset_prefix_cache`); idle cached blocks become free.
+    /// Returns whether anything was cached.
+    pub(crate) fn clear_cache(&mut self) -> bool {
+        let any = !self.cached.is_empty();
+        for (_, id) in std::mem::take(&mut self.idle) {
+            self.blocks[id as usize].idle_stamp = None;
+            self.free.push(id);
+        }
+        for block in &mut self.blocks {
+            block.hash = None;
+        }
+        self.cached.clear();
+        any
+    }
+
+    /// Debug check of the state invariants; returns a description of the first violation.
+    #[cfg(test)]
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut seen = vec![0u8; self.blocks.len()];
+        for &id in &self.free {
+            seen[id as usize] += 1;
+            let b = self.blocks[id as usize];
+            if b.refs != 0 || b.hash.is_some() {
+                return Err(format!("free block {id} is {b:?}"));
+            }
+        }
+        for (&stamp, &id) in &self.idle {
+            seen[id as usize] += 1;
+            let b = self.blocks[id as usize];
+            if b.refs != 0 || b.hash.is_none() || b.idle_stamp != Some(stamp) {
+                return Err(format!("idle block {id} is {b:?}"));
+            }
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            if b.refs > 0 {
+                seen[i] += 1;
+            }
+            if seen[i] != 1 {
+                return Err(format!("block {i} is in {} states", seen[i]));
+            }
+            if let Some(h) = b.hash {
+                if self.cached.get(&h) != Some(&(i as BlockId)) {
+                    return Err(format!("block {i} hash not mapped"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_cached_blocks_are_revived_or_evicted_lru() {
+        let mut pool = BlockPool::new(3, true);
+        let (a, _) = pool.allocate().unwrap();
+        let (b, _) = pool.allocate().unwrap();
+        assert!(pool.register(a, 10));
+        assert!(pool.register(b, 20));
+        pool.release(&[a, b]); // b released first, so b is the older idle entry
+        assert_eq!(pool.available(), 3);
+        assert_eq!(pool.acquire_cached(10), Some(a));
+        let (c, evicted) = pool.allocate().unwrap();
+        assert_eq!(evicted, None); // the never-used block first
+        let (d, evicted) = pool.allocate().unwrap();
+        assert_eq!((d, evicted), (b, Some(20)));
+        assert!(pool.allocate().is_none());
+        assert!(!pool.is_cached(20) && pool.is_cached(10));
+        pool.release(&[c, d, a]);
+        pool.check().unwrap();
+        assert!(pool.clear_cache());
+        assert_eq!(pool.available(), 3);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn duplicate_hashes_and_disabled_caching_are_not_registered() {
+        let mut pool = BlockPool::new(2, true);
+        let (a, _) = pool.allocate().unwrap();
+        let (b, _) = pool.allocate().unwrap();
+        assert!(pool.register(a, 1));
+        assert!(!pool.register(b, 1));
+        pool.release(&[a, b]);
+        pool.check().unwrap();
+        let mut off = BlockPool::new(1, false);
+        let (x, _) = off.allocate().unwrap();
+        assert!(!off.register(x, 1));
+    }
+}
