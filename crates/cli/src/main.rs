@@ -2,6 +2,7 @@
 
 mod engine;
 mod policies;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,8 @@ enum Command {
     Policies(policies::Args),
     /// Run an emulated vLLM-compatible engine.
     Engine(Box<engine::Args>),
+    /// Run the gateway (with no endpoints: emulated engines in-process behind it).
+    Serve(Box<serve::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -26,5 +29,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }

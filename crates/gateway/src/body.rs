@@ -55,9 +55,7 @@ impl Tracked {
             body.inspect(first);
         }
         body.first = first;
-        if body.rest.is_none() {
-            body.finish();
-        }
+        body.finish_if_ended();
         body
     }
 
@@ -67,6 +65,15 @@ impl Tracked {
         }
         if let Some(n) = completion_tokens(data) {
             self.usage_tokens = Some(n);
+        }
+    }
+
+    /// A body of known length is complete once its last byte is read, and a server writing a
+    /// `content-length` response drops the body then without polling it again: account now.
+    fn finish_if_ended(&mut self) {
+        if self.rest.as_ref().is_none_or(Body::is_end_stream) {
+            self.rest = None;
+            self.finish();
         }
     }
 
@@ -100,6 +107,7 @@ impl Body for Tracked {
                     let data = data.clone();
                     self.inspect(&data);
                 }
+                self.finish_if_ended();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
