@@ -1,7 +1,7 @@
 //! `kvgate engine`: run one emulated vLLM-compatible engine.
 
 use anyhow::Context;
-use kvgate_engine::{EngineConfig, Fault};
+use kvgate_engine::{BatchingMode, CostModel, EngineConfig, Fault};
 
 /// Flags of `kvgate engine`; defaults resemble a mid-size model on one GPU.
 #[derive(Debug, clap::Args)]
@@ -27,6 +27,21 @@ pub(crate) struct Args {
     /// Token budget per iteration with chunked prefill (vLLM --max-num-batched-tokens).
     #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
     max_num_batched_tokens: usize,
+    /// Batching mode: chunked (chunked prefill, vLLM's default), continuous or static.
+    #[arg(long, default_value = "chunked")]
+    batching: BatchingMode,
+    /// Fixed time per engine iteration, ms (weights read once, launches, scheduling).
+    #[arg(long, default_value_t = CostModel::default().step_overhead_ns / 1e6)]
+    step_overhead_ms: f64,
+    /// Time per uncached prompt token prefilled, µs.
+    #[arg(long, default_value_t = CostModel::default().prefill_token_ns / 1e3)]
+    prefill_token_us: f64,
+    /// Time per sequence decoding one token in an iteration, µs.
+    #[arg(long, default_value_t = CostModel::default().decode_seq_ns / 1e3)]
+    decode_seq_us: f64,
+    /// Time per context token attended by decoding sequences (KV reads), ns.
+    #[arg(long, default_value_t = CostModel::default().context_token_ns)]
+    context_token_ns: f64,
     /// Longest prompt plus output accepted (vLLM --max-model-len).
     #[arg(long, default_value_t = EngineConfig::default().max_model_len)]
     max_model_len: usize,
@@ -67,6 +82,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         block_size: args.block_size,
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
+        batching: args.batching,
+        cost: CostModel {
+            step_overhead_ns: args.step_overhead_ms * 1e6,
+            prefill_token_ns: args.prefill_token_us * 1e3,
+            decode_seq_ns: args.decode_seq_us * 1e3,
+            context_token_ns: args.context_token_ns,
+            quantum_ns: 0,
+        },
         max_model_len: args.max_model_len,
         prefix_caching: !args.no_prefix_caching,
         time_scale: args.time_scale,

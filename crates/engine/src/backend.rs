@@ -1,53 +1,12 @@
 //! The boundary between the server and the engine model that decides timing.
 //!
-//! The scheduler only needs the five operations of `kvgate_sim::model::EngineModel` (submit,
-//! abort, step, stats). [`StepModel`] names them so the scheduler can be tested against a model
-//! and the simulator's model plugs in with one `impl`.
+//! The scheduler needs four operations of [`kvgate_sim::model::EngineModel`] (submit, abort,
+//! step, stats); [`StepModel`] names them so the scheduler depends on a role, not on the
+//! simulator's full surface.
 
-use kvgate_core::index::blocks::KvEvent;
-use kvgate_core::Nanos;
-
-/// One sequence to run: its prompt tokens and how many tokens to generate.
-#[derive(Clone, Debug)]
-pub(crate) struct SeqRequest {
-    pub(crate) id: u64,
-    pub(crate) prompt: Vec<u32>,
-    pub(crate) max_output_tokens: u32,
-}
-
-/// What happened to one sequence during an iteration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SeqEvent {
-    /// The first output token; `cached_tokens` of the prompt came from the prefix cache.
-    FirstToken { id: u64, cached_tokens: u32 },
-    /// One more output token.
-    Token { id: u64 },
-    /// The sequence ended and released its blocks.
-    Finished { id: u64, output_tokens: u32 },
-    /// The sequence lost its blocks and will be recomputed.
-    #[allow(dead_code)]
-    Preempted { id: u64 },
-}
-
-/// One engine iteration.
-#[derive(Clone, Debug)]
-pub(crate) struct Iteration {
-    pub(crate) duration: Nanos,
-    pub(crate) decode_seqs: u32,
-    pub(crate) events: Vec<SeqEvent>,
-    pub(crate) kv_events: Vec<KvEvent>,
-}
-
-/// Gauges and counters the engine model keeps.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct EngineStats {
-    pub(crate) running: u32,
-    pub(crate) waiting: u32,
-    pub(crate) kv_usage: f64,
-    pub(crate) prefix_queries_tokens: u64,
-    pub(crate) prefix_hits_tokens: u64,
-    pub(crate) preemptions: u64,
-}
+use crate::config::EngineConfig;
+use kvgate_sim::model::{Batching, EngineModel};
+pub(crate) use kvgate_sim::model::{EngineStats, Iteration, SeqEvent, SeqRequest};
 
 /// What the scheduler needs from an engine model.
 pub(crate) trait StepModel: Send + 'static {
@@ -61,10 +20,42 @@ pub(crate) trait StepModel: Send + 'static {
     fn stats(&self) -> EngineStats;
 }
 
-/// The engine model for `config`.
-pub(crate) fn build(config: &crate::config::EngineConfig) -> Box<dyn StepModel> {
-    Box::new(crate::interim_model::InterimModel::new(
-        config.max_num_seqs,
-        config.block_size,
-    ))
+impl StepModel for EngineModel {
+    fn submit(&mut self, request: SeqRequest) {
+        EngineModel::submit(self, request);
+    }
+
+    fn abort(&mut self, id: u64) {
+        // The returned `Finished` is not needed: the handler that aborts is already gone.
+        let _ = EngineModel::abort(self, id);
+    }
+
+    fn step(&mut self) -> Option<Iteration> {
+        EngineModel::step(self)
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineModel::stats(self)
+    }
+}
+
+/// The simulator's engine model configured from `config`.
+pub(crate) fn build(config: &EngineConfig) -> Box<dyn StepModel> {
+    let batching = match config.batching {
+        crate::config::BatchingMode::Static => Batching::Static,
+        crate::config::BatchingMode::Continuous => Batching::Continuous,
+        crate::config::BatchingMode::Chunked => Batching::Chunked {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+        },
+    };
+    let model = EngineModel::new(kvgate_sim::model::EngineConfig {
+        max_num_seqs: config.max_num_seqs,
+        kv_blocks: config.kv_blocks,
+        block_size: config.block_size,
+        batching,
+        prefix_caching: config.prefix_caching,
+        cost: config.cost,
+    })
+    .with_kv_events(config.kv_events.is_some());
+    Box::new(model)
 }

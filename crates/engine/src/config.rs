@@ -2,6 +2,34 @@
 //! output lengths, KV events and faults.
 
 use crate::faults::Fault;
+pub use kvgate_sim::model::CostModel;
+use std::str::FromStr;
+
+/// How the engine model forms batches (DOMAIN.md §7); see `kvgate_sim::model::Batching`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchingMode {
+    /// A batch runs until its longest sequence ends.
+    Static,
+    /// Iteration-level scheduling; an iteration with a prefill does no decoding.
+    Continuous,
+    /// Continuous batching with chunked prefill within `max_num_batched_tokens` (vLLM's default).
+    Chunked,
+}
+
+impl FromStr for BatchingMode {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "static" => Ok(BatchingMode::Static),
+            "continuous" => Ok(BatchingMode::Continuous),
+            "chunked" => Ok(BatchingMode::Chunked),
+            other => Err(ConfigError(format!(
+                "unknown batching mode `{other}` (static, continuous, chunked)"
+            ))),
+        }
+    }
+}
 
 /// Everything `serve` needs. [`EngineConfig::default`] resembles a mid-size model (~8B) on one
 /// GPU, like the simulator's default engine model.
@@ -19,6 +47,10 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Token budget per iteration with chunked prefill (vLLM `--max-num-batched-tokens`).
     pub max_num_batched_tokens: usize,
+    /// How batches are formed.
+    pub batching: BatchingMode,
+    /// Iteration time as a function of the work in it.
+    pub cost: CostModel,
     /// Longest prompt plus output accepted (vLLM `--max-model-len`).
     pub max_model_len: usize,
     /// Whether full prompt blocks are reused across requests (vLLM `--enable-prefix-caching`).
@@ -40,14 +72,26 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
+    /// The simulator's default engine (an ~8B model on one H100: 256 slots, 8,192 blocks of 16
+    /// tokens, chunked prefill with a 2,048-token budget, `CostModel::default()`), a 32K
+    /// context, real time, mean output 128 tokens.
     fn default() -> Self {
+        let model = kvgate_sim::model::EngineConfig::default();
+        let max_num_batched_tokens = match model.batching {
+            kvgate_sim::model::Batching::Chunked {
+                max_num_batched_tokens,
+            } => max_num_batched_tokens,
+            _ => 2048,
+        };
         EngineConfig {
             id: "engine-0".to_owned(),
             model: "kvgate-emulated".to_owned(),
-            kv_blocks: 16_384,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 8192,
+            kv_blocks: model.kv_blocks,
+            block_size: model.block_size,
+            max_num_seqs: model.max_num_seqs,
+            max_num_batched_tokens,
+            batching: BatchingMode::Chunked,
+            cost: model.cost,
             max_model_len: 32_768,
             prefix_caching: true,
             time_scale: 1.0,
@@ -64,7 +108,7 @@ impl Default for EngineConfig {
 /// An inconsistent configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid engine configuration: {0}")]
-pub struct ConfigError(String);
+pub struct ConfigError(pub(crate) String);
 
 impl EngineConfig {
     /// Checks the values that would make the engine unable to serve.
@@ -87,6 +131,16 @@ impl EngineConfig {
         }
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             return fail("time_scale must be a finite number >= 0");
+        }
+        let c = &self.cost;
+        let costs = [
+            c.step_overhead_ns,
+            c.prefill_token_ns,
+            c.decode_seq_ns,
+            c.context_token_ns,
+        ];
+        if costs.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            return fail("cost parameters must be finite and >= 0");
         }
         if self.mean_output_tokens == 0 {
             return fail("mean_output_tokens must be positive");

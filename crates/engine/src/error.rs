@@ -28,6 +28,9 @@ pub(crate) struct ApiError {
     pub(crate) message: String,
     pub(crate) param: Option<&'static str>,
     pub(crate) retry_after_secs: Option<u64>,
+    /// Overrides the `type` derived from the status (vLLM reports body decode errors as
+    /// `"Bad Request"`).
+    pub(crate) kind: Option<&'static str>,
 }
 
 impl ApiError {
@@ -37,6 +40,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             retry_after_secs: None,
+            kind: None,
         }
     }
 
@@ -53,6 +57,9 @@ impl ApiError {
 
     /// The Python exception class name vLLM reports as `type`.
     fn type_name(&self) -> &'static str {
+        if let Some(kind) = self.kind {
+            return kind;
+        }
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",

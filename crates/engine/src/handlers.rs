@@ -200,7 +200,10 @@ async fn generate(
                 param: Some("model"),
                 ..ApiError::new(
                     StatusCode::NOT_FOUND,
-                    format!("The model `{model}` does not exist."),
+                    format!(
+                        "The model `{model}` does not exist. Valid aliases: {}.",
+                        config.model
+                    ),
                 )
             }
             .into_response();
@@ -208,6 +211,20 @@ async fn generate(
     }
     let prompt_tokens = parsed.prompt.len();
     let requested = prompt_tokens + parsed.max_tokens.unwrap_or(0) as usize;
+    if let Some(max_tokens) = parsed
+        .max_tokens
+        .filter(|&m| m as usize > config.max_model_len)
+    {
+        return ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "max_tokens={max_tokens} cannot be greater than max_model_len={}. Please request fewer output \
+                 tokens. (parameter=max_tokens, value={max_tokens})",
+                config.max_model_len
+            ),
+        )
+        .into_response();
+    }
     if prompt_tokens >= config.max_model_len || requested > config.max_model_len {
         return ApiError::bad_param(
             "max_tokens",

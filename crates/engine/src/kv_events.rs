@@ -8,8 +8,10 @@
 //! Each event is a msgpack map with a `type` key:
 //!
 //! - `{"type": "BlockStored", "block_hashes": [u64...], "parent_block_hash": u64|nil,
-//!   "token_ids": [u32...], "block_size": int, "lora_id": nil, "medium": "GPU"}`
-//! - `{"type": "BlockRemoved", "block_hashes": [u64...], "medium": "GPU"}`
+//!   "token_ids": [u32...], "block_size": int, "lora_id": nil, "medium": "GPU",
+//!   "lora_name": nil, "extra_keys": [nil per block], "group_idx": 0,
+//!   "kv_cache_spec_kind": "full_attention"}`
+//! - `{"type": "BlockRemoved", "block_hashes": [u64...], "medium": "GPU", "group_idx": 0}`
 //! - `{"type": "AllBlocksCleared"}`
 //!
 //! As in vLLM, an endpoint whose host is `*` is bound (subscribers connect to it); any other
@@ -55,7 +57,7 @@ fn encode_event(out: &mut Vec<u8>, event: &KvEvent) {
             block_size,
             tier,
         } => {
-            let _ = rmp::encode::write_map_len(out, 7);
+            let _ = rmp::encode::write_map_len(out, 11);
             write_str(out, "type");
             write_str(out, "BlockStored");
             write_str(out, "block_hashes");
@@ -77,15 +79,29 @@ fn encode_event(out: &mut Vec<u8>, event: &KvEvent) {
             let _ = rmp::encode::write_nil(out);
             write_str(out, "medium");
             write_str(out, medium(*tier));
+            write_str(out, "lora_name");
+            let _ = rmp::encode::write_nil(out);
+            // Per-block extra hash keys (multimodal inputs, LoRA, salts): none here.
+            write_str(out, "extra_keys");
+            let _ = rmp::encode::write_array_len(out, block_hashes.len() as u32);
+            for _ in block_hashes {
+                let _ = rmp::encode::write_nil(out);
+            }
+            write_str(out, "group_idx");
+            let _ = rmp::encode::write_uint(out, 0);
+            write_str(out, "kv_cache_spec_kind");
+            write_str(out, "full_attention");
         }
         KvEvent::BlockRemoved { block_hashes, tier } => {
-            let _ = rmp::encode::write_map_len(out, 3);
+            let _ = rmp::encode::write_map_len(out, 4);
             write_str(out, "type");
             write_str(out, "BlockRemoved");
             write_str(out, "block_hashes");
             write_u64s(out, block_hashes.iter().copied());
             write_str(out, "medium");
             write_str(out, medium(*tier));
+            write_str(out, "group_idx");
+            let _ = rmp::encode::write_uint(out, 0);
         }
         KvEvent::AllBlocksCleared => {
             let _ = rmp::encode::write_map_len(out, 1);

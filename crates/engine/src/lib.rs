@@ -24,7 +24,6 @@ mod config;
 mod error;
 mod faults;
 mod handlers;
-mod interim_model;
 mod kv_events;
 mod metrics;
 mod request;
@@ -35,7 +34,7 @@ mod stream;
 pub mod tokenizer;
 mod wire;
 
-pub use config::{ConfigError, EngineConfig};
+pub use config::{BatchingMode, ConfigError, CostModel, EngineConfig};
 pub use error::EngineError;
 pub use faults::{Fault, FaultKind, FaultSpecError};
 pub use kv_events::KvEventsError;

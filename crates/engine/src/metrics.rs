@@ -109,7 +109,7 @@ pub(crate) struct CacheInfo {
 
 struct Writer<'a> {
     out: String,
-    labels: &'a str,
+    model_name: &'a str,
 }
 
 impl Writer<'_> {
@@ -117,40 +117,40 @@ impl Writer<'_> {
         let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     }
 
-    fn sample(&mut self, name: &str, extra: &str, value: f64) {
-        let sep = if extra.is_empty() { "" } else { "," };
-        let _ = writeln!(
-            self.out,
-            "{name}{{{}{sep}{extra}}} {}",
-            self.labels,
-            fmt_value(value)
-        );
+    /// One sample; labels are written sorted by name, as prometheus_client does in vLLM.
+    fn sample(&mut self, name: &str, extra: Option<(&str, &str)>, value: f64) {
+        let mut labels: Vec<(&str, &str)> = vec![("engine", "0"), ("model_name", self.model_name)];
+        labels.extend(extra);
+        labels.sort_unstable_by_key(|(k, _)| *k);
+        let _ = write!(self.out, "{name}{{");
+        for (i, (k, v)) in labels.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(self.out, "{sep}{k}=\"{}\"", escape(v));
+        }
+        let _ = writeln!(self.out, "}} {}", fmt_value(value));
     }
 
     fn gauge(&mut self, name: &str, help: &str, value: f64) {
         self.header(name, "gauge", help);
-        self.sample(name, "", value);
+        self.sample(name, None, value);
     }
 
     fn counter(&mut self, name: &str, help: &str, value: u64) {
         self.header(name, "counter", help);
-        self.sample(name, "", value as f64);
+        self.sample(name, None, value as f64);
     }
 
     fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
         self.header(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
         let mut cumulative = 0;
         for (bound, count) in h.bounds.iter().zip(&h.counts) {
             cumulative += count;
-            self.sample(
-                &format!("{name}_bucket"),
-                &format!("le=\"{}\"", fmt_value(*bound)),
-                cumulative as f64,
-            );
+            self.sample(&bucket, Some(("le", &fmt_value(*bound))), cumulative as f64);
         }
-        self.sample(&format!("{name}_bucket"), "le=\"+Inf\"", h.count as f64);
-        self.sample(&format!("{name}_count"), "", h.count as f64);
-        self.sample(&format!("{name}_sum"), "", h.sum);
+        self.sample(&bucket, Some(("le", "+Inf")), h.count as f64);
+        self.sample(&format!("{name}_count"), None, h.count as f64);
+        self.sample(&format!("{name}_sum"), None, h.sum);
     }
 }
 
@@ -173,10 +173,9 @@ fn escape(value: &str) -> String {
 
 /// Renders the Prometheus text exposition (format 0.0.4).
 pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) -> String {
-    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model_name));
     let mut w = Writer {
         out: String::with_capacity(16 * 1024),
-        labels: &labels,
+        model_name,
     };
     w.gauge(
         "vllm:num_requests_running",
@@ -227,30 +226,15 @@ pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) 
         ("stop", state.success_stop),
         ("length", state.success_length),
         ("abort", state.success_abort),
+        ("error", 0),
+        ("repetition", 0),
     ] {
         w.sample(
             "vllm:request_success_total",
-            &format!("finished_reason=\"{reason}\""),
+            Some(("finished_reason", reason)),
             n as f64,
         );
     }
-    w.header(
-        "vllm:cache_config_info",
-        "gauge",
-        "Information of the LLMEngine CacheConfig",
-    );
-    let info = format!(
-        "block_size=\"{}\",enable_prefix_caching=\"{}\",num_gpu_blocks=\"{}\"",
-        cache.block_size,
-        if cache.enable_prefix_caching {
-            "True"
-        } else {
-            "False"
-        },
-        cache.num_gpu_blocks
-    );
-    // The info gauge carries only its own labels in vLLM, not engine/model_name.
-    let _ = writeln!(w.out, "vllm:cache_config_info{{{info}}} 1.0");
     w.histogram(
         "vllm:time_to_first_token_seconds",
         "Histogram of time to first token in seconds.",
@@ -260,6 +244,11 @@ pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) 
         "vllm:inter_token_latency_seconds",
         "Histogram of inter-token latency in seconds.",
         &state.itl,
+    );
+    w.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &state.e2e,
     );
     w.histogram(
         "vllm:request_queue_time_seconds",
@@ -276,10 +265,18 @@ pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) 
         "Histogram of time spent in DECODE phase for request.",
         &state.decode,
     );
-    w.histogram(
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        &state.e2e,
+    // The info gauge carries the cache configuration as labels (and `engine`, not `model_name`).
+    w.header(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+    );
+    let _ = writeln!(
+        w.out,
+        "vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"{}\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+        cache.block_size,
+        if cache.enable_prefix_caching { "True" } else { "False" },
+        cache.num_gpu_blocks
     );
     w.out
 }
@@ -304,9 +301,9 @@ mod tests {
             enable_prefix_caching: true,
         };
         let text = render(&state, &cache, "m");
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.1\"} 1.0\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"1.0\"} 2.0\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"+Inf\"} 3.0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"m\"} 1.0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"1.0\",model_name=\"m\"} 2.0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 3.0\n"));
         assert!(text.contains(
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 3.0\n"
         ));

@@ -70,8 +70,10 @@ pub(crate) struct Parsed {
 
 /// Parses and validates a body for `endpoint`.
 pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
-    let common: Common = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let common: Common = serde_json::from_slice(body).map_err(|e| ApiError {
+        kind: Some("Bad Request"),
+        ..ApiError::bad_request(format!("JSON decode error: {e}"))
+    })?;
     let prompt = match endpoint {
         Endpoint::Chat => chat_prompt(common.messages.as_deref())?,
         Endpoint::Completions => completion_prompt(common.prompt.as_ref())?,
@@ -85,10 +87,10 @@ pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError>
         }
     }
     if let Some(t) = common.temperature {
-        if !(0.0..=2.0).contains(&t) {
+        if !(t >= 0.0 && t.is_finite()) {
             return Err(ApiError::bad_param(
                 "temperature",
-                format!("temperature must be in [0, 2], got {t}."),
+                format!("temperature must be non-negative, got {t:?}. (parameter=temperature, value={t:?})"),
             ));
         }
     }
@@ -96,7 +98,7 @@ pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError>
         if !(p > 0.0 && p <= 1.0) {
             return Err(ApiError::bad_param(
                 "top_p",
-                format!("top_p must be in (0, 1], got {p}."),
+                format!("top_p must be in (0, 1], got {p:?}. (parameter=top_p, value={p:?})"),
             ));
         }
     }
@@ -294,6 +296,7 @@ mod tests {
             (Endpoint::Completions, br#"{"prompt":["a","b"]}"#, Some("prompt")),
             (Endpoint::Completions, br#"{"max_tokens":3}"#, Some("prompt")),
             (Endpoint::Chat, b"{not json", None),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
             (Endpoint::Chat, br#"{"messages":"hi"}"#, None),
         ] {
             let err = parse(endpoint, body).unwrap_err();

@@ -33,25 +33,47 @@ pub(crate) struct Usage {
     pub(crate) cached_tokens: u32,
 }
 
+/// `system_fingerprint`: vLLM sends `vllm-VERSION-HASH`; the emulator names itself.
+pub(crate) const SYSTEM_FINGERPRINT: &str = concat!("kvgate-engine-", env!("CARGO_PKG_VERSION"));
+
 impl Usage {
-    fn json(&self) -> serde_json::Value {
-        json!({
+    /// As vLLM writes it: chat responses also carry `created_cache_tokens` in the details, and
+    /// non-streamed responses `multimodal_tokens` and `completion_tokens_details`.
+    fn json(&self, endpoint: Endpoint, streamed: bool) -> serde_json::Value {
+        let mut details = json!({ "cached_tokens": self.cached_tokens });
+        let mut usage = json!({
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
-        })
+        });
+        if !streamed {
+            let created = if endpoint == Endpoint::Chat {
+                json!(0)
+            } else {
+                json!(null)
+            };
+            details["created_cache_tokens"] = created;
+            details["multimodal_tokens"] = json!(null);
+            usage["prompt_tokens_details"] = details;
+            usage["completion_tokens_details"] = json!(null);
+        } else {
+            if endpoint == Endpoint::Chat {
+                details["created_cache_tokens"] = json!(0);
+            }
+            usage["prompt_tokens_details"] = details;
+        }
+        usage
     }
 }
 
-/// Request ids in vLLM's style: `chatcmpl-` or `cmpl-` and 32 hex digits.
+/// Request ids in vLLM's style: `chatcmpl-` or `cmpl-` and 16 hex digits.
 pub(crate) fn response_id(endpoint: Endpoint, seq_id: u64, engine_seed: u64) -> String {
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
     };
-    let hi = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), engine_seed);
-    format!("{prefix}-{hi:016x}{seq_id:016x}")
+    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), engine_seed);
+    format!("{prefix}-{hash:016x}")
 }
 
 /// Writes SSE chunks for one streamed request.
@@ -81,7 +103,7 @@ impl ChunkWriter {
         if self.endpoint == Endpoint::Chat {
             out.extend_from_slice(&self.prefix);
             out.extend_from_slice(
-                br#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+                br#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}"#,
             );
             out.extend_from_slice(b"\n\n");
         }
@@ -110,18 +132,29 @@ impl ChunkWriter {
             Some(reason) => {
                 out.push(b'"');
                 out.extend_from_slice(reason.as_str().as_bytes());
-                out.extend_from_slice(br#"","stop_reason":null"#);
+                out.push(b'"');
             }
         }
-        out.extend_from_slice(b"}]}\n\n");
+        match (self.endpoint, finish) {
+            (Endpoint::Chat, None) => out.extend_from_slice(br#","token_ids":null}]}"#),
+            (Endpoint::Chat, Some(_)) => {
+                out.extend_from_slice(br#","stop_reason":null,"token_ids":null}]}"#)
+            }
+            (Endpoint::Completions, _) => out.extend_from_slice(
+                br#","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}"#,
+            ),
+        }
+        out.extend_from_slice(b"\n\n");
     }
 
     /// The usage chunk sent before `[DONE]` when `stream_options.include_usage` is set.
     pub(crate) fn usage(&self, out: &mut Vec<u8>, usage: Usage) {
         out.extend_from_slice(&self.prefix);
         out.extend_from_slice(b"[],\"usage\":");
-        out.extend_from_slice(usage.json().to_string().as_bytes());
-        out.extend_from_slice(b"}\n\n");
+        out.extend_from_slice(usage.json(self.endpoint, true).to_string().as_bytes());
+        out.extend_from_slice(b",\"system_fingerprint\":\"");
+        out.extend_from_slice(SYSTEM_FINGERPRINT.as_bytes());
+        out.extend_from_slice(b"\"}\n\n");
     }
 
     /// The stream terminator.
@@ -140,42 +173,61 @@ pub(crate) fn full_response(
     finish: FinishReason,
     usage: Usage,
 ) -> serde_json::Value {
-    let choice = match endpoint {
+    let mut body = match endpoint {
         Endpoint::Chat => json!({
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": text,
-                "refusal": null,
-                "annotations": null,
-                "audio": null,
-                "function_call": null,
-                "tool_calls": [],
-                "reasoning_content": null,
-            },
-            "logprobs": null,
-            "finish_reason": finish.as_str(),
-            "stop_reason": null,
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": null,
+                    "annotations": null,
+                    "audio": null,
+                    "function_call": null,
+                    "reasoning": null,
+                },
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+                "stop_reason": null,
+                "token_ids": null,
+                "routed_experts": null,
+            }],
+            "service_tier": null,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "prompt_logprobs": null,
+            "prompt_token_ids": null,
+            "prompt_text": null,
+            "kv_transfer_params": null,
+            "ec_transfer_params": null,
+            "metrics": null,
         }),
         Endpoint::Completions => json!({
-            "index": 0,
-            "text": text,
-            "logprobs": null,
-            "finish_reason": finish.as_str(),
-            "stop_reason": null,
-            "prompt_logprobs": null,
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+                "stop_reason": null,
+                "token_ids": null,
+                "prompt_logprobs": null,
+                "prompt_token_ids": null,
+                "routed_experts": null,
+            }],
+            "service_tier": null,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "kv_transfer_params": null,
+            "ec_transfer_params": null,
+            "metrics": null,
         }),
     };
-    let object = match endpoint {
-        Endpoint::Chat => "chat.completion",
-        Endpoint::Completions => "text_completion",
-    };
-    json!({
-        "id": id,
-        "object": object,
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage.json(),
-    })
+    body["usage"] = usage.json(endpoint, false);
+    body
 }

@@ -171,7 +171,7 @@ async fn bad_requests_get_openai_style_errors() {
             "/v1/chat/completions",
             "{not json".to_owned(),
             400,
-            "BadRequestError",
+            "Bad Request",
         ),
         (
             "/v1/chat/completions",
@@ -199,7 +199,7 @@ async fn bad_requests_get_openai_style_errors() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "x", "temperature": 5}).to_string(),
+            json!({"prompt": "x", "temperature": -0.5}).to_string(),
             400,
             "BadRequestError",
         ),
@@ -213,18 +213,20 @@ async fn bad_requests_get_openai_style_errors() {
         assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
         assert!(e.get("param").is_some());
     }
-    let (_, e) = error_of(
-        &engine,
-        "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9000})
-            .to_string()
-            .into(),
-    )
-    .await;
-    assert!(e["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("maximum context length is 8192 tokens"));
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9000});
+    let (_, e) = error_of(&engine, "/v1/chat/completions", body.to_string().into()).await;
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot be greater than max_model_len=8192"),
+        "{message}"
+    );
+    let body = json!({"prompt": long_prompt("w", 5000), "max_tokens": 10});
+    let (_, e) = error_of(&engine, "/v1/completions", body.to_string().into()).await;
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("maximum context length is 8192 tokens"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,17 +59,13 @@ impl TestEngine {
             .unwrap()
     }
 
-    pub async fn metrics(&self) -> prometheus_parse::Scrape {
+    pub async fn metrics(&self) -> Exposition {
         let text = self.get("/metrics").await.text().await.unwrap();
         parse_metrics(&text)
     }
 
     /// Polls `/metrics` until `check` holds, failing after a deadline.
-    pub async fn wait_metrics(
-        &self,
-        what: &str,
-        check: impl Fn(&prometheus_parse::Scrape) -> bool,
-    ) {
+    pub async fn wait_metrics(&self, what: &str, check: impl Fn(&Exposition) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if check(&self.metrics().await) {
@@ -88,22 +84,61 @@ impl TestEngine {
     }
 }
 
-pub fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
-    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap()
+/// A parsed Prometheus text exposition.
+pub type Exposition = openmetrics_parser::MetricsExposition<
+    openmetrics_parser::PrometheusType,
+    openmetrics_parser::PrometheusValue,
+>;
+
+/// Parses the text format strictly (a malformed exposition fails the test).
+///
+/// openmetrics-parser's grammar, like prometheus-parse's regex, does not accept the colon that
+/// the exposition format allows in metric names (and vLLM uses in every name), so the `vllm:`
+/// prefix is read as `vllm_` and families are keyed back under their real names.
+pub fn parse_metrics(text: &str) -> Exposition {
+    let renamed = text.replace("vllm:", "vllm_");
+    let mut parsed = openmetrics_parser::prometheus::parse_prometheus(&renamed)
+        .unwrap_or_else(|e| panic!("bad exposition: {e:?}\n{text}"));
+    parsed.families = parsed
+        .families
+        .drain()
+        .map(|(name, family)| match name.strip_prefix("vllm_") {
+            Some(rest) if text.contains(&format!("vllm:{rest}")) => {
+                (format!("vllm:{rest}"), family)
+            }
+            _ => (name, family),
+        })
+        .collect();
+    parsed
 }
 
-/// The value of a sample without labels beyond engine/model_name.
-pub fn sample(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
-    let s = scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name)
-        .unwrap_or_else(|| panic!("no sample {name}"));
-    match s.value {
-        prometheus_parse::Value::Counter(v)
-        | prometheus_parse::Value::Gauge(v)
-        | prometheus_parse::Value::Untyped(v) => v,
-        _ => panic!("{name} is not a scalar"),
+/// The value of the first sample of a counter or gauge family.
+pub fn sample(metrics: &Exposition, name: &str) -> f64 {
+    let family = metrics
+        .families
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"));
+    let s = family
+        .iter_samples()
+        .next()
+        .unwrap_or_else(|| panic!("{name} has no sample"));
+    match &s.value {
+        openmetrics_parser::PrometheusValue::Gauge(n)
+        | openmetrics_parser::PrometheusValue::Unknown(n) => n.as_f64(),
+        openmetrics_parser::PrometheusValue::Counter(c) => c.value.as_f64(),
+        other => panic!("{name} is not a scalar: {other:?}"),
+    }
+}
+
+/// The observation count of the first sample of a histogram family.
+pub fn histogram_count(metrics: &Exposition, name: &str) -> u64 {
+    let family = metrics
+        .families
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"));
+    match &family.iter_samples().next().unwrap().value {
+        openmetrics_parser::PrometheusValue::Histogram(h) => h.count.unwrap_or(0),
+        other => panic!("{name} is not a histogram: {other:?}"),
     }
 }
 
