@@ -94,10 +94,22 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         config.set_policy(name)?;
     }
     let sglang_flags = [
-        ("cache_threshold", args.cache_threshold.map(|v| v.to_string())),
-        ("balance_abs_threshold", args.balance_abs_threshold.map(|v| v.to_string())),
-        ("balance_rel_threshold", args.balance_rel_threshold.map(|v| v.to_string())),
-        ("eviction_interval_secs", args.eviction_interval_secs.map(|v| v.to_string())),
+        (
+            "cache_threshold",
+            args.cache_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "balance_abs_threshold",
+            args.balance_abs_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "balance_rel_threshold",
+            args.balance_rel_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "eviction_interval_secs",
+            args.eviction_interval_secs.map(|v| v.to_string()),
+        ),
         ("max_tree_size", args.max_tree_size.map(|v| v.to_string())),
     ];
     for (key, value) in sglang_flags {
@@ -146,7 +158,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(threads) = args.threads {
         builder.worker_threads(threads.max(1));
     }
-    let runtime = builder.enable_all().build().context("starting the async runtime")?;
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     runtime.block_on(async {
         let mut engines = Vec::new();
         if config.endpoints.is_empty() {
@@ -158,11 +173,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                     seed: i as u64,
                     ..EngineConfig::default()
                 };
-                let engine = kvgate_engine::spawn(engine_config, listener).await?;
+                let engine = kvgate_engine::spawn(engine_config.clone(), listener).await?;
                 let url = format!("http://{}", engine.local_addr());
                 println!("kvgate serve: embedded engine-{i} on {url}");
                 config.endpoints.push(EndpointConfig {
                     name: Some(format!("engine-{i}")),
+                    model: Some(engine_config.model.clone()),
                     ..EndpointConfig::from_url(url)
                 });
                 engines.push(engine);
@@ -192,7 +208,8 @@ async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         else {
             let _ = ctrl_c.await;
             return;
@@ -222,14 +239,33 @@ mod tests {
     #[test]
     fn sglang_spelled_flags_and_policy_set_reach_the_policy() {
         let cli = Cli::parse_from([
-            "serve", "--endpoint", "http://127.0.0.1:1", "--policy", "cache_aware",
-            "--cache-threshold", "0.4", "--balance-abs-threshold", "8",
-            "--policy-set", "load.expiry_ms=700",
+            "serve",
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--policy",
+            "cache_aware",
+            "--cache-threshold",
+            "0.4",
+            "--balance-abs-threshold",
+            "8",
+            "--policy-set",
+            "load.expiry_ms=700",
         ]);
         let config = build_config(&cli.args).unwrap();
-        let kvgate_core::PolicyConfig::CacheAware(c) = &config.policy else { panic!() };
-        assert_eq!((c.cache_threshold, c.balance_abs_threshold, c.load.expiry_ms), (0.4, 8.0, 700));
-        let bad = Cli::parse_from(["serve", "--policy", "round_robin", "--cache-threshold", "0.4"]);
+        let kvgate_core::PolicyConfig::CacheAware(c) = &config.policy else {
+            panic!()
+        };
+        assert_eq!(
+            (c.cache_threshold, c.balance_abs_threshold, c.load.expiry_ms),
+            (0.4, 8.0, 700)
+        );
+        let bad = Cli::parse_from([
+            "serve",
+            "--policy",
+            "round_robin",
+            "--cache-threshold",
+            "0.4",
+        ]);
         assert!(build_config(&bad.args).is_err());
     }
 }
