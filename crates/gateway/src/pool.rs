@@ -437,16 +437,15 @@ impl Pool {
                 let until = now + Nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
                 e.avoid_until = e.avoid_until.max(until);
             }
-            if matches!(
-                kind,
-                FailureKind::Connect | FailureKind::ServerError | FailureKind::Timeout
-            ) {
+            if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
+                e.breaker.release();
+            } else {
                 e.breaker.record(false, now);
-                self.metrics
-                    .breaker
-                    .get_or_create(&metrics::endpoint(&e.name))
-                    .set(e.breaker.state(now).as_gauge());
             }
+            self.metrics
+                .breaker
+                .get_or_create(&metrics::endpoint(&e.name))
+                .set(e.breaker.state(now).as_gauge());
         }
         s.policy.observe(&Event::Failed {
             request,
@@ -483,6 +482,15 @@ impl Pool {
                 e.healthy = false;
             }
         }
+    }
+
+    /// The display name of an endpoint still in the pool.
+    pub fn name_of(&self, id: EndpointId) -> Option<Arc<str>> {
+        self.lock()
+            .endpoints
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.name.clone())
     }
 
     /// Whether `endpoint` still lacks a model name.
@@ -574,3 +582,7 @@ impl Pool {
         self.lock().policy.maintain(now);
     }
 }
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

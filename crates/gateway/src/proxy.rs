@@ -124,8 +124,8 @@ pub(crate) async fn handle(
     } else {
         None
     };
-    let hedge_timer = tokio::time::sleep(hedge_delay.unwrap_or(Duration::from_secs(86_400)));
-    tokio::pin!(hedge_timer);
+    // No timer at all when hedging is off: a timer per request costs a timer-wheel entry.
+    let mut hedge_timer = hedge_delay.map(|d| Box::pin(tokio::time::sleep(d)));
     let mut hedged = hedge_delay.is_none();
     let mut retries = 0u32;
     let mut hedge_endpoint = None;
@@ -176,7 +176,7 @@ pub(crate) async fn handle(
                     }
                 }
             },
-            () = &mut hedge_timer, if !hedged => {
+            () = async { match hedge_timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } }, if !hedged => {
                 hedged = true;
                 // A hedge must go elsewhere: no fallback to an endpoint already tried.
                 if let Ok((id, fut)) = launch(&tried, Duration::ZERO, false) {

@@ -129,10 +129,8 @@ pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
     let sent_at = shared.pool.clock().now();
     let name = shared
         .pool
-        .status()
-        .into_iter()
-        .find(|s| s.id == id)
-        .map(|s| s.name)
+        .name_of(id)
+        .map(|n| n.to_string())
         .unwrap_or_default();
     match get(shared, &base, "/metrics").await {
         Ok((status, body)) => {

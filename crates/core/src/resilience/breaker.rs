@@ -144,6 +144,15 @@ impl Breaker {
         }
     }
 
+    /// Records that a request sent after [`Self::acquire`] ended without a verdict on the
+    /// endpoint's health (the client went away, or the endpoint asked to back off with a 429):
+    /// a half-open probe slot is freed so another probe can go, and nothing is counted.
+    pub fn release(&mut self) {
+        if self.half_open {
+            self.probes_out = self.probes_out.saturating_sub(1);
+        }
+    }
+
     fn trip(&mut self, now: Nanos) {
         self.open_until = Some(now + Nanos::from_millis(self.config.open_ms));
         self.half_open = false;
@@ -205,6 +214,19 @@ mod tests {
         b.record(false, ms(601));
         assert_eq!(b.state(ms(602)), BreakerState::Open);
         assert_eq!(b.state(ms(1101)), BreakerState::HalfOpen);
+    }
+
+    #[test]
+    fn a_probe_without_a_verdict_frees_its_slot() {
+        let mut b = breaker();
+        for t in 0..4 {
+            b.record(false, ms(t));
+        }
+        assert!(b.acquire(ms(600)));
+        assert!(!b.is_available(ms(601)));
+        b.release();
+        assert_eq!(b.state(ms(602)), BreakerState::HalfOpen);
+        assert!(b.acquire(ms(602)), "a new probe may go");
     }
 
     #[test]
