@@ -103,6 +103,7 @@ struct Endpoint {
     draining: bool,
     healthy: bool,
     scrape_failures: u32,
+    served_since_scrape: bool,
     avoid_until: Nanos,
     breaker: Breaker,
     observation: Option<Observation>,
@@ -224,6 +225,7 @@ impl Pool {
             draining: false,
             healthy: true,
             scrape_failures: 0,
+            served_since_scrape: false,
             avoid_until: Nanos::ZERO,
             breaker: Breaker::new(s.breaker.clone()),
             observation: None,
@@ -386,6 +388,10 @@ impl Pool {
             s.hedge.record(ttft);
         }
         if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
+            // Answering traffic is proof of life (passive health checking).
+            e.served_since_scrape = true;
+            e.healthy = true;
+            e.scrape_failures = 0;
             e.breaker.record(true, now);
             self.metrics
                 .breaker
@@ -465,6 +471,7 @@ impl Pool {
         if let Some(e) = endpoints.iter_mut().find(|e| e.id == endpoint) {
             e.healthy = true;
             e.scrape_failures = 0;
+            e.served_since_scrape = false;
             if let Some(obs) = observation {
                 e.observation = Some(obs);
                 e.observed_at = sent_at;
@@ -473,10 +480,16 @@ impl Pool {
         }
     }
 
-    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy.
+    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
+    /// does not count while the endpoint answered requests since the previous scrape: an engine
+    /// too busy to answer `/metrics` in time is not a dead engine, and taking the last endpoint
+    /// out of a pool for it would turn load into errors.
     pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) {
         let mut s = self.lock();
         if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
+            if std::mem::take(&mut e.served_since_scrape) {
+                return;
+            }
             e.scrape_failures += 1;
             if e.scrape_failures >= threshold {
                 e.healthy = false;

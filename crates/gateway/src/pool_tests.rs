@@ -98,3 +98,20 @@ fn removal_forgets_the_endpoint() {
         assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
     }
 }
+
+#[test]
+fn failed_scrapes_count_only_without_traffic_in_between() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
+    pool.scrape_failed(ids[0], 2);
+    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.scrape_failed(ids[0], 2);
+    assert!(
+        pool.any_routable(),
+        "it answered a request since the last scrape"
+    );
+    pool.scrape_failed(ids[0], 2);
+    pool.scrape_failed(ids[0], 2);
+    assert!(!pool.any_routable());
+    pool.observed(ids[0], None, Nanos(2));
+    assert!(pool.any_routable());
+}
