@@ -255,3 +255,49 @@ async fn a_changed_config_file_is_applied_without_dropping_traffic() {
     assert_eq!(served.first().map(String::as_str), Some("e0"));
     assert_eq!(served.last().map(String::as_str), Some("e1"), "{served:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
+    let stalled = engine("stalled", "0", &["--fault", "stall_first"]);
+    let healthy = engine("healthy", "0", &[]);
+    let dir = std::env::temp_dir().join(format!("kvgate-ttft-timeout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("serve.yaml");
+    std::fs::write(
+        &config,
+        "policy: {name: round_robin}\nretry: {first_token_timeout_ms: 200}\n",
+    )
+    .unwrap();
+    let g = gateway(
+        &[&stalled, &healthy],
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let http = client();
+    for i in 0..2 {
+        let r = http
+            .post(format!("{}/v1/chat/completions", g.url))
+            .json(&chat(user(&format!("t{i}")), 2, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
+        assert!(r.text().await.unwrap().contains("[DONE]"));
+    }
+    // Round robin offers each request to the stalled engine first.
+    let metrics = http
+        .get(format!("{}/metrics", g.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
+    assert_eq!(
+        metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+}

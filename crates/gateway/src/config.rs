@@ -152,6 +152,9 @@ pub struct RetryConfig {
     pub budget: RetryBudgetConfig,
     /// Longest Retry-After honoured, in seconds.
     pub max_retry_after_secs: u64,
+    /// An attempt without first bytes after this long fails as a timeout and may be retried;
+    /// 0 waits as long as the client does (hedging is the gentler tool for stalls).
+    pub first_token_timeout_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -161,6 +164,7 @@ impl Default for RetryConfig {
             backoff: Backoff::default(),
             budget: RetryBudgetConfig::default(),
             max_retry_after_secs: 60,
+            first_token_timeout_ms: 0,
         }
     }
 }

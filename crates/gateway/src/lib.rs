@@ -28,6 +28,7 @@ pub mod scrape;
 mod admin;
 mod admission;
 mod body;
+mod clock;
 mod dispatch;
 mod proxy;
 mod reload;

@@ -73,6 +73,8 @@ pub(crate) async fn handle(
     let authorization = headers.get(header::AUTHORIZATION).cloned();
     let retry = &shared.config.retry;
     let max_retry_after = Duration::from_secs(retry.max_retry_after_secs);
+    let first_token_timeout = (retry.first_token_timeout_ms > 0)
+        .then(|| Duration::from_millis(retry.first_token_timeout_ms));
 
     // Picks among endpoints not yet tried; a retry (not a hedge) may fall back to one already
     // tried when nothing else is routable, after its backoff.
@@ -98,9 +100,14 @@ pub(crate) async fn handle(
                     tokio::time::sleep(delay).await;
                 }
                 let base = dispatch.target.base.clone();
-                let result =
-                    upstream::attempt(&client, &base, api, body, auth.as_ref(), max_retry_after)
-                        .await;
+                let send =
+                    upstream::attempt(&client, &base, api, body, auth.as_ref(), max_retry_after);
+                let result = match first_token_timeout {
+                    Some(limit) => tokio::time::timeout(limit, send)
+                        .await
+                        .unwrap_or(Err(AttemptError::Timeout(limit))),
+                    None => send.await,
+                };
                 if result.is_ok() {
                     dispatch.first_token();
                 }

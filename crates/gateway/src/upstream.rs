@@ -56,6 +56,8 @@ pub(crate) enum AttemptError {
     },
     /// The connection broke after the head but before any body bytes.
     Dropped(String),
+    /// No first bytes within `retry.first_token_timeout_ms`.
+    Timeout(std::time::Duration),
 }
 
 impl AttemptError {
@@ -63,6 +65,7 @@ impl AttemptError {
     pub(crate) fn kind(&self) -> FailureKind {
         match self {
             AttemptError::Connect(_) | AttemptError::Dropped(_) => FailureKind::Connect,
+            AttemptError::Timeout(_) => FailureKind::Timeout,
             AttemptError::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
                 FailureKind::Overloaded
             }
@@ -75,6 +78,7 @@ impl AttemptError {
         match self {
             AttemptError::Connect(_) => "connect",
             AttemptError::Dropped(_) => "dropped",
+            AttemptError::Timeout(_) => "timeout",
             AttemptError::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
                 "429"
             }
@@ -97,6 +101,7 @@ impl std::fmt::Display for AttemptError {
             AttemptError::Connect(e) => write!(f, "connection failed: {e}"),
             AttemptError::Status { status, .. } => write!(f, "upstream answered {status}"),
             AttemptError::Dropped(e) => write!(f, "connection lost before the first token: {e}"),
+            AttemptError::Timeout(d) => write!(f, "no first token within {d:?}"),
         }
     }
 }
