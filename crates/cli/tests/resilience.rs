@@ -301,3 +301,46 @@ async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_gateway_answers_429_and_a_queued_request_past_its_deadline_504() {
+    let e = engine("e0", "1", &[]);
+    let g = gateway(&[&e], &["--max-concurrency", "1", "--max-queue", "1"]).await;
+    let url = format!("{}/v1/chat/completions", g.url);
+    let mut holder = client()
+        .post(&url)
+        .json(&chat(user("hold"), 3000, true))
+        .send()
+        .await
+        .unwrap();
+    assert!(!holder.chunk().await.unwrap().unwrap().is_empty());
+    let queued = tokio::spawn({
+        let url = url.clone();
+        async move {
+            client()
+                .post(&url)
+                .header("x-kvgate-deadline-ms", "300")
+                .json(&chat(user("late"), 2, false))
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    wait_for(&format!("{}/metrics", g.url), "a queued request", |m| {
+        metric(m, "kvgate_queue_depth") == Some(1.0)
+    })
+    .await;
+    let full = client()
+        .post(&url)
+        .json(&chat(user("full"), 2, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(full.status(), 429);
+    assert_eq!(full.headers()["retry-after"], "1");
+    let queued = queued.await.unwrap();
+    assert_eq!(queued.status(), 504);
+    let v: serde_json::Value = queued.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "deadline_exceeded");
+    drop(holder.chunk().await);
+}
