@@ -3,6 +3,7 @@
 mod engine;
 mod policies;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ enum Command {
     Engine(Box<engine::Args>),
     /// Run the gateway (with no endpoints: emulated engines in-process behind it).
     Serve(Box<serve::Args>),
+    /// Run a fleet simulation scenario.
+    Sim(sim::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +33,6 @@ fn main() -> anyhow::Result<()> {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }

@@ -102,3 +102,58 @@ pub(crate) async fn clear_faults(
     shared.faults.set(Vec::new());
     listing(&shared)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EngineConfig;
+    use crate::faults::FaultState;
+    use crate::metrics::MetricsState;
+    use std::sync::Mutex;
+
+    fn shared(admin_token: Option<&str>) -> Shared {
+        let config = EngineConfig {
+            admin_token: admin_token.map(str::to_owned),
+            ..EngineConfig::default()
+        };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let metrics = Arc::new(Mutex::new(MetricsState::default()));
+        Shared::new(
+            config,
+            tx,
+            metrics,
+            Arc::new(FaultState::new(Vec::new(), 0)),
+            0,
+        )
+    }
+
+    #[test]
+    fn without_a_token_only_loopback_peers_are_admitted() {
+        let shared = shared(None);
+        let headers = HeaderMap::new();
+        let local = Connection::for_test("127.0.0.1:5000".parse().unwrap());
+        let local6 = Connection::for_test("[::1]:5000".parse().unwrap());
+        let remote = Connection::for_test("10.1.2.3:5000".parse().unwrap());
+        assert!(authorize(&shared, &local, &headers).is_ok());
+        assert!(authorize(&shared, &local6, &headers).is_ok());
+        let err = authorize(&shared, &remote, &headers).unwrap_err();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
+    }
+
+    #[test]
+    fn with_a_token_every_peer_needs_it() {
+        let shared = shared(Some("t0k"));
+        let local = Connection::for_test("127.0.0.1:5000".parse().unwrap());
+        let remote = Connection::for_test("10.1.2.3:5000".parse().unwrap());
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            authorize(&shared, &local, &headers).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+        headers.insert(
+            axum::http::header::AUTHORIZATION,
+            "Bearer t0k".parse().unwrap(),
+        );
+        assert!(authorize(&shared, &remote, &headers).is_ok());
+    }
+}

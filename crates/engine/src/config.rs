@@ -3,10 +3,12 @@
 
 use crate::faults::Fault;
 pub use kvgate_sim::model::CostModel;
+use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
 /// How the engine model forms batches (DOMAIN.md §7); see `kvgate_sim::model::Batching`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum BatchingMode {
     /// A batch runs until its longest sequence ends.
     Static,
@@ -33,7 +35,11 @@ impl FromStr for BatchingMode {
 
 /// Everything `serve` needs. [`EngineConfig::default`] resembles a mid-size model (~8B) on one
 /// GPU, like the simulator's default engine model.
-#[derive(Clone, Debug)]
+///
+/// It is also a serde config section (snake_case keys as the fields, every key optional, faults
+/// as spec strings), so a config file can describe emulated engines.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
     /// Name of this engine in logs and in the `x-kvgate-engine` response header.
     pub id: String,
@@ -66,6 +72,7 @@ pub struct EngineConfig {
     /// Topic frame of each KV-event message (vLLM's `kv_events_config.topic`).
     pub kv_events_topic: String,
     /// Faults active from startup.
+    #[serde(with = "fault_specs")]
     pub faults: Vec<Fault>,
     /// Bearer token for `/admin/*`; without one only loopback clients may use it.
     pub admin_token: Option<String>,
@@ -102,6 +109,23 @@ impl Default for EngineConfig {
             faults: Vec::new(),
             admin_token: None,
         }
+    }
+}
+
+/// Faults as their spec strings in serde.
+mod fault_specs {
+    use super::Fault;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(faults: &[Fault], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(faults.iter().map(Fault::to_string))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Fault>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|spec| spec.parse().map_err(serde::de::Error::custom))
+            .collect()
     }
 }
 
@@ -152,6 +176,21 @@ impl EngineConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_round_trips_through_serde_with_fault_specs() {
+        let json = r#"{"id": "e1", "time_scale": 0.5, "faults": ["429:retry_after=2,p=0.1"], "batching": "continuous"}"#;
+        let config: EngineConfig = serde_json::from_str(json).unwrap();
+        assert_eq!(config.id, "e1");
+        assert_eq!(config.batching, BatchingMode::Continuous);
+        assert_eq!(config.kv_blocks, EngineConfig::default().kv_blocks);
+        assert_eq!(config.faults[0].to_string(), "429:retry_after=2,p=0.1");
+        let again: EngineConfig =
+            serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+        assert_eq!(again.faults, config.faults);
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"faults": ["teapot"]}"#).is_err());
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"kv_block": 3}"#).is_err());
+    }
 
     #[test]
     fn default_is_valid_and_bad_values_are_caught() {

@@ -19,7 +19,8 @@
 //!
 //! `slow_decode` and `drain` act on the whole engine (`p` is ignored); the others are drawn per
 //! request from a seeded random source, in the order listed by the operator, and the first
-//! error-response fault drawn wins.
+//! error-response fault drawn wins. Non-streamed requests meet the stream faults too: stalls
+//! delay the response, `disconnect_mid` resets once K tokens were generated.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -125,11 +126,12 @@ impl FromStr for Fault {
                     )
                 }
                 "after" => {
-                    after = Some(
-                        value
-                            .parse::<u32>()
-                            .map_err(|_| err("after must be a token count"))?,
-                    )
+                    let k = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&k| k >= 1)
+                        .ok_or_else(|| err("after must be a token count >= 1"))?;
+                    after = Some(k);
                 }
                 "factor" => {
                     let f = value
@@ -367,6 +369,7 @@ mod tests {
             "500:p=2",
             "slow_decode:factor=0.5",
             "stall_mid:after",
+            "stall_mid:after=0",
             "reset:x=1",
         ] {
             assert!(spec.parse::<Fault>().is_err(), "{spec}");

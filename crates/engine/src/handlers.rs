@@ -3,7 +3,7 @@
 use crate::error::ApiError;
 use crate::faults::FaultKind;
 use crate::request::{self, Endpoint, Parsed};
-use crate::scheduler::{Command, Update};
+use crate::scheduler::Command;
 use crate::server::Connection;
 use crate::state::Shared;
 use crate::stream::{self, SeqHandle, StreamPlan};
@@ -275,7 +275,7 @@ async fn generate(
         commands: shared.commands.clone(),
         finished: false,
     };
-    let response_id = wire::response_id(endpoint, id, config.seed);
+    let response_id = wire::response_id(endpoint, id, shared.id_salt);
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -296,25 +296,11 @@ async fn generate(
         )
             .into_response()
     } else {
-        let mut seq = seq;
-        let mut cached_tokens = 0;
-        let mut produced = 0;
-        let completion_tokens = loop {
-            match seq.updates.recv().await {
-                Some(Update::First { cached_tokens: c }) if produced == 0 => {
-                    cached_tokens = c;
-                    produced = 1;
-                }
-                Some(Update::First { .. }) => {}
-                Some(Update::Token) => produced += 1,
-                Some(Update::Finished { output_tokens }) => {
-                    seq.finished = true;
-                    break output_tokens;
-                }
-                None => {
-                    return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
-                        .into_response()
-                }
+        let (completion_tokens, cached_tokens) = match stream::collect(seq, &faults, &conn).await {
+            Some(counts) => counts,
+            None => {
+                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
+                    .into_response()
             }
         };
         let text: String = (0..completion_tokens)
@@ -345,6 +331,95 @@ async fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::EngineConfig;
+    use crate::faults::FaultState;
+    use crate::metrics::MetricsState;
+    use axum::http::Request;
+    use std::sync::Mutex;
+    use tower::ServiceExt;
+
+    /// The router without a socket or a scheduler (for routes that do not generate).
+    fn app(faults: &[&str]) -> Router {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let faults = faults.iter().map(|f| f.parse().unwrap()).collect();
+        let shared = Shared::new(
+            EngineConfig {
+                model: "m".to_owned(),
+                ..EngineConfig::default()
+            },
+            tx,
+            Arc::new(Mutex::new(MetricsState::default())),
+            Arc::new(FaultState::new(faults, 0)),
+            0,
+        );
+        router(Arc::new(shared))
+    }
+
+    async fn call(app: Router, method: &str, uri: &str, body: &str) -> (StatusCode, String) {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(Connection::for_test("127.0.0.1:1".parse().unwrap()));
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn routes_answer_without_a_socket() {
+        let (status, body) = call(app(&[]), "GET", "/v1/models", "").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("\"id\":\"m\""));
+        assert_eq!(call(app(&[]), "GET", "/health", "").await.0, StatusCode::OK);
+        assert_eq!(
+            call(app(&["drain"]), "GET", "/health", "").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let (status, body) = call(app(&[]), "GET", "/metrics", "").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0"));
+        assert_eq!(
+            call(app(&[]), "GET", "/nope", "").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            call(app(&[]), "PUT", "/v1/completions", "").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn refusals_happen_before_the_engine_is_involved() {
+        let (status, body) = call(app(&[]), "POST", "/v1/completions", "{").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("\"type\":\"Bad Request\""), "{body}");
+        let (status, _) = call(
+            app(&[]),
+            "POST",
+            "/v1/completions",
+            r#"{"model":"x","prompt":"a"}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _) = call(
+            app(&["500"]),
+            "POST",
+            "/v1/completions",
+            r#"{"prompt":"a"}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        let (status, body) = call(app(&["drain"]), "POST", "/v1/chat/completions", "{}").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("draining"));
+    }
 
     fn parsed(ignore_eos: bool, min_tokens: u32) -> Parsed {
         Parsed {

@@ -38,13 +38,13 @@ pub use config::{BatchingMode, ConfigError, CostModel, EngineConfig};
 pub use error::EngineError;
 pub use faults::{Fault, FaultKind, FaultSpecError};
 pub use kv_events::KvEventsError;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+/// Re-exported: the shutdown signal of [`serve`].
+pub use tokio_util::sync::CancellationToken;
 
 /// Serves the engine on `listener` until `shutdown` is cancelled.
 ///

@@ -12,7 +12,8 @@ const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
-/// Buckets of vLLM's `vllm:inter_token_latency_seconds`.
+/// Buckets of vLLM's `vllm:inter_token_latency_seconds` and
+/// `vllm:request_time_per_output_token_seconds`.
 const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
@@ -73,6 +74,8 @@ pub(crate) struct MetricsState {
     pub(crate) prefill: Histogram,
     pub(crate) decode: Histogram,
     pub(crate) e2e: Histogram,
+    pub(crate) tpot: Histogram,
+    pub(crate) inference: Histogram,
 }
 
 impl Default for MetricsState {
@@ -95,6 +98,8 @@ impl Default for MetricsState {
             prefill: Histogram::new(REQUEST_BUCKETS),
             decode: Histogram::new(REQUEST_BUCKETS),
             e2e: Histogram::new(REQUEST_BUCKETS),
+            tpot: Histogram::new(ITL_BUCKETS),
+            inference: Histogram::new(REQUEST_BUCKETS),
         }
     }
 }
@@ -187,6 +192,22 @@ pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) 
         "Number of requests waiting to be processed.",
         f64::from(state.waiting),
     );
+    w.header(
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Waiting requests by reason: capacity (no batch slot or KV blocks) or deferred (other constraints).",
+    );
+    // The engine model only ever waits for capacity.
+    w.sample(
+        "vllm:num_requests_waiting_by_reason",
+        Some(("reason", "capacity")),
+        f64::from(state.waiting),
+    );
+    w.sample(
+        "vllm:num_requests_waiting_by_reason",
+        Some(("reason", "deferred")),
+        0.0,
+    );
     w.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
@@ -244,6 +265,16 @@ pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) 
         "vllm:inter_token_latency_seconds",
         "Histogram of inter-token latency in seconds.",
         &state.itl,
+    );
+    w.histogram(
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time per output token (after the first) per request, in seconds.",
+        &state.tpot,
+    );
+    w.histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent running (prefill and decode) per request, in seconds.",
+        &state.inference,
     );
     w.histogram(
         "vllm:e2e_request_latency_seconds",

@@ -4,8 +4,10 @@
 //! sleeps each iteration's modelled duration times the time scale (sleeping until an advancing
 //! deadline, so short iterations do not each pay timer granularity), and then hands every
 //! sequence its tokens over a per-request channel. Tokens become visible when the iteration
-//! that produced them ends, as in a real engine. At time scale 0 it yields between iterations
-//! instead of sleeping, so handlers and new submissions interleave with the batch.
+//! that produced them ends, as in a real engine. At time scale 0 there is nothing to sleep: it
+//! runs up to [`MAX_BURST`] iterations back to back, then sends the burst's updates and yields,
+//! so each handler wakes once per burst and writes its tokens in one frame (waking every
+//! handler once per token would cost a task switch and a socket write per token).
 //!
 //! Per-request metrics (DOMAIN.md §2 and §5) are measured here on the wall clock: TTFT from
 //! arrival to the end of the first-token iteration; queue time from arrival to the start of
@@ -59,6 +61,35 @@ struct Tracked {
     last_at: Instant,
     prompt_tokens: u32,
     length_limited: bool,
+    /// The model finished it; its last updates wait in the outbox.
+    finished: bool,
+    /// Start of the iteration that produced its first token (queue time ends there).
+    scheduled_at: Option<Instant>,
+}
+
+/// Iterations run back to back at time scale 0 before handlers are woken (see module docs).
+const MAX_BURST: u32 = 16;
+
+/// Updates produced since the last flush, sent together so that each handler wakes once per
+/// burst instead of once per token.
+#[derive(Debug, Default)]
+struct Outbox {
+    pending: Vec<(u64, Update)>,
+    finished: Vec<u64>,
+}
+
+impl Outbox {
+    fn flush(&mut self, tracked: &mut HashMap<u64, Tracked>) {
+        for (id, update) in self.pending.drain(..) {
+            // Aborted sequences are gone from `tracked`; their updates are dropped.
+            if let Some(t) = tracked.get(&id) {
+                let _ = t.updates.send(update);
+            }
+        }
+        for id in self.finished.drain(..) {
+            tracked.remove(&id);
+        }
+    }
 }
 
 /// Runs until `shutdown` fires or every command sender is gone.
@@ -72,8 +103,10 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) {
     let mut tracked: HashMap<u64, Tracked> = HashMap::new();
+    let mut outbox = Outbox::default();
     let mut deadline = tokio::time::Instant::now();
     let mut idle = true;
+    let mut burst = 0;
     loop {
         // Take every pending command; block only when the model has nothing to do.
         if idle {
@@ -95,6 +128,7 @@ pub(crate) async fn run(
         let started = Instant::now();
         let Some(iteration) = model.step() else {
             idle = true;
+            outbox.flush(&mut tracked);
             publish_gauges(model.as_ref(), &metrics);
             continue;
         };
@@ -107,7 +141,10 @@ pub(crate) async fn run(
             };
             let real =
                 Duration::from_secs_f64(iteration.duration.0 as f64 * 1e-9 * time_scale * factor);
-            deadline = deadline.max(tokio::time::Instant::now() - Duration::from_millis(50)) + real;
+            // Catch up after a late wake-up, but never by more than 50 ms of backlog.
+            let now = tokio::time::Instant::now();
+            let floor = now.checked_sub(Duration::from_millis(50)).unwrap_or(now);
+            deadline = deadline.max(floor) + real;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(deadline) => {}
@@ -120,11 +157,17 @@ pub(crate) async fn run(
             started,
             model.as_ref(),
             &mut tracked,
+            &mut outbox,
             &metrics,
             kv_sink.as_ref(),
         );
-        if time_scale == 0.0 {
-            tokio::task::yield_now().await;
+        burst += 1;
+        if time_scale > 0.0 || burst >= MAX_BURST {
+            outbox.flush(&mut tracked);
+            burst = 0;
+            if time_scale == 0.0 {
+                tokio::task::yield_now().await;
+            }
         }
     }
 }
@@ -151,14 +194,19 @@ fn apply(
                     last_at: arrived,
                     prompt_tokens: request.prompt.len() as u32,
                     length_limited,
+                    finished: false,
+                    scheduled_at: None,
                 },
             );
             model.submit(request);
         }
         Command::Abort { id } => {
-            if tracked.remove(&id).is_some() {
-                model.abort(id);
-                lock(metrics).success_abort += 1;
+            // A sequence that finished in the current burst is already counted as finished.
+            if let Some(t) = tracked.remove(&id) {
+                if !t.finished {
+                    model.abort(id);
+                    lock(metrics).success_abort += 1;
+                }
             }
         }
     }
@@ -184,6 +232,7 @@ fn deliver(
     started: Instant,
     model: &dyn StepModel,
     tracked: &mut HashMap<u64, Tracked>,
+    outbox: &mut Outbox,
     metrics: &Mutex<MetricsState>,
     kv_sink: Option<&KvEventSink>,
 ) {
@@ -202,6 +251,7 @@ fn deliver(
                     continue;
                 };
                 t.first_at = Some(now);
+                t.scheduled_at = Some(started);
                 t.last_at = now;
                 m.ttft.observe(now.duration_since(t.arrived).as_secs_f64());
                 m.queue
@@ -209,7 +259,7 @@ fn deliver(
                 m.prefill.observe(now.duration_since(started).as_secs_f64());
                 m.prompt_tokens += u64::from(t.prompt_tokens);
                 m.generation_tokens += 1;
-                let _ = t.updates.send(Update::First { cached_tokens });
+                outbox.pending.push((id, Update::First { cached_tokens }));
             }
             SeqEvent::Token { id } => {
                 let Some(t) = tracked.get_mut(&id) else {
@@ -218,21 +268,35 @@ fn deliver(
                 m.itl.observe(now.duration_since(t.last_at).as_secs_f64());
                 m.generation_tokens += 1;
                 t.last_at = now;
-                let _ = t.updates.send(Update::Token);
+                outbox.pending.push((id, Update::Token));
             }
             SeqEvent::Finished { id, output_tokens } => {
-                let Some(t) = tracked.remove(&id) else {
+                let Some(t) = tracked.get_mut(&id) else {
                     continue;
                 };
+                t.finished = true;
                 m.decode
                     .observe(now.duration_since(t.first_at.unwrap_or(now)).as_secs_f64());
                 m.e2e.observe(now.duration_since(t.arrived).as_secs_f64());
+                if let Some(first) = t.first_at {
+                    m.inference.observe(
+                        now.duration_since(t.scheduled_at.unwrap_or(first))
+                            .as_secs_f64(),
+                    );
+                    if output_tokens > 1 {
+                        let after_first = now.duration_since(first).as_secs_f64();
+                        m.tpot.observe(after_first / f64::from(output_tokens - 1));
+                    }
+                }
                 if t.length_limited {
                     m.success_length += 1;
                 } else {
                     m.success_stop += 1;
                 }
-                let _ = t.updates.send(Update::Finished { output_tokens });
+                outbox
+                    .pending
+                    .push((id, Update::Finished { output_tokens }));
+                outbox.finished.push(id);
             }
             SeqEvent::Preempted { .. } => {}
         }

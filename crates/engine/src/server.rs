@@ -21,6 +21,15 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// A connection from `peer` (request handlers get theirs from the accept loop).
+    #[cfg(test)]
+    pub(crate) fn for_test(peer: SocketAddr) -> Self {
+        Connection {
+            peer,
+            reset: CancellationToken::new(),
+        }
+    }
+
     /// Resets the TCP connection (RST); the handler should then never complete.
     pub(crate) fn reset(&self) {
         self.reset.cancel();

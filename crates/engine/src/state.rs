@@ -20,6 +20,9 @@ pub(crate) struct Shared {
     pub(crate) cache_info: CacheInfo,
     /// Unix seconds at startup (`created` of the model card).
     pub(crate) started_unix: u64,
+    /// Mixed into response ids so that engines with different ids (or seeds) never repeat
+    /// each other's ids.
+    pub(crate) id_salt: u64,
     next_id: AtomicU64,
 }
 
@@ -36,6 +39,7 @@ impl Shared {
             num_gpu_blocks: config.kv_blocks,
             enable_prefix_caching: config.prefix_caching,
         };
+        let id_salt = xxhash_rust::xxh3::xxh3_64_with_seed(config.id.as_bytes(), config.seed);
         Shared {
             model_json: serde_json::to_string(&config.model).unwrap_or_else(|_| "\"\"".to_owned()),
             config,
@@ -44,6 +48,7 @@ impl Shared {
             faults,
             cache_info,
             started_unix,
+            id_salt,
             next_id: AtomicU64::new(1),
         }
     }

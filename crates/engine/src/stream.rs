@@ -187,3 +187,44 @@ fn flush_token(s: &mut StreamState, out: &mut Vec<u8>) -> bool {
     }
     false
 }
+
+/// Waits for a non-streamed sequence to finish; returns (output tokens, cached prompt tokens),
+/// or `None` if the engine stopped.
+///
+/// Faults apply as to a stream whose bytes are held back: stalls delay the response, and
+/// `disconnect_mid` resets the connection once the engine has produced that many tokens.
+pub(crate) async fn collect(
+    mut seq: SeqHandle,
+    faults: &RequestFaults,
+    connection: &Connection,
+) -> Option<(u32, u32)> {
+    let mut cached_tokens = 0;
+    let mut produced = 0;
+    let output_tokens = loop {
+        match seq.updates.recv().await? {
+            Update::First { cached_tokens: c } if produced == 0 => {
+                cached_tokens = c;
+                produced = 1;
+            }
+            Update::First { .. } => {}
+            Update::Token => produced += 1,
+            Update::Finished { output_tokens } => {
+                seq.finished = true;
+                break output_tokens;
+            }
+        }
+        if faults.disconnect_after.is_some_and(|k| produced >= k) {
+            connection.reset();
+            std::future::pending::<()>().await;
+        }
+    };
+    if let Some(stall) = faults.stall_first {
+        sleep_or_forever(stall).await;
+    }
+    if let Some((after, stall)) = faults.stall_mid {
+        if output_tokens > after {
+            sleep_or_forever(stall).await;
+        }
+    }
+    Some((output_tokens, cached_tokens))
+}

@@ -67,12 +67,12 @@ impl Usage {
 }
 
 /// Request ids in vLLM's style: `chatcmpl-` or `cmpl-` and 16 hex digits.
-pub(crate) fn response_id(endpoint: Endpoint, seq_id: u64, engine_seed: u64) -> String {
+pub(crate) fn response_id(endpoint: Endpoint, seq_id: u64, salt: u64) -> String {
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
     };
-    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), engine_seed);
+    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(&seq_id.to_le_bytes(), salt);
     format!("{prefix}-{hash:016x}")
 }
 
@@ -230,4 +230,63 @@ pub(crate) fn full_response(
     };
     body["usage"] = usage.json(endpoint, false);
     body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn data_events(bytes: &[u8]) -> Vec<serde_json::Value> {
+        std::str::from_utf8(bytes)
+            .unwrap()
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn every_chunk_is_valid_json_for_any_model_name(model in "\\PC{0,24}", chat in any::<bool>(), word in 0usize..32) {
+            let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
+            let model_json = serde_json::to_string(&model).unwrap();
+            let writer = ChunkWriter::new(endpoint, "id-1", 7, &model_json);
+            let mut out = Vec::new();
+            writer.role(&mut out);
+            writer.token(&mut out, crate::tokenizer::WORDS[word], None);
+            writer.token(&mut out, "", Some(FinishReason::Stop));
+            writer.usage(&mut out, Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 0 });
+            ChunkWriter::done(&mut out);
+            let events = data_events(&out);
+            prop_assert_eq!(events.len(), if chat { 4 } else { 3 });
+            for event in &events {
+                prop_assert_eq!(event["model"].as_str(), Some(model.as_str()));
+            }
+            prop_assert!(out.ends_with(b"data: [DONE]\n\n"));
+        }
+    }
+
+    #[test]
+    fn usage_totals_add_up() {
+        let usage = Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            cached_tokens: 8,
+        };
+        let body = full_response(
+            Endpoint::Chat,
+            "x",
+            0,
+            "m",
+            "hi",
+            FinishReason::Length,
+            usage,
+        );
+        assert_eq!(body["usage"]["total_tokens"], 15);
+        assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+        assert_eq!(body["choices"][0]["finish_reason"], "length");
+    }
 }

@@ -238,3 +238,36 @@ async fn in_process_engine_shuts_down() {
     engine.handle.join().await.unwrap();
     assert!(reqwest::get(format!("{base}/health")).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_aborts_its_sequence() {
+    // Scaled real time: 4,000 decode iterations take seconds, the clients leave after 300 ms.
+    let engine = start(kvgate_engine::EngineConfig {
+        time_scale: 0.05,
+        ..fast_config()
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    for stream in [false, true] {
+        let body = json!({"prompt": "a long answer please", "max_tokens": 4000, "ignore_eos": true, "stream": stream});
+        let result = match client
+            .post(format!("{}/v1/completions", engine.base))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(response) => response.text().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(result.unwrap_err().is_timeout());
+    }
+    engine
+        .wait_metrics("both sequences aborted and the batch empty", |m| {
+            labelled(m, "vllm:request_success_total", "finished_reason", "abort") == 2.0
+                && sample(m, "vllm:num_requests_running") == 0.0
+        })
+        .await;
+}

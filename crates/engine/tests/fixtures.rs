@@ -221,6 +221,7 @@ async fn metrics_use_vllm_names_types_and_labels() {
     for name in [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
+        "vllm:num_requests_waiting_by_reason",
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
@@ -273,6 +274,8 @@ async fn histogram_buckets_equal_vllm_buckets() {
         "vllm:request_prefill_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:e2e_request_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:request_inference_time_seconds",
     ] {
         assert_eq!(bounds(&real, name), bounds(&ours, name), "{name}");
     }

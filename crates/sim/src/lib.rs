@@ -1,4 +1,16 @@
-//! kvgate's fleet simulator: an iteration-level engine model ([`model`]), shared with the
-//! emulated engine.
+//! kvgate's fleet simulator: a fast, deterministic discrete-event model of LLM replicas behind
+//! one or more routers running kvgate-core's policies, and the reference experiments built on
+//! it (DOMAIN.md §4.2 routing lab, §5.6 staleness lab, §6.1 prefix player, §7.2 batching), plus
+//! agentic sessions and capacity sweeps.
+//!
+//! - [`model`]: the engine at iteration granularity, shared with the emulated engine;
+//! - [`workload`]: arrivals and prompts;
+//! - [`fleet`]: replicas, routers and the event loop;
+//! - [`scenario`]: the named experiments and their reports.
 
+pub mod dist;
+mod fasthash;
+pub mod fleet;
 pub mod model;
+pub mod scenario;
+pub mod workload;

@@ -174,3 +174,22 @@ pub fn chat(content: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
 pub fn long_prompt(tag: &str, words: usize) -> String {
     (0..words).map(|i| format!("{tag}{i} ")).collect()
 }
+
+/// The value of the sample of counter/gauge `name` whose label `label` is `value`.
+pub fn labelled(metrics: &Exposition, name: &str, label: &str, value: &str) -> f64 {
+    let family = metrics
+        .families
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"));
+    for s in family.iter_samples() {
+        let labels = s.get_labelset().unwrap();
+        if labels.iter().any(|(k, v)| k == label && v == value) {
+            return match &s.value {
+                openmetrics_parser::PrometheusValue::Gauge(n) => n.as_f64(),
+                openmetrics_parser::PrometheusValue::Counter(c) => c.value.as_f64(),
+                other => panic!("{name}: {other:?}"),
+            };
+        }
+    }
+    panic!("{name} has no sample with {label}={value}")
+}

@@ -43,7 +43,7 @@ pub struct CostModel {
 
 impl CostModel {
     /// Prompt tokens one unit-model tick can prefill (the lab's per-iteration token budget).
-    pub const UNIT_PREFILL_TOKENS_PER_TICK: u32 = 1024;
+    pub const UNIT_PREFILL_TOKENS_PER_TICK: u32 = 512;
 
     /// The reference labs' unit model: every iteration lasts a whole number of ticks
     /// ([`TICK_NANOS`]); a decode-only iteration is one tick, a prefill one tick per
@@ -105,9 +105,9 @@ mod tests {
         let unit = CostModel::unit();
         assert_eq!(unit.iteration(0, 5, 10_000), Nanos(TICK_NANOS));
         assert_eq!(unit.iteration(0, 0, 0), Nanos(TICK_NANOS));
-        assert_eq!(unit.iteration(1024, 3, 0), Nanos(TICK_NANOS));
-        assert_eq!(unit.iteration(1025, 0, 0), Nanos(2 * TICK_NANOS));
-        assert_eq!(unit.iteration(3079, 0, 0), Nanos(4 * TICK_NANOS));
+        assert_eq!(unit.iteration(512, 3, 0), Nanos(TICK_NANOS));
+        assert_eq!(unit.iteration(513, 0, 0), Nanos(2 * TICK_NANOS));
+        assert_eq!(unit.iteration(3079, 0, 0), Nanos(7 * TICK_NANOS));
     }
 
     #[test]

@@ -3,12 +3,34 @@
 
 use super::pool::{BlockId, BlockPool};
 use super::{Batching, EngineConfig, EngineStats, Iteration, SeqEvent, SeqRequest};
-use kvgate_core::index::blocks::{block_hashes, KvEvent, Tier};
-use std::collections::{HashMap, VecDeque};
+use crate::fasthash::IntMap;
+use kvgate_core::index::blocks::{KvEvent, Tier};
+use std::collections::VecDeque;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute
 /// from token ids, DOMAIN.md §5.4).
 const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
+
+/// Chained hashes of the full blocks of `tokens`: block `i` hashes its tokens (little-endian
+/// bytes) seeded by block `i - 1`'s hash, exactly as
+/// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
+/// allocating per block.
+fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut bytes = Vec::with_capacity(block_size * 4);
+    let mut parent = ENGINE_HASH_SEED;
+    tokens
+        .chunks_exact(block_size)
+        .map(|block| {
+            bytes.clear();
+            for t in block {
+                bytes.extend_from_slice(&t.to_le_bytes());
+            }
+            parent = xxh3_64_with_seed(&bytes, parent);
+            parent
+        })
+        .collect()
+}
 
 #[derive(Clone, Debug)]
 struct Seq {
@@ -47,7 +69,7 @@ struct Work {
 pub struct EngineModel {
     config: EngineConfig,
     pool: BlockPool,
-    seqs: HashMap<u64, Seq>,
+    seqs: IntMap<u64, Seq>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     rejected: Vec<u64>,
@@ -69,7 +91,7 @@ impl EngineModel {
         EngineModel {
             pool: BlockPool::new(config.kv_blocks, config.prefix_caching),
             config,
-            seqs: HashMap::new(),
+            seqs: IntMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             rejected: Vec::new(),
@@ -109,7 +131,7 @@ impl EngineModel {
         let prompt_len = u32::try_from(request.prompt.len()).unwrap_or(u32::MAX);
         let need = (prompt_len as usize + max_output as usize).div_ceil(bs);
         let hashes = if self.config.prefix_caching {
-            block_hashes(&request.prompt, bs, ENGINE_HASH_SEED)
+            chained_hashes(&request.prompt, bs)
         } else {
             Vec::new()
         };
@@ -175,6 +197,7 @@ impl EngineModel {
             Batching::Continuous => self.schedule_continuous(&mut it),
             Batching::Static => self.schedule_static(&mut it),
         };
+        it.scheduled_seqs = work.len() as u32;
         let mut context_tokens = 0u64;
         for w in &work {
             if w.decode {
@@ -403,19 +426,21 @@ impl EngineModel {
         let id = *self.waiting.front()?;
         let bs = self.config.block_size;
         let seq = &self.seqs[&id];
-        let mut hits = seq
-            .hashes
-            .iter()
-            .take_while(|h| self.pool.is_cached(**h))
-            .count();
         // At least one token is computed, so the last token can be sampled.
-        hits = hits.min((seq.target as usize - 1) / bs);
+        let max_hits = (seq.target as usize - 1) / bs;
+        let mut hits = 0;
+        let mut idle_hits = 0;
+        for h in seq.hashes.iter().take(max_hits) {
+            match self.pool.lookup(*h) {
+                Some(idle) => {
+                    hits += 1;
+                    idle_hits += usize::from(idle);
+                }
+                None => break,
+            }
+        }
         let cached = (hits * bs) as u32;
         let tokens = (seq.target - cached).min(budget.unwrap_or(u32::MAX));
-        let idle_hits = seq.hashes[..hits]
-            .iter()
-            .filter(|h| self.pool.is_idle_cached(**h))
-            .count();
         let need = (cached as usize + tokens as usize).div_ceil(bs) - hits;
         if need + idle_hits > self.pool.available() {
             return None;
@@ -472,6 +497,7 @@ impl EngineModel {
             return false;
         }
         seq.output += 1;
+        it.output_tokens += 1;
         if seq.output == 1 {
             it.events.push(SeqEvent::FirstToken {
                 id: w.id,
@@ -501,5 +527,19 @@ fn stored_event(seq: &Seq, from: usize, to: usize, bs: usize) -> KvEvent {
         token_ids: seq.prompt[from * bs..to * bs].to_vec(),
         block_size: bs as u32,
         tier: Tier::Device,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chained_hashes_match_the_core_definition() {
+        let tokens: Vec<u32> = (0..100).map(|i| i * 7 + 3).collect();
+        assert_eq!(
+            chained_hashes(&tokens, 16),
+            kvgate_core::index::blocks::block_hashes(&tokens, 16, ENGINE_HASH_SEED)
+        );
     }
 }

@@ -30,7 +30,9 @@
 //! [`Iteration`] can carry it); [`EngineModel::with_token_events`] and
 //! [`EngineModel::with_kv_events`] let a caller that does not need per-token events or KV
 //! events (the fleet simulator) skip building them; a request whose prompt plus output can never
-//! fit in the pool is finished at once with zero output tokens at the next step.
+//! fit in the pool is finished at once with zero output tokens at the next step;
+//! [`Iteration`] also carries `scheduled_seqs` and `output_tokens`; [`EngineModel::is_idle`],
+//! [`EngineModel::config`] and [`EngineModel::reset_prefix_cache`] are additions.
 
 mod cost;
 mod engine;
@@ -148,20 +150,15 @@ pub struct Iteration {
     pub prefill_tokens: u32,
     /// Sequences that decoded one token (sequences finishing a prefill are not counted).
     pub decode_seqs: u32,
+    /// Sequences that did any work (a decode or a prefill chunk): the batch's occupied slots.
+    pub scheduled_seqs: u32,
+    /// Output tokens produced: first tokens, decoded tokens and tokens sampled at the end of a
+    /// recompute (counted even when [`SeqEvent::Token`] events are off).
+    pub output_tokens: u32,
     /// Per-sequence events, in batch order.
     pub events: Vec<SeqEvent>,
     /// Prefix cache changes: `BlockStored` (device tier) and `BlockRemoved`.
     pub kv_events: Vec<KvEvent>,
-}
-
-impl Iteration {
-    /// Output tokens produced (first tokens plus later tokens).
-    pub fn output_tokens(&self) -> u32 {
-        self.events
-            .iter()
-            .filter(|e| matches!(e, SeqEvent::FirstToken { .. } | SeqEvent::Token { .. }))
-            .count() as u32
-    }
 }
 
 /// A snapshot of the engine's gauges and counters (what vLLM's `/metrics` exposes).

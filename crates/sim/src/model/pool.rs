@@ -12,43 +12,64 @@
 //! The cache maps a chained block hash to the block holding it. Lookups never iterate the map,
 //! so its order cannot leak into decisions.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::fasthash::IntMap;
 
 /// Index of a block in the pool.
 pub(crate) type BlockId = u32;
 
-#[derive(Clone, Copy, Debug, Default)]
+const NIL: BlockId = BlockId::MAX;
+
+#[derive(Clone, Copy, Debug)]
 struct Block {
     refs: u32,
     /// The chained hash, when the block is in the prefix cache.
     hash: Option<u64>,
-    /// Position in the idle LRU (release stamp), when idle and cached.
-    idle_stamp: Option<u64>,
+    /// Whether the block is on the idle list.
+    idle: bool,
+    /// Idle-list neighbours (older, newer).
+    prev: BlockId,
+    next: BlockId,
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block {
+            refs: 0,
+            hash: None,
+            idle: false,
+            prev: NIL,
+            next: NIL,
+        }
+    }
 }
 
 /// The pool. See the module documentation.
+///
+/// Idle cached blocks form an intrusive doubly linked list from the least to the most recently
+/// released, so reviving, releasing and evicting are O(1).
 #[derive(Clone, Debug)]
 pub(crate) struct BlockPool {
     blocks: Vec<Block>,
     free: Vec<BlockId>,
-    /// Idle cached blocks by release stamp, oldest first.
-    idle: BTreeMap<u64, BlockId>,
-    cached: HashMap<u64, BlockId>,
-    next_stamp: u64,
+    idle_head: BlockId,
+    idle_tail: BlockId,
+    idle_len: usize,
+    cached: IntMap<u64, BlockId>,
     caching: bool,
 }
 
 impl BlockPool {
     /// A pool of `total` free blocks; with `caching` false nothing is ever cached.
     pub(crate) fn new(total: usize, caching: bool) -> Self {
-        let total = u32::try_from(total).unwrap_or(u32::MAX);
+        let total = u32::try_from(total).unwrap_or(u32::MAX - 1);
         BlockPool {
             blocks: vec![Block::default(); total as usize],
             // Pop from the back: hand out low ids first.
             free: (0..total).rev().collect(),
-            idle: BTreeMap::new(),
-            cached: HashMap::new(),
-            next_stamp: 0,
+            idle_head: NIL,
+            idle_tail: NIL,
+            idle_len: 0,
+            cached: IntMap::default(),
             caching,
         }
     }
@@ -60,7 +81,7 @@ impl BlockPool {
 
     /// Blocks an allocation could obtain: free plus idle cached.
     pub(crate) fn available(&self) -> usize {
-        self.free.len() + self.idle.len()
+        self.free.len() + self.idle_len
     }
 
     /// Blocks referenced by at least one sequence.
@@ -68,25 +89,61 @@ impl BlockPool {
         self.total() - self.available()
     }
 
+    fn unlink(&mut self, id: BlockId) {
+        let Block { prev, next, .. } = self.blocks[id as usize];
+        if prev == NIL {
+            self.idle_head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.idle_tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        let b = &mut self.blocks[id as usize];
+        b.prev = NIL;
+        b.next = NIL;
+        b.idle = false;
+        self.idle_len -= 1;
+    }
+
+    fn push_idle(&mut self, id: BlockId) {
+        let tail = self.idle_tail;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = tail;
+            b.next = NIL;
+            b.idle = true;
+        }
+        if tail == NIL {
+            self.idle_head = id;
+        } else {
+            self.blocks[tail as usize].next = id;
+        }
+        self.idle_tail = id;
+        self.idle_len += 1;
+    }
+
     /// The cached block holding `hash`, taking a reference to it (reviving it if idle).
     pub(crate) fn acquire_cached(&mut self, hash: u64) -> Option<BlockId> {
         let id = *self.cached.get(&hash)?;
-        let block = &mut self.blocks[id as usize];
-        if let Some(stamp) = block.idle_stamp.take() {
-            self.idle.remove(&stamp);
+        if self.blocks[id as usize].idle {
+            self.unlink(id);
         }
-        block.refs += 1;
+        self.blocks[id as usize].refs += 1;
         Some(id)
     }
 
-    /// Whether `hash` is cached in a block no sequence references.
-    pub(crate) fn is_idle_cached(&self, hash: u64) -> bool {
+    /// Whether `hash` is cached: `Some(true)` in an idle block, `Some(false)` in a block in use.
+    pub(crate) fn lookup(&self, hash: u64) -> Option<bool> {
         self.cached
             .get(&hash)
-            .is_some_and(|&id| self.blocks[id as usize].refs == 0)
+            .map(|&id| self.blocks[id as usize].refs == 0)
     }
 
     /// Whether `hash` is in the cache (in use or idle).
+    #[cfg(test)]
     pub(crate) fn is_cached(&self, hash: u64) -> bool {
         self.cached.contains_key(&hash)
     }
@@ -98,10 +155,12 @@ impl BlockPool {
         let (id, evicted) = if let Some(id) = self.free.pop() {
             (id, None)
         } else {
-            let (_, id) = self.idle.pop_first()?;
-            let block = &mut self.blocks[id as usize];
-            block.idle_stamp = None;
-            let hash = block.hash.take();
+            let id = self.idle_head;
+            if id == NIL {
+                return None;
+            }
+            self.unlink(id);
+            let hash = self.blocks[id as usize].hash.take();
             if let Some(h) = hash {
                 self.cached.remove(&h);
             }
@@ -136,10 +195,7 @@ impl BlockPool {
                 continue;
             }
             if block.hash.is_some() {
-                let stamp = self.next_stamp;
-                self.next_stamp += 1;
-                block.idle_stamp = Some(stamp);
-                self.idle.insert(stamp, id);
+                self.push_idle(id);
             } else {
                 self.free.push(id);
             }
@@ -150,8 +206,9 @@ impl BlockPool {
     /// Returns whether anything was cached.
     pub(crate) fn clear_cache(&mut self) -> bool {
         let any = !self.cached.is_empty();
-        for (_, id) in std::mem::take(&mut self.idle) {
-            self.blocks[id as usize].idle_stamp = None;
+        while self.idle_head != NIL {
+            let id = self.idle_head;
+            self.unlink(id);
             self.free.push(id);
         }
         for block in &mut self.blocks {
@@ -172,12 +229,21 @@ impl BlockPool {
                 return Err(format!("free block {id} is {b:?}"));
             }
         }
-        for (&stamp, &id) in &self.idle {
+        let mut id = self.idle_head;
+        let mut prev = NIL;
+        let mut n = 0;
+        while id != NIL {
             seen[id as usize] += 1;
             let b = self.blocks[id as usize];
-            if b.refs != 0 || b.hash.is_none() || b.idle_stamp != Some(stamp) {
+            if b.refs != 0 || b.hash.is_none() || !b.idle || b.prev != prev {
                 return Err(format!("idle block {id} is {b:?}"));
             }
+            n += 1;
+            prev = id;
+            id = b.next;
+        }
+        if prev != self.idle_tail || n != self.idle_len {
+            return Err("idle list ends disagree".into());
         }
         for (i, b) in self.blocks.iter().enumerate() {
             if b.refs > 0 {

@@ -145,7 +145,7 @@ fn continuous_prefill_stalls_decodes_and_takes_ticks_per_budget() {
     e.submit(req(2, prompt(2, 3000), 5));
     let it = e.step().unwrap();
     assert_eq!((it.prefill_tokens, it.decode_seqs), (3000, 0));
-    assert_eq!(it.duration, tick(3));
+    assert_eq!(it.duration, tick(6));
     let it = e.step().unwrap();
     assert_eq!(it.decode_seqs, 2);
 }
@@ -185,7 +185,7 @@ fn static_batching_waits_for_the_whole_batch() {
     e.submit(req(1, prompt(1, 10), 2));
     e.submit(req(2, prompt(2, 10), 6));
     let it = e.step().unwrap();
-    assert_eq!(it.output_tokens(), 2);
+    assert_eq!((it.output_tokens, it.scheduled_seqs), (2, 2));
     e.submit(req(3, prompt(3, 10), 1));
     for _ in 0..5 {
         let it = e.step().unwrap();

@@ -1,0 +1,459 @@
+//! The fleet: replicas running the [`crate::model`] engine, routers running kvgate-core
+//! policies, and a discrete-event loop on simulated time.
+//!
+//! A router sees only what a real one could (DOMAIN.md §5.6): a scrape of each replica's
+//! `running`, `waiting` and KV gauges, refreshed every `scrape_interval` (all routers at the same
+//! instants, or staggered evenly across the interval), its own dispatches through an
+//! [`InflightLedger`], and whatever its policy learns from the events the gateway would send it
+//! (`Dispatched`, `FirstToken`, `Completed`, and optionally engine KV events). Arrivals are dealt
+//! to routers in turn.
+//!
+//! Time is [`Nanos`]. The cost of the loop is O(log events) per event: an iteration, an arrival,
+//! a scrape or a sample; nothing walks all requests.
+//!
+//! An iteration is computed when it starts and its tokens are delivered when it ends, so
+//! routers learn of first tokens and completions at the right time; the engine's gauges already
+//! reflect the iteration's outcome while it runs (a scrape can be up to one iteration early).
+
+mod outcome;
+
+pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, SkewStats};
+
+use crate::model::{EngineConfig, EngineModel, Iteration, SeqEvent, SeqRequest};
+use crate::workload::{Spec, Workload};
+use kvgate_core::{
+    Decision, EndpointId, EndpointView, Event, InflightLedger, Nanos, Observation, Policy,
+    PolicyConfig, Request,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// One replica: its engine and relative speed (2.0 = iterations take half as long).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplicaConfig {
+    /// The engine.
+    pub engine: EngineConfig,
+    /// Speed factor applied to iteration times.
+    pub speed: f64,
+}
+
+/// The fleet and its routers.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    /// The replicas.
+    pub replicas: Vec<ReplicaConfig>,
+    /// How many routers share the traffic.
+    pub routers: usize,
+    /// Scrape period; zero reads the gauges fresh at every decision.
+    pub scrape_interval: Nanos,
+    /// Spread the routers' scrape phases evenly over the interval instead of aligning them.
+    pub staggered: bool,
+    /// The policy every router runs (each its own instance).
+    pub policy: PolicyConfig,
+    /// Forward engine KV events to the policies (`Event::Kv`).
+    pub kv_events: bool,
+    /// How often the true load skew is sampled; zero disables sampling.
+    pub sample_interval: Nanos,
+    /// How often `Policy::maintain` runs.
+    pub maintain_interval: Nanos,
+}
+
+struct Router {
+    policy: Box<dyn Policy>,
+    ledger: InflightLedger,
+    views: Vec<EndpointView>,
+    rng: ChaCha8Rng,
+}
+
+struct Replica {
+    engine: EngineModel,
+    speed: f64,
+    quantum: u64,
+    pending: Option<Iteration>,
+    stepping: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// An iteration ends (delivering its tokens) and the next one starts.
+    Step,
+    Scrape,
+    Maintain,
+    Sample,
+    Arrival,
+}
+
+/// Runs `workload` through the fleet. `seed` drives the routers' random choices; the workload
+/// draws from `workload_rng`, so every policy sees the same open-loop arrivals.
+pub fn run(
+    config: &FleetConfig,
+    workload: &mut dyn Workload,
+    workload_rng: &mut ChaCha8Rng,
+    seed: u64,
+) -> Outcome {
+    Sim::new(config, seed).run(workload, workload_rng)
+}
+
+struct Sim<'c> {
+    config: &'c FleetConfig,
+    now: Nanos,
+    queue: BinaryHeap<Reverse<(Nanos, Kind, u64, u64)>>,
+    seq: u64,
+    replicas: Vec<Replica>,
+    routers: Vec<Router>,
+    specs: Vec<Option<Spec>>,
+    free_specs: Vec<usize>,
+    open_pending: bool,
+    follow_ups_pending: u64,
+    arrivals: u64,
+    out: Outcome,
+    scratch: Vec<Spec>,
+}
+
+fn align(t: Nanos, quantum: u64) -> Nanos {
+    if quantum == 0 {
+        t
+    } else {
+        Nanos(t.0.div_ceil(quantum) * quantum)
+    }
+}
+
+impl<'c> Sim<'c> {
+    fn new(config: &'c FleetConfig, seed: u64) -> Self {
+        let n = config.replicas.len();
+        let replicas = config
+            .replicas
+            .iter()
+            .map(|r| Replica {
+                engine: EngineModel::new(r.engine)
+                    .with_token_events(false)
+                    .with_kv_events(config.kv_events),
+                speed: if r.speed > 0.0 { r.speed } else { 1.0 },
+                quantum: r.engine.cost.quantum_ns,
+                pending: None,
+                stepping: false,
+            })
+            .collect();
+        let routers = (0..config.routers.max(1))
+            .map(|r| Router {
+                policy: config.policy.build(),
+                ledger: InflightLedger::new(),
+                views: (0..n as u32)
+                    .map(|i| EndpointView::new(EndpointId(i)))
+                    .collect(),
+                rng: ChaCha8Rng::seed_from_u64(seed ^ (0x726f_7574_6572 + r as u64)),
+            })
+            .collect();
+        Sim {
+            config,
+            now: Nanos::ZERO,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            replicas,
+            routers,
+            specs: Vec::new(),
+            free_specs: Vec::new(),
+            open_pending: false,
+            follow_ups_pending: 0,
+            arrivals: 0,
+            out: Outcome::new(n),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, at: Nanos, kind: Kind, payload: u64) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, kind, self.seq, payload)));
+    }
+
+    fn push_spec(&mut self, spec: Spec, open: bool) {
+        let at = spec.arrival.max(self.now);
+        let slot = match self.free_specs.pop() {
+            Some(i) => {
+                self.specs[i] = Some(spec);
+                i
+            }
+            None => {
+                self.specs.push(Some(spec));
+                self.specs.len() - 1
+            }
+        };
+        self.push(at, Kind::Arrival, ((slot as u64) << 1) | u64::from(open));
+    }
+
+    /// Whether anything can still happen besides periodic bookkeeping.
+    fn live(&self) -> bool {
+        self.open_pending || self.follow_ups_pending > 0 || self.out.in_flight > 0
+    }
+
+    fn run(mut self, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) -> Outcome {
+        if let Some(spec) = workload.next_open(rng) {
+            self.open_pending = true;
+            self.push_spec(spec, true);
+        }
+        let interval = self.config.scrape_interval;
+        if interval > Nanos::ZERO {
+            let m = self.routers.len() as u64;
+            for r in 0..m {
+                let phase = if self.config.staggered {
+                    Nanos(interval.0 * r / m)
+                } else {
+                    Nanos::ZERO
+                };
+                self.push(phase, Kind::Scrape, r);
+            }
+        }
+        if self.config.maintain_interval > Nanos::ZERO {
+            self.push(self.config.maintain_interval, Kind::Maintain, 0);
+        }
+        if self.config.sample_interval > Nanos::ZERO {
+            self.push(Nanos::ZERO, Kind::Sample, 0);
+        }
+        while let Some(Reverse((at, kind, _, payload))) = self.queue.pop() {
+            self.now = at;
+            match kind {
+                Kind::Step => self.step(payload as usize, workload, rng),
+                Kind::Scrape => {
+                    self.scrape(payload as usize);
+                    if self.live() {
+                        self.push(at + interval, Kind::Scrape, payload);
+                    }
+                }
+                Kind::Maintain => {
+                    for r in &mut self.routers {
+                        r.policy.maintain(at);
+                    }
+                    if self.live() {
+                        self.push(at + self.config.maintain_interval, Kind::Maintain, 0);
+                    }
+                }
+                Kind::Sample => {
+                    self.sample();
+                    if self.live() {
+                        self.push(at + self.config.sample_interval, Kind::Sample, 0);
+                    }
+                }
+                Kind::Arrival => self.arrive(payload, workload, rng),
+            }
+        }
+        for (i, r) in self.replicas.iter().enumerate() {
+            let s = r.engine.stats();
+            let o = &mut self.out.replicas[i];
+            o.prefix_queries_tokens = s.prefix_queries_tokens;
+            o.prefix_hits_tokens = s.prefix_hits_tokens;
+            o.preemptions = s.preemptions;
+        }
+        self.out
+    }
+
+    fn scrape(&mut self, router: usize) {
+        let now = self.now;
+        let r = &mut self.routers[router];
+        for (i, replica) in self.replicas.iter().enumerate() {
+            let s = replica.engine.stats();
+            let obs = Observation {
+                running: s.running,
+                waiting: s.waiting,
+                kv_usage: s.kv_usage,
+                free_blocks: Some(s.free_blocks),
+                total_blocks: Some(s.total_blocks),
+            };
+            r.views[i].observation = Some(obs);
+            r.views[i].observed_at = now;
+            r.ledger.observed(EndpointId(i as u32), now);
+        }
+    }
+
+    fn sample(&mut self) {
+        let mut lo = u32::MAX;
+        let mut hi = 0;
+        for r in &self.replicas {
+            let s = r.engine.stats();
+            let load = s.running + s.waiting;
+            lo = lo.min(load);
+            hi = hi.max(load);
+        }
+        self.out.skew.add(f64::from(hi.saturating_sub(lo)));
+    }
+
+    fn arrive(&mut self, payload: u64, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
+        let slot = (payload >> 1) as usize;
+        let spec = self.specs[slot].take().expect("pending spec");
+        self.free_specs.push(slot);
+        let now = self.now;
+        if payload & 1 == 1 {
+            // Pull the next open arrival lazily.
+            match workload.next_open(rng) {
+                Some(next) => self.push_spec(next, true),
+                None => self.open_pending = false,
+            }
+        } else {
+            self.follow_ups_pending -= 1;
+        }
+        self.arrivals += 1;
+        if !self.open_pending && payload & 1 == 1 {
+            self.out.last_arrival = now;
+            self.out.output_before_last_arrival = self.out.output_tokens;
+        }
+        self.dispatch(spec);
+    }
+
+    fn dispatch(&mut self, spec: Spec) {
+        let now = self.now;
+        let id = self.out.records.len() as u64;
+        let router_index = (self.arrivals as usize - 1) % self.routers.len();
+        if self.config.scrape_interval == Nanos::ZERO {
+            self.scrape(router_index);
+        }
+        let mut request = Request::from_tokens(id, spec.tokens);
+        if let Some(t) = spec.tenant {
+            request = request.with_tenant(format!("tenant-{t}"));
+        }
+        if let Some(s) = spec.session {
+            request = request.with_session(format!("session-{s}"));
+        }
+        let router = &mut self.routers[router_index];
+        for view in &mut router.views {
+            router.ledger.annotate(view);
+        }
+        let decision = router
+            .policy
+            .select(&request, &router.views, now, &mut router.rng);
+        let (endpoint, reason) = match decision {
+            Decision::Route(route) => (route.endpoint, route.reason),
+            Decision::Reject(_) => {
+                self.out.rejected += 1;
+                return;
+            }
+        };
+        router.ledger.dispatched(endpoint, id, now);
+        router.policy.observe(&Event::Dispatched {
+            request: &request,
+            endpoint,
+            at: now,
+        });
+        self.out.reasons.add(reason.label());
+        let i = endpoint.0 as usize;
+        let prompt = request.prompt.tokens.take().unwrap_or_default();
+        self.out.records.push(RequestRecord {
+            arrival: spec.arrival,
+            first_token: None,
+            finished: None,
+            replica: endpoint.0,
+            router: router_index as u32,
+            prompt_tokens: prompt.len() as u32,
+            cached_tokens: 0,
+            output_tokens: 0,
+            tag: spec.tag,
+        });
+        self.out.in_flight += 1;
+        self.out.replicas[i].assigned += 1;
+        let replica = &mut self.replicas[i];
+        replica.engine.submit(SeqRequest {
+            id,
+            prompt,
+            max_output_tokens: spec.output,
+        });
+        if !replica.stepping {
+            replica.stepping = true;
+            let at = align(now, replica.quantum);
+            self.push(at, Kind::Step, i as u64);
+        }
+    }
+
+    fn step(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
+        if let Some(it) = self.replicas[i].pending.take() {
+            self.deliver(i, it, workload, rng);
+        }
+        let replica = &mut self.replicas[i];
+        let Some(mut it) = replica.engine.step() else {
+            replica.stepping = false;
+            return;
+        };
+        it.duration = Nanos((it.duration.0 as f64 / replica.speed).round() as u64);
+        let o = &mut self.out.replicas[i];
+        o.iterations += 1;
+        o.busy = o.busy + it.duration;
+        if it.prefill_tokens > 0 {
+            o.prefill_busy = o.prefill_busy + it.duration;
+        }
+        o.prefill_tokens += u64::from(it.prefill_tokens);
+        if it.output_tokens == 0 {
+            o.zero_output_iterations += 1;
+        }
+        o.slot_fill_sum += f64::from(it.scheduled_seqs)
+            / self.config.replicas[i].engine.max_num_seqs.max(1) as f64;
+        let next = self.now + it.duration;
+        self.out.end = self.out.end.max(next);
+        replica.pending = Some(it);
+        self.push(next, Kind::Step, i as u64);
+    }
+
+    fn deliver(
+        &mut self,
+        i: usize,
+        it: Iteration,
+        workload: &mut dyn Workload,
+        rng: &mut ChaCha8Rng,
+    ) {
+        let now = self.now;
+        let endpoint = EndpointId(i as u32);
+        self.out.output_tokens += u64::from(it.output_tokens);
+        self.out.replicas[i].output_tokens += u64::from(it.output_tokens);
+        if self.config.kv_events {
+            for event in &it.kv_events {
+                for r in &mut self.routers {
+                    r.policy.observe(&Event::Kv {
+                        endpoint,
+                        event,
+                        at: now,
+                    });
+                }
+            }
+        }
+        for event in it.events {
+            match event {
+                SeqEvent::FirstToken { id, cached_tokens } => {
+                    let rec = &mut self.out.records[id as usize];
+                    rec.first_token = Some(now);
+                    rec.cached_tokens = cached_tokens;
+                    let router = &mut self.routers[rec.router as usize];
+                    let dispatched = rec.arrival;
+                    router.policy.observe(&Event::FirstToken {
+                        request: id,
+                        endpoint,
+                        at: now,
+                        ttft: now - dispatched,
+                    });
+                }
+                SeqEvent::Finished { id, output_tokens } => {
+                    let rec = &mut self.out.records[id as usize];
+                    rec.finished = Some(now);
+                    rec.output_tokens = output_tokens;
+                    let tag = rec.tag;
+                    let dispatched = rec.arrival;
+                    let router = &mut self.routers[rec.router as usize];
+                    router.ledger.finished(endpoint, id);
+                    router.policy.observe(&Event::Completed {
+                        request: id,
+                        endpoint,
+                        at: now,
+                        latency: now - dispatched,
+                        output_tokens,
+                    });
+                    self.out.in_flight -= 1;
+                    let mut follow = std::mem::take(&mut self.scratch);
+                    workload.on_complete(tag, now, rng, &mut follow);
+                    for spec in follow.drain(..) {
+                        self.follow_ups_pending += 1;
+                        self.push_spec(spec, false);
+                    }
+                    self.scratch = follow;
+                }
+                SeqEvent::Token { .. } | SeqEvent::Preempted { .. } => {}
+            }
+        }
+    }
+}

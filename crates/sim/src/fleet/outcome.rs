@@ -1,0 +1,129 @@
+//! What one fleet run produced: a record per request and counters per replica.
+
+use kvgate_core::Nanos;
+use std::collections::BTreeMap;
+
+/// One request's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// Arrival (and dispatch) time.
+    pub arrival: Nanos,
+    /// When its first token was delivered.
+    pub first_token: Option<Nanos>,
+    /// When its last token was delivered.
+    pub finished: Option<Nanos>,
+    /// The replica it went to.
+    pub replica: u32,
+    /// The router that dispatched it.
+    pub router: u32,
+    /// Prompt length.
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+    /// The workload's tag.
+    pub tag: u64,
+}
+
+/// Counters of one replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReplicaOutcome {
+    /// Requests dispatched to it.
+    pub assigned: u64,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Iterations that produced no output token.
+    pub zero_output_iterations: u64,
+    /// Time spent in iterations.
+    pub busy: Nanos,
+    /// Time spent in iterations that prefilled something.
+    pub prefill_busy: Nanos,
+    /// Prompt tokens computed.
+    pub prefill_tokens: u64,
+    /// Output tokens produced.
+    pub output_tokens: u64,
+    /// Sum over iterations of occupied slots / slots.
+    pub slot_fill_sum: f64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries_tokens: u64,
+    /// Prompt tokens found there.
+    pub prefix_hits_tokens: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+}
+
+/// Running statistics of the true load skew (max minus min outstanding across replicas).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SkewStats {
+    /// Samples taken.
+    pub samples: u64,
+    /// Sum of skews.
+    pub sum: f64,
+    /// Largest skew.
+    pub max: f64,
+}
+
+impl SkewStats {
+    /// Adds one sample.
+    pub fn add(&mut self, skew: f64) {
+        self.samples += 1;
+        self.sum += skew;
+        self.max = self.max.max(skew);
+    }
+
+    /// Mean skew (0 without samples).
+    pub fn mean(&self) -> f64 {
+        if self.samples == 0 {
+            0.0
+        } else {
+            self.sum / self.samples as f64
+        }
+    }
+}
+
+/// Decision reasons by label, in name order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReasonCounts(pub BTreeMap<&'static str, u64>);
+
+impl ReasonCounts {
+    /// Counts one decision.
+    pub fn add(&mut self, label: &'static str) {
+        *self.0.entry(label).or_default() += 1;
+    }
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// One record per dispatched request, indexed by request id.
+    pub records: Vec<RequestRecord>,
+    /// Per replica.
+    pub replicas: Vec<ReplicaOutcome>,
+    /// Requests no router could place.
+    pub rejected: u64,
+    /// Requests dispatched and not finished (zero at the end).
+    pub in_flight: u64,
+    /// Output tokens delivered.
+    pub output_tokens: u64,
+    /// When the last open-loop arrival came.
+    pub last_arrival: Nanos,
+    /// Output tokens delivered before that instant.
+    pub output_before_last_arrival: u64,
+    /// When the last event happened.
+    pub end: Nanos,
+    /// The sampled true load skew.
+    pub skew: SkewStats,
+    /// Decision reasons.
+    pub reasons: ReasonCounts,
+}
+
+impl Outcome {
+    /// An empty outcome for `replicas` replicas.
+    pub fn new(replicas: usize) -> Self {
+        Outcome {
+            replicas: vec![ReplicaOutcome::default(); replicas],
+            ..Outcome::default()
+        }
+    }
+}

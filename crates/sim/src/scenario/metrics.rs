@@ -1,0 +1,202 @@
+//! From a run's records to the numbers a report shows (DOMAIN.md §2): TTFT, TPOT and E2E
+//! percentiles, SLO attainment and goodput, prompt cache hit ratio, assignment gap, per-replica
+//! utilisation, output throughput and sampled load skew. Times are in ticks (1 tick =
+//! [`crate::model::TICK_NANOS`] ns = 1 ms).
+
+use crate::fleet::Outcome;
+use crate::model::TICK_NANOS;
+use kvgate_core::Nanos;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The service-level objective a request must meet to count towards goodput.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Slo {
+    /// Largest acceptable TTFT, ticks.
+    pub ttft: f64,
+    /// Largest acceptable TPOT, ticks; infinite when only TTFT matters.
+    pub tpot: f64,
+}
+
+/// One policy's (or variant's) results.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyResult {
+    /// The policy name.
+    pub policy: String,
+    /// The variant, when a scenario compares configurations of one policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// Requests dispatched.
+    pub requests: u64,
+    /// Requests finished.
+    pub completed: u64,
+    /// TTFT median, ticks.
+    pub ttft_p50: f64,
+    /// TTFT 95th percentile, ticks.
+    pub ttft_p95: f64,
+    /// TTFT 99th percentile, ticks.
+    pub ttft_p99: f64,
+    /// Largest TTFT, ticks.
+    pub ttft_max: f64,
+    /// Mean TPOT over requests with two or more output tokens, ticks.
+    pub tpot_mean: f64,
+    /// TPOT 95th percentile, ticks.
+    pub tpot_p95: f64,
+    /// E2E median, ticks.
+    pub e2e_p50: f64,
+    /// E2E 95th percentile, ticks.
+    pub e2e_p95: f64,
+    /// Share of requests meeting the SLO.
+    pub slo_attainment: f64,
+    /// Requests meeting the SLO per tick of the arrival window.
+    pub goodput: f64,
+    /// Prompt tokens served from prefix caches over prompt tokens looked up.
+    pub cache_hit_ratio: f64,
+    /// Prompt tokens computed (including recomputation after preemption).
+    pub prefill_tokens: u64,
+    /// Largest minus smallest number of requests assigned to a replica.
+    pub assignment_gap: u64,
+    /// Requests assigned per replica.
+    pub assigned: Vec<u64>,
+    /// Busy share of each replica over the run.
+    pub utilisation: Vec<f64>,
+    /// Output tokens per tick over the arrival window (all output over the run when the
+    /// workload is closed-loop).
+    pub output_tokens_per_tick: f64,
+    /// Mean sampled skew of outstanding requests (max minus min across replicas).
+    pub mean_load_skew: f64,
+    /// Largest sampled skew.
+    pub max_load_skew: f64,
+    /// Preemptions across the fleet.
+    pub preemptions: u64,
+    /// Decisions by reason label.
+    pub reasons: BTreeMap<String, u64>,
+}
+
+/// The value at quantile `q` (nearest rank) of sorted `xs`; 0 when empty.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ticks(n: Nanos) -> f64 {
+    n.0 as f64 / TICK_NANOS as f64
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Over which time throughput and goodput are measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// From zero to the last open-loop arrival (output after it is not counted): an open
+    /// loop's steady state, where a policy that falls behind delivers less.
+    Arrivals,
+    /// From zero to the last token (closed loops).
+    WholeRun,
+}
+
+/// Summarises `outcome` for `policy`.
+pub fn summarise(
+    policy: &str,
+    variant: Option<&str>,
+    outcome: &Outcome,
+    slo: Slo,
+    window: Window,
+) -> PolicyResult {
+    let mut ttft = Vec::with_capacity(outcome.records.len());
+    let mut tpot = Vec::new();
+    let mut e2e = Vec::with_capacity(outcome.records.len());
+    let mut met = 0u64;
+    let mut completed = 0u64;
+    for r in &outcome.records {
+        let (Some(first), Some(done)) = (r.first_token, r.finished) else {
+            continue;
+        };
+        completed += 1;
+        let t = ticks(first - r.arrival);
+        ttft.push(t);
+        e2e.push(ticks(done - r.arrival));
+        let per_token = if r.output_tokens > 1 {
+            let v = ticks(done - first) / f64::from(r.output_tokens - 1);
+            tpot.push(v);
+            v
+        } else {
+            0.0
+        };
+        if t <= slo.ttft && per_token <= slo.tpot {
+            met += 1;
+        }
+    }
+    for v in [&mut ttft, &mut tpot, &mut e2e] {
+        v.sort_by(f64::total_cmp);
+    }
+    let requests = outcome.records.len() as u64 + outcome.rejected;
+    let (queries, hits) = outcome.replicas.iter().fold((0u64, 0u64), |(q, h), r| {
+        (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
+    });
+    let assigned: Vec<u64> = outcome.replicas.iter().map(|r| r.assigned).collect();
+    let gap = assigned.iter().max().unwrap_or(&0) - assigned.iter().min().unwrap_or(&0);
+    let end = ticks(outcome.end).max(1e-9);
+    let arrivals = ticks(outcome.last_arrival);
+    let (out_tokens, out_window) = if window == Window::Arrivals && arrivals > 0.0 {
+        (outcome.output_before_last_arrival, arrivals)
+    } else {
+        (outcome.output_tokens, end)
+    };
+    PolicyResult {
+        policy: policy.to_string(),
+        variant: variant.map(str::to_string),
+        requests,
+        completed,
+        ttft_p50: round(quantile(&ttft, 0.50), 2),
+        ttft_p95: round(quantile(&ttft, 0.95), 2),
+        ttft_p99: round(quantile(&ttft, 0.99), 2),
+        ttft_max: round(ttft.last().copied().unwrap_or(0.0), 2),
+        tpot_mean: round(tpot.iter().sum::<f64>() / tpot.len().max(1) as f64, 3),
+        tpot_p95: round(quantile(&tpot, 0.95), 3),
+        e2e_p50: round(quantile(&e2e, 0.50), 2),
+        e2e_p95: round(quantile(&e2e, 0.95), 2),
+        slo_attainment: round(met as f64 / requests.max(1) as f64, 4),
+        goodput: round(met as f64 / out_window.max(1e-9), 4),
+        cache_hit_ratio: round(hits as f64 / queries.max(1) as f64, 4),
+        prefill_tokens: outcome.replicas.iter().map(|r| r.prefill_tokens).sum(),
+        assignment_gap: gap,
+        assigned,
+        utilisation: outcome
+            .replicas
+            .iter()
+            .map(|r| round(ticks(r.busy) / end, 4))
+            .collect(),
+        output_tokens_per_tick: round(out_tokens as f64 / out_window.max(1e-9), 3),
+        mean_load_skew: round(outcome.skew.mean(), 3),
+        max_load_skew: outcome.skew.max,
+        preemptions: outcome.replicas.iter().map(|r| r.preemptions).sum(),
+        reasons: outcome
+            .reasons
+            .0
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&xs, 0.95), 95.0);
+        assert_eq!(quantile(&xs, 0.5), 50.0);
+        assert_eq!(quantile(&xs, 1.0), 100.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+        assert_eq!(quantile(&[3.0], 0.01), 3.0);
+    }
+}
