@@ -70,7 +70,7 @@ pub(crate) async fn handle(
     let mut request = inference.request;
     request.id = shared.next_request.fetch_add(1, Ordering::Relaxed);
     let request = Arc::new(request);
-    let authorization = headers.get(header::AUTHORIZATION).cloned();
+    let forwarded = Arc::new(upstream::forwarded_headers(headers));
     let retry = &shared.config.retry;
     let max_retry_after = Duration::from_secs(retry.max_retry_after_secs);
     let first_token_timeout = (retry.first_token_timeout_ms > 0)
@@ -91,7 +91,7 @@ pub(crate) async fn handle(
         let mut dispatch = Dispatch::new(shared.clone(), request.id, target, inference.stream);
         let client = shared.client.clone();
         let body = inference.body.clone();
-        let auth = authorization.clone();
+        let forwarded = forwarded.clone();
         let api = inference.api;
         Ok((
             id,
@@ -101,7 +101,7 @@ pub(crate) async fn handle(
                 }
                 let base = dispatch.target.base.clone();
                 let send =
-                    upstream::attempt(&client, &base, api, body, auth.as_ref(), max_retry_after);
+                    upstream::attempt(&client, &base, api, body, &forwarded, max_retry_after);
                 let result = match first_token_timeout {
                     Some(limit) => tokio::time::timeout(limit, send)
                         .await

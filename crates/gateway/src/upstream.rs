@@ -3,7 +3,7 @@
 //! request can move; after it, never), so an attempt succeeds only once data has arrived.
 
 use crate::parse::Api;
-use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -25,6 +25,27 @@ pub(crate) fn client() -> HttpClient {
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
         .build(connector)
+}
+
+/// The client headers an engine may need: its API key, the accepted encodings of the answer,
+/// and trace context (W3C `traceparent`/`tracestate`, `x-request-id`).
+const FORWARDED: [&str; 5] = [
+    "authorization",
+    "accept",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+
+/// The subset of `headers` forwarded upstream.
+pub(crate) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in FORWARDED {
+        if let Some(v) = headers.get(name) {
+            out.insert(name, v.clone());
+        }
+    }
+    out
 }
 
 /// An upstream response whose first body bytes (or end) have arrived.
@@ -112,7 +133,7 @@ pub(crate) async fn attempt(
     base: &str,
     api: Api,
     body: Bytes,
-    authorization: Option<&HeaderValue>,
+    forwarded: &HeaderMap,
     max_retry_after: Duration,
 ) -> Result<Ready, AttemptError> {
     let uri = format!("{base}{}", api.path());
@@ -122,10 +143,8 @@ pub(crate) async fn attempt(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .map_err(|e| AttemptError::Connect(e.to_string()))?;
-    if let Some(auth) = authorization {
-        request
-            .headers_mut()
-            .insert(header::AUTHORIZATION, auth.clone());
+    for (name, value) in forwarded {
+        request.headers_mut().insert(name, value.clone());
     }
     let response = client
         .request(request)
@@ -187,4 +206,23 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn forwards_the_api_key_and_trace_context_only() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer k"));
+        h.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        h.insert("cookie", HeaderValue::from_static("secret"));
+        h.insert("x-kvgate-tenant", HeaderValue::from_static("t"));
+        let out = forwarded_headers(&h);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["authorization"], "Bearer k");
+        assert!(out.get("cookie").is_none());
+    }
 }
