@@ -6,6 +6,7 @@
 use crate::config::AdmissionConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use kvgate_core::Priority;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,7 +57,14 @@ impl Admission {
 
     /// Waits for a slot, at most until `deadline` (from arrival) or the configured queue
     /// timeout.
-    pub(crate) async fn admit(&self, deadline: Option<Duration>) -> Result<Permit, ApiError> {
+    ///
+    /// Batch requests (DOMAIN.md §8: work that may wait or be shed) may only take the first half
+    /// of the queue, so a backlog of batch work never makes interactive requests bounce.
+    pub(crate) async fn admit(
+        &self,
+        deadline: Option<Duration>,
+        priority: Priority,
+    ) -> Result<Permit, ApiError> {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             self.metrics.pending.inc();
             return Ok(Permit {
@@ -64,7 +72,11 @@ impl Admission {
                 metrics: self.metrics.clone(),
             });
         }
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.config.max_queue {
+        let bound = match priority {
+            Priority::Interactive => self.config.max_queue,
+            Priority::Batch => self.config.max_queue / 2,
+        };
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= bound {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::overloaded(self.config.retry_after_secs));
         }
@@ -108,18 +120,51 @@ mod tests {
             },
             Arc::new(Metrics::new()),
         );
-        let held = gate.admit(None).await.unwrap();
-        let (queued, full) = tokio::join!(gate.admit(Some(Duration::from_millis(30))), async {
-            tokio::task::yield_now().await;
-            gate.admit(None).await
-        });
+        let held = gate.admit(None, Priority::Interactive).await.unwrap();
+        let (queued, full) = tokio::join!(
+            gate.admit(Some(Duration::from_millis(30)), Priority::Interactive),
+            async {
+                tokio::task::yield_now().await;
+                gate.admit(None, Priority::Interactive).await
+            }
+        );
         let full = full.unwrap_err();
         assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(full.retry_after_secs, Some(2));
         assert_eq!(queued.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
         drop(held);
-        assert!(gate.admit(None).await.is_ok());
+        assert!(gate.admit(None, Priority::Interactive).await.is_ok());
         assert_eq!(gate.metrics.pending.get(), 0);
         assert_eq!(gate.metrics.queue_depth.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn batch_work_only_uses_half_the_queue() {
+        let gate = Admission::new(
+            AdmissionConfig {
+                max_concurrency: 1,
+                max_queue: 2,
+                queue_timeout_ms: 50,
+                retry_after_secs: 1,
+            },
+            Arc::new(Metrics::new()),
+        );
+        let _held = gate.admit(None, Priority::Batch).await.unwrap();
+        let (first, second, interactive) = tokio::join!(
+            gate.admit(None, Priority::Batch),
+            async {
+                tokio::task::yield_now().await;
+                gate.admit(None, Priority::Batch).await
+            },
+            async {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+                gate.admit(None, Priority::Interactive).await
+            }
+        );
+        assert_eq!(second.unwrap_err().status, StatusCode::TOO_MANY_REQUESTS);
+        // The interactive request found room in the second half and waited (then timed out).
+        assert_eq!(interactive.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(first.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     }
 }

@@ -56,7 +56,11 @@ pub(crate) async fn handle(
             return Err(reject(ApiError::unknown_model(model), "client_error"));
         }
     }
-    let permit = match shared.admission.admit(inference.deadline).await {
+    let permit = match shared
+        .admission
+        .admit(inference.deadline, inference.request.priority)
+        .await
+    {
         Ok(p) => p,
         Err(e) => {
             let outcome = if e.status.as_u16() == 429 {
