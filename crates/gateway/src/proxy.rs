@@ -155,14 +155,19 @@ pub(crate) async fn handle(
                 Err(error) => {
                     let kind = error.kind();
                     let label = error.label();
-                    let last = attempts.is_empty()
-                        && (retries + 1 >= retry.max_attempts || {
-                            let allowed = shared.pool.try_retry();
-                            if !allowed {
-                                shared.metrics.retries_denied.get_or_create(&metrics::reason("budget")).inc();
-                            }
-                            !allowed
-                        });
+                    let denied = if !attempts.is_empty() {
+                        None
+                    } else if retries + 1 >= retry.max_attempts {
+                        Some("attempts")
+                    } else if !shared.pool.try_retry() {
+                        Some("budget")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = denied {
+                        shared.metrics.retries_denied.get_or_create(&metrics::reason(why)).inc();
+                    }
+                    let last = denied.is_some();
                     if last {
                         dispatch.final_attempt = true;
                     }
@@ -183,7 +188,10 @@ pub(crate) async fn handle(
                             tried.push(id);
                             attempts.push(fut);
                         }
-                        Err(_) => return Ok(upstream_failure(error, &name)),
+                        Err(_) => {
+                            shared.metrics.request("upstream_error", policy, &name);
+                            return Ok(upstream_failure(error, &name));
+                        }
                     }
                 }
             },

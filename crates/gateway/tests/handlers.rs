@@ -171,6 +171,15 @@ async fn no_endpoint_is_503_and_connection_refused_is_502() {
         "{}",
         dead.metrics_text()
     );
+    let text = dead.metrics_text();
+    assert!(
+        text.contains("kvgate_retries_denied_total{reason=\"attempts\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kvgate_requests_total{outcome=\"upstream_error\",policy=\"cache_aware\",endpoint=\"127.0.0.1:9\"} 1"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
