@@ -175,3 +175,40 @@ fn tenant_from_header_or_hashed_key_and_deadline() {
         Some("acme")
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn message() -> impl Strategy<Value = serde_json::Value> {
+        (
+            prop::sample::select(vec!["system", "user", "assistant", "tool"]),
+            ".{0,40}",
+        )
+            .prop_map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+    }
+
+    proptest! {
+        /// Appending turns to a conversation only ever extends its prefix key, so the policy can
+        /// find every earlier turn's prefix.
+        #[test]
+        fn later_turns_extend_the_prefix_key(history in prop::collection::vec(message(), 1..8), more in prop::collection::vec(message(), 1..3)) {
+            let body = |m: &[serde_json::Value]| Bytes::from(serde_json::json!({"messages": m}).to_string());
+            let cfg = RequestConfig::default();
+            let mut all = history.clone();
+            all.extend(more);
+            let a = parse(Api::Chat, &HeaderMap::new(), body(&history), &cfg).unwrap().request.prompt.text.unwrap();
+            let b = parse(Api::Chat, &HeaderMap::new(), body(&all), &cfg).unwrap().request.prompt.text.unwrap();
+            prop_assert!(b.starts_with(&a));
+        }
+
+        /// Any byte string is either accepted or refused with a 4xx; parsing never panics.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            match parse(Api::Chat, &HeaderMap::new(), Bytes::from(bytes), &RequestConfig::default()) {
+                Ok(_) => {}
+                Err(e) => prop_assert!(e.status.is_client_error()),
+            }
+        }
+    }
+}
