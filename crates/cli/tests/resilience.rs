@@ -344,3 +344,36 @@ async fn a_full_gateway_answers_429_and_a_queued_request_past_its_deadline_504()
     assert_eq!(v["error"]["code"], "deadline_exceeded");
     drop(holder.chunk().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_health_check_fails_gets_no_traffic() {
+    let draining = engine("draining", "0", &["--fault", "drain"]);
+    let healthy = engine("healthy", "0", &[]);
+    let g = gateway(&[&draining, &healthy], &["--policy", "round_robin"]).await;
+    let name = draining.url.trim_start_matches("http://").to_string();
+    wait_for(
+        &format!("{}/metrics", g.url),
+        "the draining engine to leave routing",
+        |m| metric(m, &format!("kvgate_endpoint_up{{endpoint=\"{name}\"}}")) == Some(0.0),
+    )
+    .await;
+    let http = client();
+    for i in 0..6 {
+        let r = http
+            .post(format!("{}/v1/chat/completions", g.url))
+            .json(&chat(user(&format!("d{i}")), 2, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
+    }
+    let metrics = http
+        .get(format!("{}/metrics", g.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("kvgate_retries_total{"), "{metrics}");
+}

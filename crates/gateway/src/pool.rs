@@ -70,6 +70,7 @@ struct Endpoint {
     models: Vec<String>,
     draining: bool,
     healthy: bool,
+    reports_down: bool,
     scrape_failures: u32,
     served_since_scrape: bool,
     avoid_until: Nanos,
@@ -90,7 +91,11 @@ impl Endpoint {
     fn health(&self, now: Nanos) -> Health {
         if self.draining {
             Health::Draining
-        } else if !self.healthy || now < self.avoid_until || !self.breaker.is_available(now) {
+        } else if !self.healthy
+            || self.reports_down
+            || now < self.avoid_until
+            || !self.breaker.is_available(now)
+        {
             Health::Unhealthy
         } else {
             Health::Healthy
@@ -192,6 +197,7 @@ impl Pool {
             config,
             draining: false,
             healthy: true,
+            reports_down: false,
             scrape_failures: 0,
             served_since_scrape: false,
             avoid_until: Nanos::ZERO,
@@ -462,6 +468,16 @@ impl Pool {
             if e.scrape_failures >= threshold {
                 e.healthy = false;
             }
+        }
+    }
+
+    /// Records what the engine's own `/health` said: a 5xx (for example an engine draining for
+    /// shutdown) keeps it out of routing until `/health` is fine again, whatever traffic it
+    /// still answers.
+    pub fn reported_health(&self, endpoint: EndpointId, up: bool) {
+        let mut s = self.lock();
+        if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
+            e.reports_down = !up;
         }
     }
 

@@ -115,3 +115,18 @@ fn failed_scrapes_count_only_without_traffic_in_between() {
     pool.observed(ids[0], None, Nanos(2));
     assert!(pool.any_routable());
 }
+
+#[test]
+fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
+    pool.reported_health(ids[0], false);
+    pool.first_token(1, ids[0], Nanos(1), false);
+    for i in 2..6 {
+        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+    }
+    pool.reported_health(ids[0], true);
+    let picked: Vec<_> = (6..8)
+        .map(|i| pool.pick(&request(i, None), &[]).unwrap().id)
+        .collect();
+    assert!(picked.contains(&ids[0]));
+}

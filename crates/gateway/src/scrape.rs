@@ -1,7 +1,8 @@
 //! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a
 //! random phase so scrapes of a large pool do not arrive together (DOMAIN.md §5.6: signals are
-//! always stale; spreading them keeps the staleness uniform). A scrape that fails to connect or
-//! times out counts towards unhealthy; any HTTP answer counts as alive. Endpoints that do not
+//! always stale; spreading them keeps the staleness uniform). Each round asks `/health` first: a
+//! 5xx there takes the endpoint out of routing at once. A round that fails to connect or times out
+//! counts towards unhealthy; any HTTP answer counts as alive. Endpoints that do not
 //! name their model are asked once through `/v1/models`.
 //!
 //! Recognised names (summed over label sets, usage the maximum):
@@ -132,7 +133,17 @@ pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
         .name_of(id)
         .map(|n| n.to_string())
         .unwrap_or_default();
-    match get(shared, &base, "/metrics").await {
+    // The engine's own verdict first: vLLM and SGLang answer /health with 200 when serving and
+    // 5xx when not (the emulated engine's `drain` fault too). No /health (404) says nothing.
+    let health = get(shared, &base, "/health").await;
+    if let Ok((status, _)) = &health {
+        shared.pool.reported_health(id, !status.is_server_error());
+    }
+    let metrics = match health {
+        Ok(_) => get(shared, &base, "/metrics").await,
+        Err(()) => Err(()),
+    };
+    match metrics {
         Ok((status, body)) => {
             let observation = status
                 .is_success()
