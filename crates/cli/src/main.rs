@@ -3,6 +3,7 @@
 mod bench;
 mod engine;
 mod policies;
+mod serve;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     Policies(policies::Args),
     /// Run an emulated vLLM-compatible engine.
     Engine(Box<engine::Args>),
+    /// Run the gateway (with no endpoints: emulated engines in-process behind it).
+    Serve(Box<serve::Args>),
     /// Run a fleet simulation scenario.
     Sim(sim::Args),
     /// Open-loop benchmark of OpenAI-compatible endpoints (goodput under an SLO).
@@ -32,6 +35,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run(&args),
     }

@@ -24,6 +24,7 @@ pub mod index;
 pub mod load;
 pub mod policy;
 pub mod request;
+pub mod resilience;
 mod time;
 
 pub use decision::{Decision, Event, Reason, Rejection, Route};

@@ -1,0 +1,271 @@
+//! `kvgate serve`: the gateway. Flags override the YAML file given with `--config`; policy flags
+//! are spelled like SGLang's launcher where the concept is the same. With no endpoints at all it
+//! starts the embedded default: emulated engines in this process behind the gateway.
+
+use anyhow::Context;
+use kvgate_engine::EngineConfig;
+use kvgate_gateway::{Config, EndpointConfig, Gateway};
+use std::path::PathBuf;
+
+/// Flags of `kvgate serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// YAML configuration file (reloaded when it changes: endpoints and policy).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:8080; port 0 picks a free one and prints it).
+    #[arg(long)]
+    listen: Option<String>,
+    /// An upstream engine's base URL (repeatable); added to those of the file.
+    #[arg(long = "endpoint", value_name = "URL")]
+    endpoints: Vec<String>,
+    /// Routing policy (`kvgate policies` lists them).
+    #[arg(long)]
+    policy: Option<String>,
+    /// cache_aware: minimum matched share of the prompt for affinity.
+    #[arg(long)]
+    cache_threshold: Option<f64>,
+    /// cache_aware: imbalance needs max_load - min_load above this.
+    #[arg(long)]
+    balance_abs_threshold: Option<f64>,
+    /// cache_aware: ... and max_load above min_load times this.
+    #[arg(long)]
+    balance_rel_threshold: Option<f64>,
+    /// cache_aware: seconds between prefix-tree trims.
+    #[arg(long)]
+    eviction_interval_secs: Option<u64>,
+    /// cache_aware: stored characters per endpoint in the prefix tree.
+    #[arg(long)]
+    max_tree_size: Option<usize>,
+    /// Any policy parameter, `key=value` (dotted for nested: `load.expiry_ms=500`); repeatable.
+    #[arg(long = "policy-set", value_name = "KEY=VALUE")]
+    policy_set: Vec<String>,
+    /// Attempts per request before the first token, including the first.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Hedge streaming requests at this TTFT percentile (enables hedging).
+    #[arg(long)]
+    hedge_percentile: Option<f64>,
+    /// Requests in flight upstream at once.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Requests waiting for admission before 429.
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+    /// Engine metrics scrape period in milliseconds.
+    #[arg(long)]
+    scrape_interval_ms: Option<u64>,
+    /// Seconds in-flight streams may run after SIGTERM.
+    #[arg(long)]
+    shutdown_grace_secs: Option<u64>,
+    /// Bearer token enabling the admin API.
+    #[arg(long, env = "KVGATE_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// Emulated engines started in-process when no endpoint is configured.
+    #[arg(long, default_value_t = 2)]
+    embedded_engines: usize,
+    /// Real seconds per modelled second of the embedded engines (0: no delays).
+    #[arg(long, default_value_t = 1.0)]
+    embedded_time_scale: f64,
+    /// Worker threads of the async runtime (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Config::from_yaml(&text).with_context(|| format!("loading {}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    if let Some(listen) = &args.listen {
+        config.listen.clone_from(listen);
+    }
+    config
+        .endpoints
+        .extend(args.endpoints.iter().map(EndpointConfig::from_url));
+    if let Some(name) = &args.policy {
+        config.set_policy(name)?;
+    }
+    let sglang_flags = [
+        (
+            "cache_threshold",
+            args.cache_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "balance_abs_threshold",
+            args.balance_abs_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "balance_rel_threshold",
+            args.balance_rel_threshold.map(|v| v.to_string()),
+        ),
+        (
+            "eviction_interval_secs",
+            args.eviction_interval_secs.map(|v| v.to_string()),
+        ),
+        ("max_tree_size", args.max_tree_size.map(|v| v.to_string())),
+    ];
+    for (key, value) in sglang_flags {
+        if let Some(value) = value {
+            config.set_policy_param(key, &value)?;
+        }
+    }
+    for pair in &args.policy_set {
+        let (key, value) = pair
+            .split_once('=')
+            .with_context(|| format!("--policy-set {pair:?}: expected KEY=VALUE"))?;
+        config.set_policy_param(key.trim(), value.trim())?;
+    }
+    if let Some(v) = args.max_attempts {
+        config.retry.max_attempts = v;
+    }
+    if let Some(p) = args.hedge_percentile {
+        config.hedge.enabled = true;
+        config.hedge.percentile = p;
+    }
+    if let Some(v) = args.max_concurrency {
+        config.admission.max_concurrency = v;
+    }
+    if let Some(v) = args.max_queue {
+        config.admission.max_queue = v;
+    }
+    if let Some(v) = args.max_body_bytes {
+        config.requests.max_body_bytes = v;
+    }
+    if let Some(v) = args.scrape_interval_ms {
+        config.scrape.interval_ms = v;
+    }
+    if let Some(v) = args.shutdown_grace_secs {
+        config.shutdown_grace_secs = v;
+    }
+    if args.admin_token.is_some() {
+        config.admin_token.clone_from(&args.admin_token);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let mut config = build_config(args)?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        builder.worker_threads(threads.max(1));
+    }
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let mut engines = Vec::new();
+        if config.endpoints.is_empty() {
+            for i in 0..args.embedded_engines.max(1) {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let engine_config = EngineConfig {
+                    id: format!("engine-{i}"),
+                    time_scale: args.embedded_time_scale,
+                    seed: i as u64,
+                    ..EngineConfig::default()
+                };
+                let engine = kvgate_engine::spawn(engine_config.clone(), listener).await?;
+                let url = format!("http://{}", engine.local_addr());
+                println!("kvgate serve: embedded engine-{i} on {url}");
+                config.endpoints.push(EndpointConfig {
+                    name: Some(format!("engine-{i}")),
+                    model: Some(engine_config.model.clone()),
+                    ..EndpointConfig::from_url(url)
+                });
+                engines.push(engine);
+            }
+        }
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let policy = config.policy.name();
+        let gateway = Gateway::new(config)?;
+        if let Some(path) = &args.config {
+            gateway.watch_config(path.clone());
+        }
+        // One parseable line for scripts and tests that listen on port 0.
+        println!("kvgate serve listening on http://{addr} (policy {policy})");
+        gateway.serve(listener, wait_for_signal()).await?;
+        for engine in engines {
+            engine.shutdown();
+            engine.join().await?;
+        }
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            let _ = ctrl_c.await;
+            return;
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn sglang_spelled_flags_and_policy_set_reach_the_policy() {
+        let cli = Cli::parse_from([
+            "serve",
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--policy",
+            "cache_aware",
+            "--cache-threshold",
+            "0.4",
+            "--balance-abs-threshold",
+            "8",
+            "--policy-set",
+            "load.expiry_ms=700",
+        ]);
+        let config = build_config(&cli.args).unwrap();
+        let kvgate_core::PolicyConfig::CacheAware(c) = &config.policy else {
+            panic!()
+        };
+        assert_eq!(
+            (c.cache_threshold, c.balance_abs_threshold, c.load.expiry_ms),
+            (0.4, 8.0, 700)
+        );
+        let bad = Cli::parse_from([
+            "serve",
+            "--policy",
+            "round_robin",
+            "--cache-threshold",
+            "0.4",
+        ]);
+        assert!(build_config(&bad.args).is_err());
+    }
+}

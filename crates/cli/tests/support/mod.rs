@@ -1,0 +1,183 @@
+//! Real `kvgate engine` and `kvgate serve` processes on free loopback ports, and small HTTP/SSE
+//! helpers. Readiness is the line each process prints once it listens, read with a deadline.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running `kvgate` process, killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Starts `kvgate ARGS` and waits (30 s at most) for the stdout line containing `marker`, whose
+/// `http://...` word is the process's URL.
+pub fn spawn(args: &[&str], marker: &str) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start kvgate");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let marker = marker.to_string();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if line.contains(&marker) {
+                let url = line
+                    .split_whitespace()
+                    .find(|w| w.starts_with("http://"))
+                    .map(str::to_string);
+                let _ = tx.send(url);
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("process did not report its address in time")
+        .expect("no URL in the readiness line");
+    Proc { child, url }
+}
+
+/// `kvgate engine` with a name, time scale and extra flags.
+pub fn engine(id: &str, time_scale: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--id",
+        id,
+        "--model",
+        "test-model",
+        "--time-scale",
+        time_scale,
+        "--seed",
+        "7",
+    ];
+    args.extend_from_slice(extra);
+    spawn(&args, "listening on")
+}
+
+/// `kvgate serve` in front of `engines` with extra flags; waits until `/ready`.
+pub async fn gateway(engines: &[&Proc], extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--scrape-interval-ms",
+        "100",
+    ];
+    for e in engines {
+        args.push("--endpoint");
+        args.push(&e.url);
+    }
+    args.extend_from_slice(extra);
+    let proc = spawn(&args, "kvgate serve listening on");
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get(format!("{}/ready", proc.url)).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "gateway never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proc
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+pub fn chat(messages: serde_json::Value, max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": "test-model",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+}
+
+pub fn user(text: &str) -> serde_json::Value {
+    serde_json::json!([{"role": "user", "content": text}])
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+/// A sample's value in a Prometheus text exposition (first line starting with `prefix`).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Polls `url` until `check(body)` holds, failing after 15 s.
+pub async fn wait_for(url: &str, what: &str, check: impl Fn(&str) -> bool) {
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(r) = client.get(url).send().await {
+            if check(&r.text().await.unwrap_or_default()) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,18 @@
+//! Resilience state machines the gateway drives on real time and the simulator on simulated
+//! time: a sliding-window counter, a retry budget, a per-endpoint circuit breaker, exponential
+//! backoff with full jitter and a hedging delay taken from observed TTFTs.
+//!
+//! Like the policies they are pure: time ([`crate::Nanos`]) and randomness are arguments, so a
+//! test drives them through a scripted timeline and the same seed replays the same waits.
+
+pub mod backoff;
+pub mod breaker;
+pub mod hedge;
+pub mod retry_budget;
+pub mod window;
+
+pub use backoff::Backoff;
+pub use breaker::{Breaker, BreakerConfig, BreakerState};
+pub use hedge::{HedgeConfig, HedgeDelay};
+pub use retry_budget::{RetryBudget, RetryBudgetConfig};
+pub use window::WindowCounter;

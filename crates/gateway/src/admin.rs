@@ -1,0 +1,124 @@
+//! The admin API, mounted only when `admin_token` is set and requiring it as a bearer token:
+//! - `GET /admin/endpoints`: every endpoint's status;
+//! - `POST /admin/endpoints` with an endpoint config (`{"url": ..., "weight": ..., ...}`): add;
+//! - `POST /admin/endpoints/{id}/drain` and `/undrain`: stop or resume new requests;
+//! - `DELETE /admin/endpoints/{id}`: remove (requests already sent there finish).
+
+use crate::config::EndpointConfig;
+use crate::error::ApiError;
+use crate::state::Shared;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvgate_core::EndpointId;
+use std::sync::Arc;
+
+fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    let expected = shared
+        .config
+        .admin_token
+        .as_deref()
+        .ok_or_else(ApiError::unauthorized)?;
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare every byte so the time taken does not reveal the matching prefix length.
+    let same = given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+async fn list(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorize(&s, &headers)?;
+    Ok(Json(serde_json::json!({ "endpoints": s.pool.status() })))
+}
+
+async fn add(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    authorize(&s, &headers)?;
+    let config: EndpointConfig = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("endpoint config: {e}")))?;
+    let mut check = crate::Config::default();
+    check.endpoints.push(config.clone());
+    check
+        .validate()
+        .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?;
+    let id = s.pool.add(config);
+    crate::scrape::spawn(s.clone(), id);
+    Ok((StatusCode::CREATED, Json(serde_json::json!({ "id": id }))))
+}
+
+fn set_draining(
+    s: &Shared,
+    headers: &HeaderMap,
+    id: u32,
+    draining: bool,
+) -> Result<StatusCode, ApiError> {
+    authorize(s, headers)?;
+    if s.pool.set_draining(EndpointId(id), draining) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(missing(id))
+    }
+}
+
+fn missing(id: u32) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        ..ApiError::invalid("endpoint_not_found", format!("no endpoint with id {id}"))
+    }
+}
+
+async fn drain(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<u32>,
+) -> Result<StatusCode, ApiError> {
+    set_draining(&s, &headers, id, true)
+}
+
+async fn undrain(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<u32>,
+) -> Result<StatusCode, ApiError> {
+    set_draining(&s, &headers, id, false)
+}
+
+async fn remove(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<u32>,
+) -> Result<StatusCode, ApiError> {
+    authorize(&s, &headers)?;
+    if s.pool.remove(EndpointId(id)) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(missing(id))
+    }
+}
+
+pub(crate) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/admin/endpoints", get(list).post(add))
+        .route("/admin/endpoints/{id}", axum::routing::delete(remove))
+        .route("/admin/endpoints/{id}/drain", post(drain))
+        .route("/admin/endpoints/{id}/undrain", post(undrain))
+}

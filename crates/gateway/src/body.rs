@@ -1,0 +1,197 @@
+//! The response body handed to the client: the upstream body passed through frame by frame
+//! (no buffering), with the end of the request accounted when the stream ends.
+//!
+//! After the first token nothing is retried (DOMAIN.md §7): if the upstream connection breaks
+//! mid-stream, a server-sent-events response gets one final `data: {"error": ...}` event and
+//! ends; any other response is aborted so the client sees a truncated body, never a silent
+//! success.
+
+use crate::admission::Permit;
+use crate::dispatch::Dispatch;
+use crate::upstream::error_chain;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use kvgate_core::decision::FailureKind;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The pass-through body.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    first: Option<Bytes>,
+    rest: Option<Incoming>,
+    dispatch: Option<Dispatch>,
+    _permit: Option<Permit>,
+    sse: bool,
+    ok: bool,
+    events: u32,
+    usage_tokens: Option<u32>,
+}
+
+impl Tracked {
+    /// Wraps an upstream body whose first frame was already read.
+    pub(crate) fn new(
+        first: Option<Bytes>,
+        rest: Option<Incoming>,
+        dispatch: Dispatch,
+        permit: Permit,
+        sse: bool,
+        ok: bool,
+    ) -> Self {
+        let mut body = Tracked {
+            first: None,
+            rest,
+            dispatch: Some(dispatch),
+            _permit: Some(permit),
+            sse,
+            ok,
+            events: 0,
+            usage_tokens: None,
+        };
+        if let Some(first) = &first {
+            body.inspect(first);
+        }
+        body.first = first;
+        body.finish_if_ended();
+        body
+    }
+
+    fn inspect(&mut self, data: &[u8]) {
+        if self.sse {
+            self.events += count(data, b"data:") - count(data, b"[DONE]");
+        }
+        if let Some(n) = completion_tokens(data) {
+            self.usage_tokens = Some(n);
+        }
+    }
+
+    /// A body of known length is complete once its last byte is read, and a server writing a
+    /// `content-length` response drops the body then without polling it again: account now.
+    fn finish_if_ended(&mut self) {
+        if self.rest.as_ref().is_none_or(Body::is_end_stream) {
+            self.rest = None;
+            self.finish();
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(d) = self.dispatch.take() {
+            let tokens = self.usage_tokens.unwrap_or(self.events);
+            d.complete(self.ok, tokens);
+        }
+        self._permit = None;
+    }
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        let Some(rest) = self.rest.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(rest).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.inspect(&data);
+                }
+                self.finish_if_ended();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                self.rest = None;
+                self.finish();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.rest = None;
+                let message = error_chain(&e);
+                if let Some(d) = self.dispatch.take() {
+                    d.fail(FailureKind::Connect, None, "stream_error");
+                }
+                self._permit = None;
+                if self.sse {
+                    let event = serde_json::json!({"error": {
+                        "message": format!("upstream stream broke after the first token: {message}"),
+                        "type": "server_error", "param": null, "code": "upstream_stream_error"}});
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
+                        "data: {event}\n\n"
+                    ))))))
+                } else {
+                    Poll::Ready(Some(Err(e.into())))
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        match &self.rest {
+            None => SizeHint::with_exact(first),
+            Some(rest) => {
+                let inner = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + first);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + first);
+                }
+                hint
+            }
+        }
+    }
+}
+
+fn count(haystack: &[u8], needle: &[u8]) -> u32 {
+    if haystack.len() < needle.len() {
+        return 0;
+    }
+    let n = haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The `"completion_tokens": N` of a usage object in `data`, if present.
+fn completion_tokens(data: &[u8]) -> Option<u32> {
+    const KEY: &[u8] = b"\"completion_tokens\"";
+    let at = data.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let rest = &data[at..];
+    let rest = &rest[rest.iter().position(|b| !matches!(b, b' ' | b':'))?..];
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_usage_and_counts_events() {
+        assert_eq!(
+            completion_tokens(br#"{"usage":{"prompt_tokens":3,"completion_tokens": 17}}"#),
+            Some(17)
+        );
+        assert_eq!(completion_tokens(b"{}"), None);
+        assert_eq!(
+            count(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n", b"data:"),
+            3
+        );
+    }
+}

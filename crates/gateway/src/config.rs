@@ -1,0 +1,402 @@
+//! The gateway's configuration: one serde tree (YAML on disk) whose `policy` section is
+//! [`kvgate_core::PolicyConfig`] and whose resilience sections are kvgate-core's own configs.
+//! Command-line flags override the file through [`Config::set_policy_param`] and plain field
+//! assignment; [`Config::validate`] runs after both.
+
+use kvgate_core::resilience::{Backoff, BreakerConfig, HedgeConfig, RetryBudgetConfig};
+use kvgate_core::PolicyConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Everything `kvgate serve` needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// The pool.
+    pub endpoints: Vec<EndpointConfig>,
+    /// The routing policy and its parameters.
+    pub policy: PolicyConfig,
+    /// Request parsing limits and identity headers.
+    pub requests: RequestConfig,
+    /// Retries before the first token.
+    pub retry: RetryConfig,
+    /// Per-endpoint circuit breaker.
+    pub breaker: BreakerConfig,
+    /// Hedged requests.
+    pub hedge: HedgeConfig,
+    /// Concurrency limit and queue.
+    pub admission: AdmissionConfig,
+    /// Engine metrics scraping and health checks.
+    pub scrape: ScrapeConfig,
+    /// How long in-flight streams may run after SIGTERM.
+    pub shutdown_grace_secs: u64,
+    /// Bearer token for `/admin/*`; the admin API is off without one.
+    pub admin_token: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            endpoints: Vec::new(),
+            policy: PolicyConfig::CacheAware(Default::default()),
+            requests: RequestConfig::default(),
+            retry: RetryConfig::default(),
+            breaker: BreakerConfig::default(),
+            hedge: HedgeConfig::default(),
+            admission: AdmissionConfig::default(),
+            scrape: ScrapeConfig::default(),
+            shutdown_grace_secs: 30,
+            admin_token: None,
+        }
+    }
+}
+
+/// One upstream engine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Base URL, `http://host:port` (a trailing `/v1` is accepted and ignored).
+    pub url: String,
+    /// Display name for metrics and the `x-kvgate-endpoint` response header; the URL's
+    /// authority when absent.
+    pub name: Option<String>,
+    /// Relative capacity (1.0 nominal).
+    pub weight: f64,
+    /// The model it serves; discovered from its `/v1/models` when absent.
+    pub model: Option<String>,
+    /// Free-form labels, reported by the admin API.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            url: String::new(),
+            name: None,
+            weight: 1.0,
+            model: None,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+impl EndpointConfig {
+    /// An endpoint at `url` with default settings.
+    pub fn from_url(url: impl Into<String>) -> Self {
+        EndpointConfig {
+            url: url.into(),
+            ..EndpointConfig::default()
+        }
+    }
+
+    /// The base URL without trailing `/` or `/v1`.
+    pub fn base_url(&self) -> &str {
+        let url = self.url.trim_end_matches('/');
+        url.strip_suffix("/v1").unwrap_or(url)
+    }
+
+    /// The name used in metrics and headers.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            let base = self.base_url();
+            base.split_once("://")
+                .map_or(base, |(_, rest)| rest)
+                .to_string()
+        })
+    }
+}
+
+/// Request parsing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestConfig {
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Largest accepted `max_tokens` / `max_completion_tokens`.
+    pub max_tokens_limit: u64,
+    /// Header naming the tenant; else the hashed API key.
+    pub tenant_header: String,
+    /// Header naming the session.
+    pub session_header: String,
+    /// Header carrying the request's deadline in milliseconds from arrival.
+    pub deadline_header: String,
+    /// Header carrying the priority (`interactive` or `batch`).
+    pub priority_header: String,
+}
+
+impl Default for RequestConfig {
+    fn default() -> Self {
+        RequestConfig {
+            max_body_bytes: 8 * 1024 * 1024,
+            max_tokens_limit: 1 << 20,
+            tenant_header: "x-kvgate-tenant".into(),
+            session_header: "x-kvgate-session".into(),
+            deadline_header: "x-kvgate-deadline-ms".into(),
+            priority_header: "x-kvgate-priority".into(),
+        }
+    }
+}
+
+/// Retries before the first token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts per request including the first (hedges not counted).
+    pub max_attempts: u32,
+    /// Waits between attempts.
+    pub backoff: Backoff,
+    /// Cap on retries as a share of traffic.
+    pub budget: RetryBudgetConfig,
+    /// Longest Retry-After honoured, in seconds.
+    pub max_retry_after_secs: u64,
+    /// An attempt without first bytes after this long fails as a timeout and may be retried;
+    /// 0 waits as long as the client does (hedging is the gentler tool for stalls).
+    pub first_token_timeout_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 3,
+            backoff: Backoff::default(),
+            budget: RetryBudgetConfig::default(),
+            max_retry_after_secs: 60,
+            first_token_timeout_ms: 0,
+        }
+    }
+}
+
+/// The pool's concurrency limit and queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Requests in flight upstream at once.
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot; beyond it the gateway answers 429.
+    pub max_queue: usize,
+    /// Longest wait in the queue when the request carries no deadline.
+    pub queue_timeout_ms: u64,
+    /// The Retry-After sent with a 429 from a full queue.
+    pub retry_after_secs: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            max_concurrency: 4096,
+            max_queue: 4096,
+            queue_timeout_ms: 30_000,
+            retry_after_secs: 1,
+        }
+    }
+}
+
+/// Engine metrics scraping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrapeConfig {
+    /// Period of each endpoint's scrape; each loop starts at a random phase within it.
+    pub interval_ms: u64,
+    /// Timeout of one scrape.
+    pub timeout_ms: u64,
+    /// Consecutive failed scrapes after which an endpoint is unhealthy.
+    pub unhealthy_after: u32,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        ScrapeConfig {
+            interval_ms: 500,
+            timeout_ms: 1_000,
+            unhealthy_after: 2,
+        }
+    }
+}
+
+/// A configuration that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The YAML did not parse or had unknown fields.
+    #[error("configuration file: {0}")]
+    Yaml(#[source] serde_yaml::Error),
+    /// A policy parameter is out of range.
+    #[error(transparent)]
+    Policy(#[from] kvgate_core::policy::ConfigError),
+    /// No policy has that name.
+    #[error("unknown policy {0:?}; `kvgate policies` lists them")]
+    UnknownPolicy(String),
+    /// `--policy-set` named a parameter the policy does not have or gave a bad value.
+    #[error("policy parameter {key}={value}: {source}")]
+    PolicyParam {
+        /// The parameter.
+        key: String,
+        /// The value given.
+        value: String,
+        /// Why it was refused.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Some other field is invalid.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+impl Config {
+    /// Parses YAML (unknown fields are errors) and validates.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = serde_yaml::from_str(text).map_err(ConfigError::Yaml)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Replaces the policy by `name` with its defaults, unless it already is that policy.
+    pub fn set_policy(&mut self, name: &str) -> Result<(), ConfigError> {
+        if self.policy.name() != name {
+            self.policy = PolicyConfig::default_for(name)
+                .ok_or_else(|| ConfigError::UnknownPolicy(name.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Sets one policy parameter, `key` possibly dotted (`load.expiry_ms`). The value is read as
+    /// JSON when it parses (numbers, booleans) and as a string otherwise.
+    pub fn set_policy_param(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let err = |source| ConfigError::PolicyParam {
+            key: key.to_string(),
+            value: value.to_string(),
+            source,
+        };
+        let mut tree = serde_json::to_value(&self.policy).map_err(err)?;
+        let parsed = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        let mut node = &mut tree;
+        let mut parts = key.split('.').peekable();
+        while let Some(part) = parts.next() {
+            let map = node
+                .as_object_mut()
+                .ok_or_else(|| err(serde::de::Error::custom(format!("{part} is not a section"))))?;
+            if parts.peek().is_none() {
+                map.insert(part.to_string(), parsed.clone());
+                break;
+            }
+            node = map.entry(part.to_string()).or_insert(serde_json::json!({}));
+        }
+        self.policy = serde_json::from_value(tree).map_err(err)?;
+        Ok(())
+    }
+
+    /// Checks every section.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.policy.validate()?;
+        for (i, e) in self.endpoints.iter().enumerate() {
+            let base = e.base_url();
+            if !(base.starts_with("http://") && base.len() > "http://".len()) {
+                return Err(invalid(
+                    format!("endpoints[{i}].url"),
+                    format!("{:?} must be an http:// URL", e.url),
+                ));
+            }
+            if !(e.weight.is_finite() && e.weight > 0.0) {
+                return Err(invalid(
+                    format!("endpoints[{i}].weight"),
+                    "must be positive",
+                ));
+            }
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(invalid("retry.max_attempts", "must be at least 1"));
+        }
+        if !(self.retry.budget.ratio.is_finite() && self.retry.budget.ratio >= 0.0) {
+            return Err(invalid("retry.budget.ratio", "must not be negative"));
+        }
+        if !(0.0..=1.0).contains(&self.breaker.failure_ratio) {
+            return Err(invalid("breaker.failure_ratio", "must be within 0..=1"));
+        }
+        if !(0.0..=100.0).contains(&self.hedge.percentile) {
+            return Err(invalid("hedge.percentile", "must be within 0..=100"));
+        }
+        if self.admission.max_concurrency == 0 {
+            return Err(invalid("admission.max_concurrency", "must be at least 1"));
+        }
+        if self.requests.max_body_bytes == 0 {
+            return Err(invalid("requests.max_body_bytes", "must be positive"));
+        }
+        if self.scrape.interval_ms == 0 {
+            return Err(invalid("scrape.interval_ms", "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_round_trip_with_policy_section() {
+        let config = Config::from_yaml(
+            "endpoints:\n  - url: http://127.0.0.1:9001/v1\n    weight: 2\n    model: m\n    labels: {zone: a}\npolicy:\n  name: cache_aware\n  cache_threshold: 0.5\n",
+        )
+        .unwrap();
+        assert_eq!(config.endpoints[0].base_url(), "http://127.0.0.1:9001");
+        assert_eq!(config.endpoints[0].display_name(), "127.0.0.1:9001");
+        let PolicyConfig::CacheAware(c) = &config.policy else {
+            panic!("{:?}", config.policy)
+        };
+        assert_eq!(c.cache_threshold, 0.5);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_refused() {
+        assert!(matches!(
+            Config::from_yaml("endpoint: []"),
+            Err(ConfigError::Yaml(_))
+        ));
+        assert!(matches!(
+            Config::from_yaml("policy: {name: cache_aware, cache_treshold: 0.5}"),
+            Err(ConfigError::Yaml(_))
+        ));
+        assert!(matches!(
+            Config::from_yaml("policy: {name: cache_aware, cache_threshold: 2}"),
+            Err(ConfigError::Policy(_))
+        ));
+        assert!(matches!(
+            Config::from_yaml("endpoints: [{url: 'ftp://x'}]"),
+            Err(ConfigError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn policy_params_are_set_by_name_including_nested_ones() {
+        let mut config = Config::default();
+        config.set_policy("cache_aware").unwrap();
+        config
+            .set_policy_param("balance_abs_threshold", "8")
+            .unwrap();
+        config.set_policy_param("load.expiry_ms", "250").unwrap();
+        config.set_policy_param("key", "text").unwrap();
+        let PolicyConfig::CacheAware(c) = &config.policy else {
+            panic!()
+        };
+        assert_eq!(c.balance_abs_threshold, 8.0);
+        assert_eq!(c.load.expiry_ms, 250);
+        config.set_policy("round_robin").unwrap();
+        assert!(config.set_policy_param("cache_threshold", "0.1").is_err());
+        assert!(config.set_policy("nope").is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! The gateway's one API error: every refusal, bad input and upstream failure is rendered as
+//! OpenAI's error object `{"error": {"message", "type", "param", "code"}}` with a fitting status.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answered to the client.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable explanation.
+    pub message: String,
+    /// OpenAI's error `type`.
+    pub kind: &'static str,
+    /// The offending request field, if one.
+    pub param: Option<String>,
+    /// A stable machine-readable code.
+    pub code: &'static str,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Body<'a>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: &'a str,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: String) -> Self {
+        ApiError {
+            status,
+            message,
+            kind,
+            param: None,
+            code,
+            retry_after_secs: None,
+        }
+    }
+
+    /// 400 for a malformed or invalid request.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message.into(),
+        )
+    }
+
+    /// Names the offending field.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// 413 for a body over the limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    /// 404 for a model no endpoint serves.
+    pub fn unknown_model(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model `{model}` does not exist in this pool"),
+        )
+        .with_param("model")
+    }
+
+    /// 429 when the gateway's queue is full.
+    pub fn overloaded(retry_after_secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "queue_full",
+            "the gateway's queue is full; retry later".into(),
+        );
+        e.retry_after_secs = Some(retry_after_secs);
+        e
+    }
+
+    /// 504 for a request that waited in the queue past its deadline.
+    pub fn deadline_exceeded() -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout_error",
+            "deadline_exceeded",
+            "the request's deadline passed while it was queued".into(),
+        )
+    }
+
+    /// 503 when no endpoint can take the request.
+    pub fn no_endpoint(why: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "no_endpoint",
+            format!("no endpoint available: {why}"),
+        )
+    }
+
+    /// 502 when every attempt upstream failed.
+    pub fn upstream(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "upstream_error",
+            message.into(),
+        )
+    }
+
+    /// 401 for the admin API.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid_token",
+            "a valid admin bearer token is required".into(),
+        )
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> String {
+        serde_json::to_string(&Envelope {
+            error: Body {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body(),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_openai_shape() {
+        let e = ApiError::invalid("invalid_type", "bad").with_param("stream");
+        let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "stream", "code": "invalid_type"}})
+        );
+        let r = ApiError::overloaded(3).into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+    }
+}

@@ -1,0 +1,146 @@
+//! kvgate's gateway: an OpenAI-compatible HTTP proxy that picks a replica for every request with
+//! a kvgate-core policy, on live (and honestly stale) engine signals.
+//!
+//! One request: bounded and validated body ([`parse`]) -> admission (concurrency limit, bounded
+//! queue, deadline) -> the policy picks from a snapshot of the pool ([`pool`]) -> the attempt is
+//! sent and, until its first bytes arrive, may be retried elsewhere (connect errors, 5xx, 429
+//! with Retry-After; retry budget, full-jitter backoff, per-endpoint circuit breaker) or hedged
+//! at a TTFT percentile -> the response streams through frame by frame -> the end is reported to
+//! the policy and the metrics. After the first byte nothing is retried.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = kvgate_gateway::Config::default();
+//! config.endpoints.push(kvgate_gateway::EndpointConfig::from_url("http://127.0.0.1:9001"));
+//! let gateway = kvgate_gateway::Gateway::new(config)?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! gateway.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod parse;
+pub mod pool;
+pub mod scrape;
+
+mod admin;
+mod admission;
+mod body;
+mod clock;
+mod dispatch;
+mod proxy;
+mod reload;
+mod server;
+mod state;
+mod upstream;
+
+pub use config::{Config, ConfigError, EndpointConfig};
+pub use error::ApiError;
+pub use pool::EndpointStatus;
+pub use proxy::ENDPOINT_HEADER;
+
+use axum::serve::ListenerExt;
+use state::Shared;
+use std::future::{Future, IntoFuture};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// A configured gateway. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+impl Gateway {
+    /// Validates `config` and builds the gateway (no tasks start until [`Gateway::serve`]).
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        Self::with_seed(config, seed)
+    }
+
+    /// Like [`Gateway::new`] with a fixed random seed (random policies, backoff jitter, phases).
+    pub fn with_seed(config: Config, seed: u64) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Gateway {
+            shared: Shared::new(config, seed),
+        })
+    }
+
+    /// The HTTP routes, for serving or for `oneshot` tests.
+    pub fn router(&self) -> axum::Router {
+        server::router(self.shared.clone())
+    }
+
+    /// Every endpoint's status.
+    pub fn status(&self) -> Vec<EndpointStatus> {
+        self.shared.pool.status()
+    }
+
+    /// The Prometheus exposition of the gateway's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.encode()
+    }
+
+    /// Reloads endpoints and policy from `path` whenever it changes (polled every second).
+    /// Call before or after [`Gateway::serve`]; must run inside a tokio runtime.
+    pub fn watch_config(&self, path: PathBuf) {
+        reload::spawn(self.shared.clone(), path, Duration::from_secs(1));
+    }
+
+    /// Starts the scrape loops and periodic upkeep, then serves on `listener` until `shutdown`
+    /// completes; after that it stops accepting, marks itself not ready, and lets in-flight
+    /// requests finish for up to `shutdown_grace_secs` before returning.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let shared = self.shared.clone();
+        for status in shared.pool.status() {
+            scrape::spawn(shared.clone(), status.id);
+        }
+        let upkeep = shared.clone();
+        let mut stop = shared.stop.subscribe();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { upkeep.pool.maintain(); upkeep.pool.status(); }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+        let (grace_tx, mut grace_rx) = tokio::sync::watch::channel(false);
+        let on_shutdown = shared.clone();
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let server = axum::serve(listener, self.router()).with_graceful_shutdown(async move {
+            shutdown.await;
+            on_shutdown.draining.store(true, Ordering::Relaxed);
+            let _ = on_shutdown.stop.send(true);
+            let _ = grace_tx.send(true);
+        });
+        let grace = Duration::from_secs(shared.config.shutdown_grace_secs);
+        tokio::select! {
+            result = server.into_future() => result,
+            () = async {
+                if grace_rx.wait_for(|&v| v).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(grace).await;
+            } => {
+                eprintln!("kvgate serve: grace period over; closing the remaining connections");
+                Ok(())
+            }
+        }
+    }
+}

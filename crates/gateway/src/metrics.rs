@@ -1,0 +1,289 @@
+//! The gateway's own Prometheus metrics, every name prefixed `kvgate_` with its unit in the name
+//! (DESIGN.md "Decisions already taken"). Encoded with the `prometheus-client` crate.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// `outcome`, `policy` and `endpoint` of a finished request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `ok`, `upstream_error`, `stream_error`, `cancelled`, `client_error`, `no_endpoint`,
+    /// `queue_full` or `deadline`.
+    pub outcome: &'static str,
+    /// The policy's name.
+    pub policy: &'static str,
+    /// The endpoint that answered, or `none`.
+    pub endpoint: String,
+}
+
+/// One label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    /// The endpoint's name.
+    pub endpoint: String,
+}
+
+/// A policy's pick reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PickLabels {
+    /// The policy.
+    pub policy: &'static str,
+    /// [`kvgate_core::Reason::label`].
+    pub reason: &'static str,
+}
+
+/// Why something happened.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// The policy in force.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    /// Its name.
+    pub policy: &'static str,
+}
+
+/// Scrape result per endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScrapeLabels {
+    /// The endpoint.
+    pub endpoint: String,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+fn decision_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-7, 2.0, 20))
+}
+
+/// Every metric the gateway exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Finished requests.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Gateway-side time to first token.
+    pub ttft: Histograms<PolicyLabel>,
+    /// Time per output token after the first.
+    pub tpot: Histograms<PolicyLabel>,
+    /// End to end latency.
+    pub e2e: Histograms<PolicyLabel>,
+    /// Retries by cause.
+    pub retries: Family<ReasonLabel, Counter>,
+    /// Retries refused by the budget or the attempt limit.
+    pub retries_denied: Family<ReasonLabel, Counter>,
+    /// Hedges launched and won.
+    pub hedges: Family<ReasonLabel, Counter>,
+    /// Breaker state per endpoint (0 closed, 1 half-open, 2 open).
+    pub breaker: Family<EndpointLabel, Gauge>,
+    /// Whether an endpoint is routable (1) or not (0).
+    pub endpoint_up: Family<EndpointLabel, Gauge>,
+    /// Requests this gateway has in flight per endpoint.
+    pub inflight: Family<EndpointLabel, Gauge>,
+    /// Requests waiting for an admission slot.
+    pub queue_depth: Gauge,
+    /// Time spent waiting for admission.
+    pub queue_wait: Histogram,
+    /// Policy picks by reason.
+    pub picks: Family<PickLabels, Counter>,
+    /// Time the policy took to decide.
+    pub decision: Histogram,
+    /// Queued plus in-flight requests: the autoscaling signal.
+    pub pending: Gauge,
+    /// Engine metric scrapes.
+    pub scrapes: Family<ScrapeLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kvgate");
+        let requests = Family::default();
+        registry.register("requests", "Finished requests by outcome", requests.clone());
+        let hist =
+            || -> Histograms<PolicyLabel> { Family::new_with_constructor(latency_histogram) };
+        let (ttft, tpot, e2e) = (hist(), hist(), hist());
+        registry.register_with_unit(
+            "ttft",
+            "Gateway-side time to first token by policy",
+            Unit::Seconds,
+            ttft.clone(),
+        );
+        registry.register_with_unit(
+            "tpot",
+            "Time per output token after the first, by policy",
+            Unit::Seconds,
+            tpot.clone(),
+        );
+        registry.register_with_unit(
+            "e2e",
+            "End-to-end request latency by policy",
+            Unit::Seconds,
+            e2e.clone(),
+        );
+        let retries = Family::default();
+        registry.register(
+            "retries",
+            "Retries before the first token, by cause",
+            retries.clone(),
+        );
+        let retries_denied = Family::default();
+        registry.register(
+            "retries_denied",
+            "Retries not made: budget exhausted or attempts used up",
+            retries_denied.clone(),
+        );
+        let hedges = Family::default();
+        registry.register("hedges", "Hedged attempts launched and won", hedges.clone());
+        let breaker = Family::default();
+        registry.register(
+            "breaker_state",
+            "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open",
+            breaker.clone(),
+        );
+        let endpoint_up = Family::default();
+        registry.register(
+            "endpoint_up",
+            "1 when the endpoint is routable",
+            endpoint_up.clone(),
+        );
+        let inflight = Family::default();
+        registry.register(
+            "inflight_requests",
+            "Requests in flight per endpoint",
+            inflight.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "Requests waiting for admission",
+            queue_depth.clone(),
+        );
+        let queue_wait = latency_histogram();
+        registry.register_with_unit(
+            "queue_wait",
+            "Time spent waiting for admission",
+            Unit::Seconds,
+            queue_wait.clone(),
+        );
+        let picks = Family::default();
+        registry.register(
+            "picks",
+            "Policy decisions by reason (affinity, balance, load, ...)",
+            picks.clone(),
+        );
+        let decision = decision_histogram();
+        registry.register_with_unit(
+            "decision",
+            "Time the policy took to choose an endpoint",
+            Unit::Seconds,
+            decision.clone(),
+        );
+        let pending = Gauge::default();
+        registry.register(
+            "pending_requests",
+            "Queued plus in-flight requests: an autoscaling signal",
+            pending.clone(),
+        );
+        let scrapes = Family::default();
+        registry.register(
+            "scrapes",
+            "Engine metric scrapes by result",
+            scrapes.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            ttft,
+            tpot,
+            e2e,
+            retries,
+            retries_denied,
+            hedges,
+            breaker,
+            endpoint_up,
+            inflight,
+            queue_depth,
+            queue_wait,
+            picks,
+            decision,
+            pending,
+            scrapes,
+        }
+    }
+
+    /// Counts one finished request.
+    pub fn request(&self, outcome: &'static str, policy: &'static str, endpoint: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                outcome,
+                policy,
+                endpoint: endpoint.to_string(),
+            })
+            .inc();
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// A label value for one reason.
+pub fn reason(reason: &'static str) -> ReasonLabel {
+    ReasonLabel { reason }
+}
+
+/// A label value for one endpoint.
+pub fn endpoint(name: &str) -> EndpointLabel {
+    EndpointLabel {
+        endpoint: name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix_and_units() {
+        let m = Metrics::new();
+        m.request("ok", "round_robin", "e0");
+        m.ttft
+            .get_or_create(&PolicyLabel {
+                policy: "round_robin",
+            })
+            .observe(0.01);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kvgate_requests_total{outcome=\"ok\",policy=\"round_robin\",endpoint=\"e0\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("kvgate_ttft_seconds_bucket"), "{text}");
+        assert!(text.contains("kvgate_pending_requests"), "{text}");
+    }
+}

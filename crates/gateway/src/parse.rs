@@ -1,0 +1,281 @@
+//! Reading an inference request: bounded body, UTF-8, JSON, field types and limits, then the
+//! [`kvgate_core::Request`] a policy sees. The body itself is forwarded byte for byte.
+//!
+//! The prefix key is a stable serialisation of what an engine's prefix cache would see first:
+//! tool definitions, then every message in order (system, earlier turns, the new turn) for chat,
+//! or the prompt for completions. Two turns of one conversation therefore share a text prefix
+//! (DOMAIN.md §5: prefix caching keys on the leading tokens).
+
+use crate::config::RequestConfig;
+use crate::error::ApiError;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use kvgate_core::request::estimate_tokens;
+use kvgate_core::{Priority, Prompt, Request};
+use serde_json::{Map, Value};
+use std::fmt::Write as _;
+use std::time::Duration;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Which OpenAI API a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completions,
+}
+
+impl Api {
+    /// The upstream path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A validated inference request.
+#[derive(Clone, Debug)]
+pub struct Inference {
+    /// Which API.
+    pub api: Api,
+    /// The body, forwarded unchanged.
+    pub body: Bytes,
+    /// Whether the client asked for SSE.
+    pub stream: bool,
+    /// The routing view (id assigned later).
+    pub request: Request,
+    /// How long the request may wait in the gateway's queue, if the client said.
+    pub deadline: Option<Duration>,
+}
+
+/// Validates `body` and `headers` for `api`.
+pub fn parse(
+    api: Api,
+    headers: &HeaderMap,
+    body: Bytes,
+    limits: &RequestConfig,
+) -> Result<Inference, ApiError> {
+    if body.len() > limits.max_body_bytes {
+        return Err(ApiError::too_large(limits.max_body_bytes));
+    }
+    if let Err(e) = std::str::from_utf8(&body) {
+        return Err(ApiError::invalid(
+            "invalid_encoding",
+            format!("the body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        ));
+    }
+    let value: Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::invalid(
+            "invalid_type",
+            "the body must be a JSON object",
+        ));
+    };
+    let model = optional_str(&fields, "model")?.map(str::to_string);
+    let stream = match fields.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(type_error("stream", "a boolean")),
+    };
+    let max_output_tokens = max_tokens(&fields, limits.max_tokens_limit)?;
+    let text = match api {
+        Api::Chat => chat_prefix(&fields)?,
+        Api::Completions => completion_prefix(&fields)?,
+    };
+    let prompt_tokens = estimate_tokens(&text);
+    let request = Request {
+        id: 0,
+        tenant: tenant(headers, &limits.tenant_header),
+        session: header_str(headers, &limits.session_header).map(str::to_string),
+        model,
+        prompt: Prompt {
+            text: Some(text),
+            tokens: None,
+        },
+        prompt_tokens,
+        max_output_tokens,
+        reasoning_effort: None,
+        priority: match header_str(headers, &limits.priority_header) {
+            Some("batch") => Priority::Batch,
+            _ => Priority::Interactive,
+        },
+    };
+    let deadline = match header_str(headers, &limits.deadline_header) {
+        None => None,
+        Some(v) => Some(Duration::from_millis(v.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                "invalid_header",
+                format!(
+                    "{} must be a whole number of milliseconds",
+                    limits.deadline_header
+                ),
+            )
+        })?)),
+    };
+    Ok(Inference {
+        api,
+        body,
+        stream,
+        request,
+        deadline,
+    })
+}
+
+fn type_error(param: &str, expected: &str) -> ApiError {
+    ApiError::invalid("invalid_type", format!("`{param}` must be {expected}")).with_param(param)
+}
+
+fn optional_str<'a>(
+    fields: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, ApiError> {
+    match fields.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(type_error(key, "a string")),
+    }
+}
+
+fn max_tokens(fields: &Map<String, Value>, limit: u64) -> Result<Option<u32>, ApiError> {
+    let mut out = None;
+    for key in ["max_tokens", "max_completion_tokens"] {
+        match fields.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) if (1..=limit).contains(&v) => {
+                    out = Some(u32::try_from(v).unwrap_or(u32::MAX));
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "invalid_value",
+                        format!("`{key}` must be an integer between 1 and {limit}, got {n}"),
+                    )
+                    .with_param(key))
+                }
+            },
+            Some(_) => return Err(type_error(key, "an integer")),
+        }
+    }
+    Ok(out)
+}
+
+fn chat_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {
+    let messages = match fields.get("messages") {
+        None | Some(Value::Null) => {
+            return Err(
+                ApiError::invalid("missing_required_parameter", "`messages` is required")
+                    .with_param("messages"),
+            )
+        }
+        Some(Value::Array(m)) if m.is_empty() => {
+            return Err(
+                ApiError::invalid("invalid_value", "`messages` must not be empty")
+                    .with_param("messages"),
+            )
+        }
+        Some(Value::Array(m)) => m,
+        Some(_) => return Err(type_error("messages", "an array of messages")),
+    };
+    let mut text = String::with_capacity(256);
+    match fields.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(tools @ Value::Array(_)) => {
+            let _ = writeln!(text, "<|tools|>{tools}");
+        }
+        Some(_) => return Err(type_error("tools", "an array")),
+    }
+    for (i, message) in messages.iter().enumerate() {
+        let Value::Object(m) = message else {
+            return Err(type_error(&format!("messages[{i}]"), "an object"));
+        };
+        let Some(Value::String(role)) = m.get("role") else {
+            return Err(type_error(&format!("messages[{i}].role"), "a string"));
+        };
+        let _ = write!(text, "<|{role}|>");
+        if let Some(Value::String(name)) = m.get("name") {
+            let _ = write!(text, "{name}: ");
+        }
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => text.push_str(s),
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    match part.get("text") {
+                        Some(Value::String(s)) => text.push_str(s),
+                        _ => {
+                            let _ = write!(text, "{part}");
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(type_error(
+                    &format!("messages[{i}].content"),
+                    "a string or an array of parts",
+                ))
+            }
+        }
+        if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+            let _ = write!(text, "{calls}");
+        }
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+fn completion_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {
+    let bad = || {
+        type_error(
+            "prompt",
+            "a string, an array of strings or an array of token ids",
+        )
+    };
+    match fields.get("prompt") {
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            "missing_required_parameter",
+            "`prompt` is required",
+        )
+        .with_param("prompt")),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(items)) => {
+            let mut text = String::new();
+            for item in items {
+                match item {
+                    Value::String(s) => text.push_str(s),
+                    Value::Number(n) if n.is_u64() => {
+                        let _ = write!(text, "<{n}>");
+                    }
+                    _ => return Err(bad()),
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty())
+}
+
+/// The tenant: the tenant header when present, else a hash of the bearer API key (the key itself
+/// never reaches logs, metrics or the prefix index).
+fn tenant(headers: &HeaderMap, tenant_header: &str) -> Option<String> {
+    if let Some(t) = header_str(headers, tenant_header) {
+        return Some(t.to_string());
+    }
+    let auth = header_str(headers, header::AUTHORIZATION.as_str())?;
+    let key = auth.strip_prefix("Bearer ").unwrap_or(auth).trim();
+    (!key.is_empty()).then(|| format!("key:{:016x}", xxh3_64(key.as_bytes())))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+use super::*;
+use crate::Config;
+
+fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<EndpointId>) {
+    let mut config = Config::default();
+    config.set_policy(policy).unwrap();
+    config.breaker.min_requests = 2;
+    let pool = Pool::new(
+        &config.policy,
+        &config,
+        Clock::new(),
+        Arc::new(Metrics::new()),
+        7,
+    );
+    let ids = endpoints
+        .iter()
+        .map(|(url, model)| {
+            pool.add(EndpointConfig {
+                model: model.map(str::to_string),
+                ..EndpointConfig::from_url(*url)
+            })
+        })
+        .collect();
+    (pool, ids)
+}
+
+fn request(id: u64, model: Option<&str>) -> Request {
+    Request {
+        model: model.map(str::to_string),
+        ..Request::from_text(id, "hello")
+    }
+}
+
+#[test]
+fn exclusions_drain_and_models_filter_before_the_policy() {
+    let (pool, ids) = pool(
+        "round_robin",
+        &[
+            ("http://a:1", Some("m")),
+            ("http://b:1", Some("m")),
+            ("http://c:1", Some("other")),
+        ],
+    );
+    for i in 0..6 {
+        let t = pool.pick(&request(i, Some("m")), &[ids[0]]).unwrap();
+        assert_eq!(t.id, ids[1], "a is excluded, c serves another model");
+    }
+    assert!(pool.set_draining(ids[1], true));
+    assert_eq!(
+        pool.pick(&request(9, Some("m")), &[ids[0]]).unwrap_err(),
+        Rejection::NoRoutableEndpoint
+    );
+    assert!(pool.serves("other") && !pool.serves("nope"));
+    assert_eq!(pool.models(), vec!["m".to_string(), "other".to_string()]);
+}
+
+#[test]
+fn dispatches_are_in_flight_until_they_end() {
+    let (pool, ids) = pool("least_outstanding", &[("http://a:1", None)]);
+    let t = pool.pick(&request(1, None), &[]).unwrap();
+    pool.pick(&request(2, None), &[]).unwrap();
+    assert_eq!(pool.status()[0].inflight, 2);
+    pool.completed(1, t.id, Nanos(1), 3);
+    pool.failed(2, ids[0], FailureKind::Cancelled, None);
+    assert_eq!(pool.status()[0].inflight, 0);
+}
+
+#[test]
+fn retry_after_and_an_open_breaker_steer_traffic_away() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
+    pool.failed(
+        0,
+        ids[0],
+        FailureKind::Overloaded,
+        Some(Duration::from_secs(60)),
+    );
+    for i in 1..5 {
+        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+    }
+    for i in 10..12 {
+        pool.failed(i, ids[1], FailureKind::ServerError, None);
+    }
+    assert_eq!(
+        pool.status()[1].breaker,
+        kvgate_core::resilience::BreakerState::Open
+    );
+    assert!(pool.pick(&request(20, None), &[]).is_err());
+    assert!(!pool.any_routable());
+}
+
+#[test]
+fn removal_forgets_the_endpoint() {
+    let (pool, ids) = pool("cache_aware", &[("http://a:1", None), ("http://b:1", None)]);
+    pool.pick(&request(1, None), &[]).unwrap();
+    assert!(pool.remove(ids[0]));
+    assert!(!pool.remove(ids[0]));
+    for i in 2..5 {
+        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+    }
+}
+
+#[test]
+fn failed_scrapes_count_only_without_traffic_in_between() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
+    pool.scrape_failed(ids[0], 2);
+    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.scrape_failed(ids[0], 2);
+    assert!(
+        pool.any_routable(),
+        "it answered a request since the last scrape"
+    );
+    pool.scrape_failed(ids[0], 2);
+    pool.scrape_failed(ids[0], 2);
+    assert!(!pool.any_routable());
+    pool.observed(ids[0], None, Nanos(2));
+    assert!(pool.any_routable());
+}
+
+#[test]
+fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
+    pool.reported_health(ids[0], false);
+    pool.first_token(1, ids[0], Nanos(1), false);
+    for i in 2..6 {
+        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+    }
+    pool.reported_health(ids[0], true);
+    let picked: Vec<_> = (6..8)
+        .map(|i| pool.pick(&request(i, None), &[]).unwrap().id)
+        .collect();
+    assert!(picked.contains(&ids[0]));
+}

@@ -1,0 +1,249 @@
+//! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a
+//! random phase so scrapes of a large pool do not arrive together (DOMAIN.md §5.6: signals are
+//! always stale; spreading them keeps the staleness uniform). Each round asks `/health` first: a
+//! 5xx there takes the endpoint out of routing at once. A round that fails to connect or times out
+//! counts towards unhealthy; any HTTP answer counts as alive. Endpoints that do not
+//! name their model are asked once through `/v1/models`.
+//!
+//! Recognised names (summed over label sets, usage the maximum):
+//! - vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//!   `vllm:kv_cache_usage_perc` (older `vllm:gpu_cache_usage_perc`), block counts
+//!   `vllm:num_gpu_blocks` / `vllm:num_free_gpu_blocks` or the `num_gpu_blocks` label of
+//!   `vllm:cache_config_info`;
+//! - SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`.
+
+use crate::state::Shared;
+use axum::http::{Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use kvgate_core::{EndpointId, Observation};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Parses Prometheus text exposition into an observation; `None` when no known metric appears.
+pub fn parse_metrics(text: &str) -> Option<Observation> {
+    let mut obs = Observation::default();
+    let mut seen = false;
+    let mut free: Option<u64> = None;
+    let mut total: Option<u64> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, labels, rest) = match line.find(['{', ' ']) {
+            Some(i) if line.as_bytes()[i] == b'{' => {
+                let Some(close) = line.rfind('}') else {
+                    continue;
+                };
+                (&line[..i], &line[i + 1..close], &line[close + 1..])
+            }
+            Some(i) => (&line[..i], "", &line[i..]),
+            None => continue,
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if !value.is_finite() {
+            continue;
+        }
+        let count = value.max(0.0) as u32;
+        match name {
+            "vllm:num_requests_running" | "sglang:num_running_reqs" => {
+                obs.running = obs.running.saturating_add(count);
+            }
+            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => {
+                obs.waiting = obs.waiting.saturating_add(count);
+            }
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
+                obs.kv_usage = obs.kv_usage.max(value.clamp(0.0, 1.0));
+            }
+            "vllm:num_gpu_blocks" => *total.get_or_insert(0) += value as u64,
+            "vllm:num_free_gpu_blocks" => *free.get_or_insert(0) += value as u64,
+            "vllm:cache_config_info" => {
+                if let Some(blocks) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
+                    total.get_or_insert(blocks);
+                }
+                continue;
+            }
+            _ => continue,
+        }
+        seen = true;
+    }
+    obs.total_blocks = total;
+    obs.free_blocks = free;
+    (seen || total.is_some()).then_some(obs)
+}
+
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"'))
+    })
+}
+
+/// The model ids in an OpenAI `/v1/models` answer.
+pub fn parse_models(body: &[u8]) -> Vec<String> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    value["data"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Bytes), ()> {
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(format!("{base}{path}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|_| ())?;
+    let timeout = Duration::from_millis(shared.config.scrape.timeout_ms);
+    let fetch = async {
+        let response = shared.client.request(request).await.map_err(|_| ())?;
+        let status = response.status();
+        let body = http_body_util::Limited::new(response.into_body(), 4 * 1024 * 1024)
+            .collect()
+            .await
+            .map_err(|_| ())?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, fetch).await.map_err(|_| ())?
+}
+
+/// Scrapes one endpoint now.
+pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
+    let Some(base) = shared.pool.base_of(id) else {
+        return false;
+    };
+    let sent_at = shared.pool.clock().now();
+    let name = shared
+        .pool
+        .name_of(id)
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    // The engine's own verdict first: vLLM and SGLang answer /health with 200 when serving and
+    // 5xx when not (the emulated engine's `drain` fault too). No /health (404) says nothing.
+    let health = get(shared, &base, "/health").await;
+    if let Ok((status, _)) = &health {
+        shared.pool.reported_health(id, !status.is_server_error());
+    }
+    let metrics = match health {
+        Ok(_) => get(shared, &base, "/metrics").await,
+        Err(()) => Err(()),
+    };
+    match metrics {
+        Ok((status, body)) => {
+            let observation = status
+                .is_success()
+                .then(|| std::str::from_utf8(&body).ok().and_then(parse_metrics))
+                .flatten();
+            shared.pool.observed(id, observation, sent_at);
+            shared
+                .metrics
+                .scrapes
+                .get_or_create(&crate::metrics::ScrapeLabels {
+                    endpoint: name,
+                    result: "ok",
+                })
+                .inc();
+        }
+        Err(()) => {
+            shared
+                .pool
+                .scrape_failed(id, shared.config.scrape.unhealthy_after);
+            shared
+                .metrics
+                .scrapes
+                .get_or_create(&crate::metrics::ScrapeLabels {
+                    endpoint: name,
+                    result: "error",
+                })
+                .inc();
+            return true;
+        }
+    }
+    if shared.pool.needs_models(id) {
+        if let Ok((status, body)) = get(shared, &base, "/v1/models").await {
+            let models = parse_models(&body);
+            if status.is_success() && !models.is_empty() {
+                shared.pool.set_models(id, models);
+            }
+        }
+    }
+    true
+}
+
+/// Starts the scrape loop of one endpoint; it ends when the endpoint leaves the pool or the
+/// gateway stops.
+pub(crate) fn spawn(shared: Arc<Shared>, id: EndpointId) {
+    let mut stop = shared.stop.subscribe();
+    tokio::spawn(async move {
+        let interval = Duration::from_millis(shared.config.scrape.interval_ms);
+        // First scrape at once (a new endpoint needs its model and health), then a random phase.
+        if !scrape_once(&shared, id).await {
+            return;
+        }
+        let mut next = tokio::time::Instant::now() + shared.pool.jitter(interval);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                _ = stop.changed() => return,
+            }
+            next += interval;
+            if !scrape_once(&shared, id).await {
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_names() {
+        let text = "# HELP vllm:num_requests_running x\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+            vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n\
+            vllm:prompt_tokens_total{model_name=\"m\"} 77\n";
+        let obs = parse_metrics(text).unwrap();
+        assert_eq!((obs.running, obs.waiting), (3, 2));
+        assert_eq!(obs.kv_usage, 0.25);
+        assert_eq!(obs.total_blocks, Some(1000));
+        assert_eq!(obs.used_blocks(), Some(250));
+    }
+
+    #[test]
+    fn reads_sglang_names_and_sums_label_sets() {
+        let text =
+            "sglang:num_running_reqs{tp_rank=\"0\"} 4\nsglang:num_running_reqs{tp_rank=\"1\"} 1\n\
+            sglang:num_queue_reqs 7 1700000000\nsglang:token_usage 0.5\n";
+        let obs = parse_metrics(text).unwrap();
+        assert_eq!((obs.running, obs.waiting, obs.kv_usage), (5, 7, 0.5));
+        assert!(parse_metrics("other_metric 1\n").is_none());
+    }
+
+    #[test]
+    fn reads_model_lists() {
+        assert_eq!(
+            parse_models(br#"{"object":"list","data":[{"id":"a"},{"id":"b"}]}"#),
+            vec!["a", "b"]
+        );
+        assert!(parse_models(b"nope").is_empty());
+    }
+}

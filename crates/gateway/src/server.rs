@@ -1,0 +1,133 @@
+//! The HTTP front: routes, the one inference extractor, and serving with graceful shutdown.
+
+use crate::error::ApiError;
+use crate::parse::{self, Api, Inference};
+use crate::state::Shared;
+use crate::{admin, proxy};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A validated inference request and its headers: the single extractor through which every
+/// inference body passes, so every bad input gets the same OpenAI-shaped error.
+#[derive(Debug)]
+pub(crate) struct Validated {
+    pub(crate) inference: Inference,
+    pub(crate) headers: HeaderMap,
+}
+
+impl FromRequest<Arc<Shared>> for Validated {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<Shared>) -> Result<Self, ApiError> {
+        let api = if req.uri().path().ends_with("/chat/completions") {
+            Api::Chat
+        } else {
+            Api::Completions
+        };
+        let limits = &state.config.requests;
+        let (parts, body) = req.into_parts();
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let reject = |e: ApiError| {
+            state
+                .metrics
+                .request("client_error", state.pool.policy_name(), "none");
+            e
+        };
+        if declared.is_some_and(|n| n > limits.max_body_bytes) {
+            return Err(reject(ApiError::too_large(limits.max_body_bytes)));
+        }
+        let bytes = axum::body::to_bytes(body, limits.max_body_bytes)
+            .await
+            .map_err(|e| {
+                let over = std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                reject(if over {
+                    ApiError::too_large(limits.max_body_bytes)
+                } else {
+                    ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
+                })
+            })?;
+        let inference = parse::parse(api, &parts.headers, bytes, limits).map_err(reject)?;
+        Ok(Validated {
+            inference,
+            headers: parts.headers,
+        })
+    }
+}
+
+async fn inference(State(shared): State<Arc<Shared>>, v: Validated) -> Response {
+    match proxy::handle(shared, v.inference, &v.headers).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = shared
+        .pool
+        .models()
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvgate"}))
+        .collect();
+    Json(serde_json::json!({"object": "list", "data": data}))
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn ready(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
+    if shared.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else if shared.pool.any_routable() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no routable endpoint")
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    shared.pool.status(); // refreshes per-endpoint gauges
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.encode(),
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        ..ApiError::invalid("unknown_url", "no such route")
+    }
+}
+
+/// Every route of the gateway.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let mut router = Router::new()
+        .route("/v1/chat/completions", post(inference))
+        .route("/v1/completions", post(inference))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found);
+    if shared.config.admin_token.is_some() {
+        router = router.merge(admin::router());
+    }
+    // The extractor enforces its own limit with a clear error; lift axum's default 2 MB cap.
+    router
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(shared)
+}

@@ -1,0 +1,54 @@
+//! What every handler and background task shares.
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pool::{Clock, Pool};
+use crate::upstream::{self, HttpClient};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// The gateway's shared state.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The configuration the gateway started with (endpoints and policy may change since).
+    pub(crate) config: Config,
+    /// Endpoints, policy, ledger.
+    pub(crate) pool: Pool,
+    /// Metrics.
+    pub(crate) metrics: Arc<Metrics>,
+    /// The upstream client.
+    pub(crate) client: HttpClient,
+    /// The concurrency gate.
+    pub(crate) admission: Admission,
+    /// Set once SIGTERM (or the caller's shutdown future) fired: `/ready` turns 503.
+    pub(crate) draining: AtomicBool,
+    /// Request ids.
+    pub(crate) next_request: AtomicU64,
+    /// Tells background tasks to stop.
+    pub(crate) stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    /// Builds the state; endpoints from `config` are added to the pool.
+    pub(crate) fn new(config: Config, seed: u64) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let clock = Clock::new();
+        let pool = Pool::new(&config.policy, &config, clock, metrics.clone(), seed);
+        for e in &config.endpoints {
+            pool.add(e.clone());
+        }
+        let (stop, _) = watch::channel(false);
+        Arc::new(Shared {
+            admission: Admission::new(config.admission.clone(), metrics.clone()),
+            pool,
+            metrics,
+            client: upstream::client(),
+            draining: AtomicBool::new(false),
+            next_request: AtomicU64::new(1),
+            stop,
+            config,
+        })
+    }
+}

@@ -1,0 +1,228 @@
+//! One attempt upstream: send the body, wait for the response head and then for the first body
+//! bytes. The retry window closes with those first bytes (DOMAIN.md §7: before the first token a
+//! request can move; after it, never), so an attempt succeeds only once data has arrived.
+
+use crate::parse::Api;
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use kvgate_core::decision::FailureKind;
+use std::time::Duration;
+
+/// The pooled keep-alive HTTP/1.1 client shared by every request and scrape.
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Builds the client: TCP_NODELAY, 90 s idle keep-alive, up to 1,024 idle connections per host.
+pub(crate) fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// The client headers an engine may need: its API key, the accepted encodings of the answer,
+/// and trace context (W3C `traceparent`/`tracestate`, `x-request-id`).
+const FORWARDED: [&str; 5] = [
+    "authorization",
+    "accept",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+
+/// The subset of `headers` forwarded upstream.
+pub(crate) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in FORWARDED {
+        if let Some(v) = headers.get(name) {
+            out.insert(name, v.clone());
+        }
+    }
+    out
+}
+
+/// An upstream response whose first body bytes (or end) have arrived.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    /// Status and headers.
+    pub(crate) head: axum::http::response::Parts,
+    /// The first data frame, if the body was not empty.
+    pub(crate) first: Option<Bytes>,
+    /// The rest of the body; `None` when it already ended.
+    pub(crate) rest: Option<Incoming>,
+}
+
+/// Why an attempt failed before its first bytes.
+#[derive(Debug)]
+pub(crate) enum AttemptError {
+    /// No connection, or it broke before the response head.
+    Connect(String),
+    /// A 5xx or 429, with its Retry-After and body.
+    Status {
+        /// The status.
+        status: StatusCode,
+        /// Parsed Retry-After.
+        retry_after: Option<Duration>,
+        /// The response headers.
+        headers: HeaderMap,
+        /// The (bounded) body.
+        body: Bytes,
+    },
+    /// The connection broke after the head but before any body bytes.
+    Dropped(String),
+    /// No first bytes within `retry.first_token_timeout_ms`.
+    Timeout(std::time::Duration),
+}
+
+impl AttemptError {
+    /// The failure as kvgate-core names it.
+    pub(crate) fn kind(&self) -> FailureKind {
+        match self {
+            AttemptError::Connect(_) | AttemptError::Dropped(_) => FailureKind::Connect,
+            AttemptError::Timeout(_) => FailureKind::Timeout,
+            AttemptError::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
+                FailureKind::Overloaded
+            }
+            AttemptError::Status { .. } => FailureKind::ServerError,
+        }
+    }
+
+    /// A short metric label.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            AttemptError::Connect(_) => "connect",
+            AttemptError::Dropped(_) => "dropped",
+            AttemptError::Timeout(_) => "timeout",
+            AttemptError::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
+                "429"
+            }
+            AttemptError::Status { .. } => "5xx",
+        }
+    }
+
+    /// The Retry-After the endpoint asked for.
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AttemptError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttemptError::Connect(e) => write!(f, "connection failed: {e}"),
+            AttemptError::Status { status, .. } => write!(f, "upstream answered {status}"),
+            AttemptError::Dropped(e) => write!(f, "connection lost before the first token: {e}"),
+            AttemptError::Timeout(d) => write!(f, "no first token within {d:?}"),
+        }
+    }
+}
+
+/// Sends one attempt and waits for its first body bytes.
+pub(crate) async fn attempt(
+    client: &HttpClient,
+    base: &str,
+    api: Api,
+    body: Bytes,
+    forwarded: &HeaderMap,
+    max_retry_after: Duration,
+) -> Result<Ready, AttemptError> {
+    let uri = format!("{base}{}", api.path());
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .map_err(|e| AttemptError::Connect(e.to_string()))?;
+    for (name, value) in forwarded {
+        request.headers_mut().insert(name, value.clone());
+    }
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| AttemptError::Connect(error_chain(&e)))?;
+    let (head, mut incoming) = response.into_parts();
+    if head.status.is_server_error() || head.status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = head
+            .headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(|s| Duration::from_secs_f64(s).min(max_retry_after));
+        let body = http_body_util::Limited::new(incoming, 64 * 1024)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(AttemptError::Status {
+            status: head.status,
+            retry_after,
+            headers: head.headers,
+            body,
+        });
+    }
+    loop {
+        match incoming.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if data.is_empty() => continue,
+                Ok(data) => {
+                    return Ok(Ready {
+                        head,
+                        first: Some(data),
+                        rest: Some(incoming),
+                    })
+                }
+                Err(_trailers) => continue,
+            },
+            Some(Err(e)) => return Err(AttemptError::Dropped(error_chain(&e))),
+            None => {
+                return Ok(Ready {
+                    head,
+                    first: None,
+                    rest: None,
+                })
+            }
+        }
+    }
+}
+
+/// An error and its causes on one line.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn forwards_the_api_key_and_trace_context_only() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer k"));
+        h.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        h.insert("cookie", HeaderValue::from_static("secret"));
+        h.insert("x-kvgate-tenant", HeaderValue::from_static("t"));
+        let out = forwarded_headers(&h);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["authorization"], "Bearer k");
+        assert!(out.get("cookie").is_none());
+    }
+}
