@@ -135,6 +135,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_progress: bool,
 
+    /// Print no table (for callers that report the returned outcome themselves, such as
+    /// `kvgate demo`); files asked for with --json and --plot are still written.
+    #[arg(long)]
+    pub quiet: bool,
+
     /// random: mean prompt length in tokens.
     #[arg(long, default_value_t = 1024)]
     pub random_input_len: u32,

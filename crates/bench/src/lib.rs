@@ -286,7 +286,9 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
     } else {
         Vec::new()
     };
-    print!("{}", report::table(&results, &capacity, &slo));
+    if !args.quiet {
+        print!("{}", report::table(&results, &capacity, &slo));
+    }
     let outcome = BenchOutcome {
         results,
         capacity,

@@ -1,6 +1,7 @@
 //! `kvgate`: one binary, one subcommand per job. Thin: it parses flags and calls the crates.
 
 mod bench;
+mod demo;
 mod engine;
 mod policies;
 mod serve;
@@ -28,6 +29,8 @@ enum Command {
     Sim(sim::Args),
     /// Open-loop benchmark of OpenAI-compatible endpoints (goodput under an SLO).
     Bench(Box<bench::Args>),
+    /// Compare policies on the same agentic traffic through the gateway, against emulated engines.
+    Demo(demo::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Demo(args) => demo::run(&args),
     }
 }
