@@ -17,16 +17,16 @@ const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 /// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
 /// allocating per block.
 fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    let full = tokens.len() / block_size * block_size;
+    let bytes: Vec<u8> = tokens[..full]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
     let mut parent = ENGINE_HASH_SEED;
-    tokens
-        .chunks_exact(block_size)
+    bytes
+        .chunks_exact(block_size * 4)
         .map(|block| {
-            bytes.clear();
-            for t in block {
-                bytes.extend_from_slice(&t.to_le_bytes());
-            }
-            parent = xxh3_64_with_seed(&bytes, parent);
+            parent = xxh3_64_with_seed(block, parent);
             parent
         })
         .collect()
@@ -73,6 +73,8 @@ pub struct EngineModel {
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     rejected: Vec<u64>,
+    /// Scratch space for the cached blocks found at admission.
+    found: Vec<BlockId>,
     token_events: bool,
     kv_events: bool,
     prefix_queries_tokens: u64,
@@ -95,6 +97,7 @@ impl EngineModel {
             waiting: VecDeque::new(),
             running: Vec::new(),
             rejected: Vec::new(),
+            found: Vec::new(),
             token_events: true,
             kv_events: true,
             prefix_queries_tokens: 0,
@@ -428,29 +431,33 @@ impl EngineModel {
         let seq = &self.seqs[&id];
         // At least one token is computed, so the last token can be sampled.
         let max_hits = (seq.target as usize - 1) / bs;
-        let mut hits = 0;
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
         let mut idle_hits = 0;
         for h in seq.hashes.iter().take(max_hits) {
             match self.pool.lookup(*h) {
-                Some(idle) => {
-                    hits += 1;
+                Some((block, idle)) => {
+                    found.push(block);
                     idle_hits += usize::from(idle);
                 }
                 None => break,
             }
         }
+        let hits = found.len();
         let cached = (hits * bs) as u32;
         let tokens = (seq.target - cached).min(budget.unwrap_or(u32::MAX));
         let need = (cached as usize + tokens as usize).div_ceil(bs) - hits;
         if need + idle_hits > self.pool.available() {
+            self.found = found;
             return None;
         }
         self.waiting.pop_front();
-        let hashes = self.seqs[&id].hashes[..hits].to_vec();
         let mut blocks = Vec::with_capacity((seq.target as usize).div_ceil(bs));
-        for h in hashes {
-            blocks.push(self.pool.acquire_cached(h).expect("checked cached"));
+        for &block in &found {
+            self.pool.acquire(block);
+            blocks.push(block);
         }
+        self.found = found;
         // Evictions here cannot touch this sequence's hits: they are referenced now.
         for _ in 0..need {
             blocks.push(self.allocate(it));
