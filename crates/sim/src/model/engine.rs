@@ -62,6 +62,8 @@ struct Work {
     id: u64,
     tokens: u32,
     decode: bool,
+    /// Context tokens a decode attends to (0 for prefill chunks).
+    context: u32,
 }
 
 /// The engine. See the module documentation of [`crate::model`].
@@ -205,7 +207,7 @@ impl EngineModel {
         for w in &work {
             if w.decode {
                 it.decode_seqs += 1;
-                context_tokens += u64::from(self.seqs[&w.id].computed) + 1;
+                context_tokens += u64::from(w.context);
             } else {
                 it.prefill_tokens += w.tokens;
             }
@@ -215,13 +217,14 @@ impl EngineModel {
             u64::from(it.decode_seqs),
             context_tokens,
         );
-        let mut finished = false;
+        let mut finished = Vec::new();
         for w in work {
-            finished |= self.execute(w, &mut it);
+            if self.execute(w, &mut it) {
+                finished.push(w.id);
+            }
         }
-        if finished {
-            let seqs = &self.seqs;
-            self.running.retain(|id| seqs.contains_key(id));
+        if !finished.is_empty() {
+            self.running.retain(|id| !finished.contains(id));
         }
         Some(it)
     }
@@ -297,11 +300,17 @@ impl EngineModel {
             } else {
                 (1, true)
             };
-            if !self.reserve(i, tokens, it) {
+            let Some(computed) = self.reserve(i, tokens, it) else {
                 break; // `id` itself was preempted: it was last, nothing follows
-            }
+            };
             budget -= tokens;
-            work.push(Work { id, tokens, decode });
+            let context = if decode { computed + 1 } else { 0 };
+            work.push(Work {
+                id,
+                tokens,
+                decode,
+                context,
+            });
             i += 1;
         }
         // Like vLLM, nothing new is admitted in an iteration that had to preempt.
@@ -316,6 +325,7 @@ impl EngineModel {
                     id,
                     tokens,
                     decode: false,
+                    context: 0,
                 });
             }
         }
@@ -330,6 +340,7 @@ impl EngineModel {
                 id,
                 tokens,
                 decode: false,
+                context: 0,
             });
         }
         if work.is_empty() {
@@ -347,6 +358,7 @@ impl EngineModel {
                     id,
                     tokens,
                     decode: false,
+                    context: 0,
                 });
             }
         } else {
@@ -360,39 +372,50 @@ impl EngineModel {
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
-            if !self.reserve(i, 1, it) {
+            let Some(computed) = self.reserve(i, 1, it) else {
                 break;
-            }
+            };
             work.push(Work {
                 id,
                 tokens: 1,
                 decode: true,
+                context: computed + 1,
             });
             i += 1;
         }
     }
 
     /// Makes sure `running[i]` has blocks for `tokens` more tokens, preempting running
-    /// sequences from the back as needed. Returns false when `running[i]` itself had to go.
-    fn reserve(&mut self, i: usize, tokens: u32, it: &mut Iteration) -> bool {
+    /// sequences from the back as needed. Returns the sequence's computed tokens, or `None`
+    /// when `running[i]` itself had to go.
+    fn reserve(&mut self, i: usize, tokens: u32, it: &mut Iteration) -> Option<u32> {
         let id = self.running[i];
         let bs = self.config.block_size;
         loop {
             let seq = &self.seqs[&id];
-            let need = (seq.computed as usize + tokens as usize)
+            let computed = seq.computed;
+            let need = (computed as usize + tokens as usize)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
+            if need == 0 {
+                return Some(computed);
+            }
             if need <= self.pool.available() {
+                let mut fresh = Vec::with_capacity(need);
                 for _ in 0..need {
-                    let block = self.allocate(it);
-                    self.seqs.get_mut(&id).expect("running").blocks.push(block);
+                    fresh.push(self.allocate(it));
                 }
-                return true;
+                self.seqs
+                    .get_mut(&id)
+                    .expect("running")
+                    .blocks
+                    .extend(fresh);
+                return Some(computed);
             }
             let victim = self.running.pop().expect("running is not empty");
             self.preempt(victim, it);
             if victim == id {
-                return false;
+                return None;
             }
         }
     }
