@@ -121,3 +121,41 @@ fn least_outstanding_with_stale_scrapes_still_counts_its_own_dispatches() {
     assert!(gap <= 20, "{assigned:?}");
     assert!(out.skew.samples > 0 && out.skew.max >= out.skew.mean());
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Whatever the policy, fleet shape and scrape regime: every request is dispatched once,
+        /// finishes with all its tokens, counts add up, and nothing is left in flight.
+        #[test]
+        fn every_request_finishes_and_counts_add_up(
+            policy in prop::sample::select(vec![
+                "random", "round_robin", "least_outstanding", "power_of_two", "least_kv",
+                "cache_aware", "prefix_hash", "kv_cost", "consistent_hash", "peak_ewma",
+                "weighted_least_request",
+            ]),
+            replicas in 1usize..5,
+            routers in 1usize..4,
+            scrape in 0u64..20,
+            staggered in any::<bool>(),
+            requests in 1u64..80,
+            rate in 0.05f64..2.0,
+            seed in any::<u64>(),
+        ) {
+            let mut config = fleet(policy, replicas, &[]);
+            config.routers = routers;
+            config.scrape_interval = Nanos(scrape * TICK_NANOS);
+            config.staggered = staggered;
+            let out = go(&config, requests, rate, seed);
+            prop_assert_eq!(out.records.len() as u64 + out.rejected, requests);
+            prop_assert_eq!(out.in_flight, 0);
+            prop_assert!(out.records.iter().all(|r| r.output_tokens == 10 && r.finished.is_some()));
+            prop_assert_eq!(out.replicas.iter().map(|r| r.assigned).sum::<u64>(), requests);
+            prop_assert_eq!(out.output_tokens, 10 * requests);
+        }
+    }
+}
