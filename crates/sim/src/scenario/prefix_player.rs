@@ -218,7 +218,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         "hits",
         "prefill tokens",
         "reduction",
-        "escapes",
+        "escapes (gave up affinity)",
         "final loads",
     ]);
     for r in &results {
