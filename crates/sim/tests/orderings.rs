@@ -238,8 +238,13 @@ fn prefix_player_orderings_hold_over_five_seeds() {
             }
         }
         assert!(
-            n(aware, "escapes") >= 1.0,
+            n(aware, "affinity_escapes") >= 1.0,
             "seed {seed}: the escape is exercised"
+        );
+        assert_eq!(
+            n(aware, "escape_hits"),
+            0.0,
+            "seed {seed}: escaped requests miss"
         );
         // An infinite threshold ends more skewed.
         assert!(

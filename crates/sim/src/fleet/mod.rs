@@ -140,8 +140,15 @@ impl<'c> Sim<'c> {
             .map(|r| Router {
                 policy: config.policy.build(),
                 ledger: InflightLedger::new(),
-                views: (0..n as u32)
-                    .map(|i| EndpointView::new(EndpointId(i)))
+                // The operator knows each replica's relative speed: it is the static weight.
+                views: config
+                    .replicas
+                    .iter()
+                    .enumerate()
+                    .map(|(i, rc)| EndpointView {
+                        weight: if rc.speed > 0.0 { rc.speed } else { 1.0 },
+                        ..EndpointView::new(EndpointId(i as u32))
+                    })
                     .collect(),
                 rng: ChaCha8Rng::seed_from_u64(seed ^ (0x726f_7574_6572 + r as u64)),
             })
@@ -457,3 +464,6 @@ impl<'c> Sim<'c> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

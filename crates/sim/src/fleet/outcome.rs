@@ -53,8 +53,8 @@ pub struct ReplicaOutcome {
     pub preemptions: u64,
 }
 
-/// Running statistics of the true load skew (max minus min outstanding across replicas).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// The true load skew (max minus min outstanding across replicas) sampled over time.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SkewStats {
     /// Samples taken.
     pub samples: u64,
@@ -62,6 +62,8 @@ pub struct SkewStats {
     pub sum: f64,
     /// Largest skew.
     pub max: f64,
+    /// Every sample, in time order.
+    pub series: Vec<u32>,
 }
 
 impl SkewStats {
@@ -70,6 +72,25 @@ impl SkewStats {
         self.samples += 1;
         self.sum += skew;
         self.max = self.max.max(skew);
+        self.series.push(skew as u32);
+    }
+
+    /// The series averaged into `buckets` equal slices of time (fewer when there are fewer
+    /// samples): load skew over time.
+    pub fn over_time(&self, buckets: usize) -> Vec<f64> {
+        let n = self.series.len();
+        let k = buckets.min(n).max(1);
+        if n == 0 {
+            return Vec::new();
+        }
+        (0..k)
+            .map(|b| {
+                let (lo, hi) = (b * n / k, ((b + 1) * n / k).max(b * n / k + 1));
+                let slice = &self.series[lo..hi.min(n)];
+                let mean = slice.iter().map(|&x| f64::from(x)).sum::<f64>() / slice.len() as f64;
+                (mean * 100.0).round() / 100.0
+            })
+            .collect()
     }
 
     /// Mean skew (0 without samples).

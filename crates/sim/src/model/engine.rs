@@ -17,16 +17,16 @@ const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 /// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
 /// allocating per block.
 fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    let full = tokens.len() / block_size * block_size;
+    let bytes: Vec<u8> = tokens[..full]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
     let mut parent = ENGINE_HASH_SEED;
-    tokens
-        .chunks_exact(block_size)
+    bytes
+        .chunks_exact(block_size * 4)
         .map(|block| {
-            bytes.clear();
-            for t in block {
-                bytes.extend_from_slice(&t.to_le_bytes());
-            }
-            parent = xxh3_64_with_seed(&bytes, parent);
+            parent = xxh3_64_with_seed(block, parent);
             parent
         })
         .collect()
@@ -62,6 +62,8 @@ struct Work {
     id: u64,
     tokens: u32,
     decode: bool,
+    /// Context tokens a decode attends to (0 for prefill chunks).
+    context: u32,
 }
 
 /// The engine. See the module documentation of [`crate::model`].
@@ -73,6 +75,8 @@ pub struct EngineModel {
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     rejected: Vec<u64>,
+    /// Scratch space for the cached blocks found at admission.
+    found: Vec<BlockId>,
     token_events: bool,
     kv_events: bool,
     prefix_queries_tokens: u64,
@@ -95,6 +99,7 @@ impl EngineModel {
             waiting: VecDeque::new(),
             running: Vec::new(),
             rejected: Vec::new(),
+            found: Vec::new(),
             token_events: true,
             kv_events: true,
             prefix_queries_tokens: 0,
@@ -202,7 +207,7 @@ impl EngineModel {
         for w in &work {
             if w.decode {
                 it.decode_seqs += 1;
-                context_tokens += u64::from(self.seqs[&w.id].computed) + 1;
+                context_tokens += u64::from(w.context);
             } else {
                 it.prefill_tokens += w.tokens;
             }
@@ -212,13 +217,14 @@ impl EngineModel {
             u64::from(it.decode_seqs),
             context_tokens,
         );
-        let mut finished = false;
+        let mut finished = Vec::new();
         for w in work {
-            finished |= self.execute(w, &mut it);
+            if self.execute(w, &mut it) {
+                finished.push(w.id);
+            }
         }
-        if finished {
-            let seqs = &self.seqs;
-            self.running.retain(|id| seqs.contains_key(id));
+        if !finished.is_empty() {
+            self.running.retain(|id| !finished.contains(id));
         }
         Some(it)
     }
@@ -294,11 +300,17 @@ impl EngineModel {
             } else {
                 (1, true)
             };
-            if !self.reserve(i, tokens, it) {
+            let Some(computed) = self.reserve(i, tokens, it) else {
                 break; // `id` itself was preempted: it was last, nothing follows
-            }
+            };
             budget -= tokens;
-            work.push(Work { id, tokens, decode });
+            let context = if decode { computed + 1 } else { 0 };
+            work.push(Work {
+                id,
+                tokens,
+                decode,
+                context,
+            });
             i += 1;
         }
         // Like vLLM, nothing new is admitted in an iteration that had to preempt.
@@ -313,6 +325,7 @@ impl EngineModel {
                     id,
                     tokens,
                     decode: false,
+                    context: 0,
                 });
             }
         }
@@ -327,6 +340,7 @@ impl EngineModel {
                 id,
                 tokens,
                 decode: false,
+                context: 0,
             });
         }
         if work.is_empty() {
@@ -344,6 +358,7 @@ impl EngineModel {
                     id,
                     tokens,
                     decode: false,
+                    context: 0,
                 });
             }
         } else {
@@ -357,39 +372,50 @@ impl EngineModel {
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
-            if !self.reserve(i, 1, it) {
+            let Some(computed) = self.reserve(i, 1, it) else {
                 break;
-            }
+            };
             work.push(Work {
                 id,
                 tokens: 1,
                 decode: true,
+                context: computed + 1,
             });
             i += 1;
         }
     }
 
     /// Makes sure `running[i]` has blocks for `tokens` more tokens, preempting running
-    /// sequences from the back as needed. Returns false when `running[i]` itself had to go.
-    fn reserve(&mut self, i: usize, tokens: u32, it: &mut Iteration) -> bool {
+    /// sequences from the back as needed. Returns the sequence's computed tokens, or `None`
+    /// when `running[i]` itself had to go.
+    fn reserve(&mut self, i: usize, tokens: u32, it: &mut Iteration) -> Option<u32> {
         let id = self.running[i];
         let bs = self.config.block_size;
         loop {
             let seq = &self.seqs[&id];
-            let need = (seq.computed as usize + tokens as usize)
+            let computed = seq.computed;
+            let need = (computed as usize + tokens as usize)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
+            if need == 0 {
+                return Some(computed);
+            }
             if need <= self.pool.available() {
+                let mut fresh = Vec::with_capacity(need);
                 for _ in 0..need {
-                    let block = self.allocate(it);
-                    self.seqs.get_mut(&id).expect("running").blocks.push(block);
+                    fresh.push(self.allocate(it));
                 }
-                return true;
+                self.seqs
+                    .get_mut(&id)
+                    .expect("running")
+                    .blocks
+                    .extend(fresh);
+                return Some(computed);
             }
             let victim = self.running.pop().expect("running is not empty");
             self.preempt(victim, it);
             if victim == id {
-                return false;
+                return None;
             }
         }
     }
@@ -428,29 +454,33 @@ impl EngineModel {
         let seq = &self.seqs[&id];
         // At least one token is computed, so the last token can be sampled.
         let max_hits = (seq.target as usize - 1) / bs;
-        let mut hits = 0;
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
         let mut idle_hits = 0;
         for h in seq.hashes.iter().take(max_hits) {
             match self.pool.lookup(*h) {
-                Some(idle) => {
-                    hits += 1;
+                Some((block, idle)) => {
+                    found.push(block);
                     idle_hits += usize::from(idle);
                 }
                 None => break,
             }
         }
+        let hits = found.len();
         let cached = (hits * bs) as u32;
         let tokens = (seq.target - cached).min(budget.unwrap_or(u32::MAX));
         let need = (cached as usize + tokens as usize).div_ceil(bs) - hits;
         if need + idle_hits > self.pool.available() {
+            self.found = found;
             return None;
         }
         self.waiting.pop_front();
-        let hashes = self.seqs[&id].hashes[..hits].to_vec();
         let mut blocks = Vec::with_capacity((seq.target as usize).div_ceil(bs));
-        for h in hashes {
-            blocks.push(self.pool.acquire_cached(h).expect("checked cached"));
+        for &block in &found {
+            self.pool.acquire(block);
+            blocks.push(block);
         }
+        self.found = found;
         // Evictions here cannot touch this sequence's hits: they are referenced now.
         for _ in 0..need {
             blocks.push(self.allocate(it));

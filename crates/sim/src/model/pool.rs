@@ -126,20 +126,27 @@ impl BlockPool {
     }
 
     /// The cached block holding `hash`, taking a reference to it (reviving it if idle).
+    #[cfg(test)]
     pub(crate) fn acquire_cached(&mut self, hash: u64) -> Option<BlockId> {
         let id = *self.cached.get(&hash)?;
+        self.acquire(id);
+        Some(id)
+    }
+
+    /// Takes a reference to cached block `id` (reviving it if idle).
+    pub(crate) fn acquire(&mut self, id: BlockId) {
+        debug_assert!(self.blocks[id as usize].hash.is_some());
         if self.blocks[id as usize].idle {
             self.unlink(id);
         }
         self.blocks[id as usize].refs += 1;
-        Some(id)
     }
 
-    /// Whether `hash` is cached: `Some(true)` in an idle block, `Some(false)` in a block in use.
-    pub(crate) fn lookup(&self, hash: u64) -> Option<bool> {
+    /// The block caching `hash` and whether it is idle.
+    pub(crate) fn lookup(&self, hash: u64) -> Option<(BlockId, bool)> {
         self.cached
             .get(&hash)
-            .map(|&id| self.blocks[id as usize].refs == 0)
+            .map(|&id| (id, self.blocks[id as usize].refs == 0))
     }
 
     /// Whether `hash` is in the cache (in use or idle).

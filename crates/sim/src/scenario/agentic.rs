@@ -55,8 +55,14 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         prefix_caching: true,
         cost: CostModel::default(),
     };
+    let speeds = p.list_f64("speeds", &[1.0])?;
     let fleet = FleetConfig {
-        replicas: vec![ReplicaConfig { engine, speed: 1.0 }; replicas],
+        replicas: (0..replicas)
+            .map(|i| ReplicaConfig {
+                engine,
+                speed: speeds[i % speeds.len()],
+            })
+            .collect(),
         routers: p.u64("routers", 2)?.max(1) as usize,
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 50)?),
         staggered: p.bool("staggered", true)?,

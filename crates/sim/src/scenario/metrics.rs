@@ -67,6 +67,8 @@ pub struct PolicyResult {
     pub mean_load_skew: f64,
     /// Largest sampled skew.
     pub max_load_skew: f64,
+    /// Mean sampled skew in each twentieth of the run: load skew over time.
+    pub load_skew_over_time: Vec<f64>,
     /// Preemptions across the fleet.
     pub preemptions: u64,
     /// Decisions by reason label.
@@ -176,6 +178,7 @@ pub fn summarise(
         output_tokens_per_tick: round(out_tokens as f64 / out_window.max(1e-9), 3),
         mean_load_skew: round(outcome.skew.mean(), 3),
         max_load_skew: outcome.skew.max,
+        load_skew_over_time: outcome.skew.over_time(20),
         preemptions: outcome.replicas.iter().map(|r| r.preemptions).sum(),
         reasons: outcome
             .reasons

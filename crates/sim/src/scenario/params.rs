@@ -87,6 +87,24 @@ impl<'a> Params<'a> {
         Ok(v)
     }
 
+    /// A comma-separated list of numbers; `default` when unset.
+    pub fn list_f64(&mut self, key: &str, default: &[f64]) -> Result<Vec<f64>, Error> {
+        let v = match self.raw(key) {
+            None => default.to_vec(),
+            Some(raw) => raw
+                .split(',')
+                .map(|x| x.trim().parse::<f64>().ok().filter(|v| v.is_finite()))
+                .collect::<Option<Vec<f64>>>()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| Error::BadSetting {
+                    key: key.to_string(),
+                    why: format!("{raw:?} is not a comma-separated list of numbers"),
+                })?,
+        };
+        self.echo.insert(key.to_string(), serde_json::json!(v));
+        Ok(v)
+    }
+
     /// One of `choices`.
     pub fn choice(
         &mut self,

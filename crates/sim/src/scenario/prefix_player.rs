@@ -52,7 +52,12 @@ struct PlayerResult {
     hits: u32,
     prefill_tokens: u64,
     prefill_reduction: f64,
+    /// Balance escapes (every decision made because the fleet was imbalanced).
     escapes: u32,
+    /// Escapes that gave up affinity: some replica held the request's prefix (the reference's
+    /// "escaped" requests; a new prefix goes to the least loaded anyway).
+    affinity_escapes: u32,
+    /// Escapes that still hit (the least loaded replica happened to hold the prefix).
     escape_hits: u32,
     final_loads: Vec<u64>,
     assignment_gap: u64,
@@ -82,7 +87,7 @@ fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult 
     let mut loads = vec![0u64; s.replicas];
     let mut unique = UniqueTokens::default();
     let (mut hits, mut prefill, mut queried, mut cached) = (0u32, 0u64, 0u64, 0u64);
-    let (mut escapes, mut escape_hits) = (0u32, 0u32);
+    let (mut escapes, mut affinity_escapes, mut escape_hits) = (0u32, 0u32, 0u32);
     let mut steps = Vec::new();
     for (k, &prefix) in SEQUENCE.iter().enumerate() {
         let now = Nanos(k as u64 * TICK_NANOS);
@@ -115,6 +120,7 @@ fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult 
         let label = route.reason.label();
         if matches!(route.reason, kvgate_core::Reason::BalanceEscape { .. }) {
             escapes += 1;
+            affinity_escapes += u32::from(slots.contains(&Some(prefix)));
             escape_hits += u32::from(hit);
         }
         steps.push(Step {
@@ -142,6 +148,7 @@ fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult 
         prefill_tokens: prefill,
         prefill_reduction: 0.0,
         escapes,
+        affinity_escapes,
         escape_hits,
         final_loads: loads,
         assignment_gap: gap,
@@ -211,7 +218,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         "hits",
         "prefill tokens",
         "reduction",
-        "escapes",
+        "escapes (gave up affinity)",
         "final loads",
     ]);
     for r in &results {
@@ -220,7 +227,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
             format!("{}/{}", r.hits, SEQUENCE.len()),
             r.prefill_tokens.to_string(),
             format!("{}%", num(r.prefill_reduction * 100.0, 1)),
-            r.escapes.to_string(),
+            format!("{} ({})", r.escapes, r.affinity_escapes),
             r.final_loads
                 .iter()
                 .map(u64::to_string)

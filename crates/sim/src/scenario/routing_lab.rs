@@ -13,7 +13,7 @@
 //!   make up 70% of the prompt; 6 slots and 512 KV blocks of 16 tokens per replica, so that a
 //!   replica caches only a few documents and queues form under load; one router reading fresh
 //!   gauges at every decision (`scrape=0`); 2,000 requests (the reference ran 160, too few for
-//!   stable orderings).
+//!   stable orderings). `speeds=1,2` makes replicas heterogeneous (cycled over the replicas).
 //! - "Prompt cache fill" is the share of prompt tokens served from the prefix cache; the
 //!   assignment gap is the largest minus the smallest number of requests a replica received;
 //!   output tokens per tick are counted over the arrival window.
@@ -96,8 +96,14 @@ impl Lab {
             prefix_caching: true,
             cost: CostModel::unit(),
         };
+        let speeds = p.list_f64("speeds", &[1.0])?;
         let fleet = FleetConfig {
-            replicas: vec![ReplicaConfig { engine, speed: 1.0 }; replicas],
+            replicas: (0..replicas)
+                .map(|i| ReplicaConfig {
+                    engine,
+                    speed: speeds[i % speeds.len()],
+                })
+                .collect(),
             routers,
             scrape_interval: Nanos(scrape * TICK_NANOS),
             staggered,

@@ -1,7 +1,7 @@
 //! The staleness lab (DOMAIN.md §5.6): several routers trust the same old snapshot and herd.
 //!
 //! The reference's abstract model, reproduced as is: 5 replicas, 4 routers, scrapes every 10
-//! ticks, a fixed service time (every request stays outstanding for `service` ticks, whatever
+//! ticks, a fixed service time (every request stays outstanding for `service` = 20 ticks, whatever
 //! the replica's load: the lab isolates the routing signal from engine effects). Each tick,
 //! requests finish, routers whose scrape is due read every replica's outstanding count, then
 //! the tick's arrivals (2 per tick by default, as the reference's first tick shows; `arrivals=
@@ -227,7 +227,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         replicas: p.u64("replicas", 5)?.max(1) as usize,
         rate: p.f64("rate", 2.0)?,
         poisson: p.choice("arrivals", "fixed", &["fixed", "poisson"])? == "poisson",
-        service: p.u64("service", 10)?.max(1),
+        service: p.u64("service", 20)?.max(1),
         ticks: p.u64("ticks", 2_000)?,
     };
     let routers = p.u64("routers", 4)?.max(1) as usize;

@@ -9,9 +9,9 @@
 
 use super::{shared_token, Spec, UniqueTokens, Workload};
 use crate::dist::{exponential, Lengths};
+use crate::fasthash::IntMap;
 use kvgate_core::Nanos;
 use rand::{Rng, RngCore};
-use std::collections::HashMap;
 
 /// Parameters of [`Agentic`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,7 +98,8 @@ pub struct Agentic {
     issued: u64,
     next_start: f64,
     next_session: u64,
-    sessions: HashMap<u64, Session>,
+    /// Looked up by id only, never iterated.
+    sessions: IntMap<u64, Session>,
     unique: UniqueTokens,
 }
 
@@ -110,7 +111,7 @@ impl Agentic {
             issued: 0,
             next_start: 0.0,
             next_session: 0,
-            sessions: HashMap::new(),
+            sessions: IntMap::default(),
             unique: UniqueTokens::default(),
         }
     }
@@ -243,7 +244,7 @@ mod tests {
         let mut queue: Vec<Spec> = Vec::new();
         let mut issued = 0u64;
         let mut children = 0;
-        let mut last_len: HashMap<u64, usize> = HashMap::new();
+        let mut last_len: std::collections::BTreeMap<u64, usize> = Default::default();
         loop {
             if queue.is_empty() {
                 match w.next_open(&mut rng) {

@@ -1,0 +1,161 @@
+use super::*;
+use crate::dist::{Arrivals, Lengths};
+use crate::model::{Batching, CostModel, TICK_NANOS};
+use crate::workload::{OpenLoop, OpenLoopConfig, PrefixGroups};
+
+fn engine() -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 4,
+        kv_blocks: 400,
+        block_size: 16,
+        batching: Batching::Continuous,
+        prefix_caching: true,
+        cost: CostModel::unit(),
+    }
+}
+
+fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
+    FleetConfig {
+        replicas: (0..replicas)
+            .map(|i| ReplicaConfig {
+                engine: engine(),
+                speed: speeds.get(i).copied().unwrap_or(1.0),
+            })
+            .collect(),
+        routers: 1,
+        scrape_interval: Nanos::ZERO,
+        staggered: false,
+        policy: PolicyConfig::default_for(policy).unwrap(),
+        kv_events: false,
+        sample_interval: Nanos(TICK_NANOS),
+        maintain_interval: Nanos::from_secs(1),
+    }
+}
+
+fn workload(requests: u64, rate: f64) -> OpenLoop {
+    OpenLoop::new(OpenLoopConfig {
+        arrivals: Arrivals {
+            rate,
+            burstiness: 1.0,
+        },
+        time_unit: Nanos(TICK_NANOS),
+        requests,
+        prompt: Lengths::fixed(200),
+        output: Lengths::fixed(10),
+        long_fraction: 0.0,
+        long_output: Lengths::fixed(10),
+        groups: Some(PrefixGroups {
+            groups: 2,
+            share: 0.5,
+            zipf: 0.0,
+        }),
+    })
+}
+
+fn go(config: &FleetConfig, requests: u64, rate: f64, seed: u64) -> Outcome {
+    let mut w = workload(requests, rate);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    run(config, &mut w, &mut rng, seed)
+}
+
+#[test]
+fn every_request_is_served_once_and_round_robin_alternates() {
+    let out = go(&fleet("round_robin", 2, &[]), 100, 0.2, 1);
+    assert_eq!(out.records.len(), 100);
+    assert_eq!(out.in_flight, 0);
+    assert!(out.records.iter().all(|r| {
+        r.output_tokens == 10
+            && r.first_token.is_some_and(|f| f > r.arrival)
+            && r.finished >= r.first_token
+    }));
+    assert_eq!(
+        out.replicas.iter().map(|r| r.assigned).collect::<Vec<_>>(),
+        vec![50, 50]
+    );
+    assert!(out
+        .records
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.replica == (i % 2) as u32));
+    assert_eq!(out.output_tokens, 1_000);
+    // Shared halves of the prompts come back from the cache after the first of each group.
+    let hits: u64 = out.replicas.iter().map(|r| r.prefix_hits_tokens).sum();
+    assert!(hits > 0);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let config = fleet("power_of_two", 3, &[]);
+    let a = go(&config, 200, 0.5, 9);
+    let b = go(&config, 200, 0.5, 9);
+    assert_eq!(a.records, b.records);
+    let c = go(&config, 200, 0.5, 10);
+    assert_ne!(a.records, c.records);
+}
+
+#[test]
+fn a_faster_replica_finishes_its_requests_sooner() {
+    let out = go(&fleet("round_robin", 2, &[1.0, 4.0]), 100, 0.05, 3);
+    let mean_e2e = |replica: u32| {
+        let e: Vec<f64> = out
+            .records
+            .iter()
+            .filter(|r| r.replica == replica)
+            .map(|r| (r.finished.unwrap() - r.arrival).0 as f64)
+            .collect();
+        e.iter().sum::<f64>() / e.len() as f64
+    };
+    assert!(mean_e2e(1) * 2.0 < mean_e2e(0));
+}
+
+#[test]
+fn least_outstanding_with_stale_scrapes_still_counts_its_own_dispatches() {
+    let mut config = fleet("least_outstanding", 4, &[]);
+    config.scrape_interval = Nanos(50 * TICK_NANOS);
+    config.routers = 2;
+    config.staggered = true;
+    let out = go(&config, 400, 1.0, 5);
+    assert_eq!(out.in_flight, 0);
+    let assigned: Vec<u64> = out.replicas.iter().map(|r| r.assigned).collect();
+    let gap = assigned.iter().max().unwrap() - assigned.iter().min().unwrap();
+    assert!(gap <= 20, "{assigned:?}");
+    assert!(out.skew.samples > 0 && out.skew.max >= out.skew.mean());
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Whatever the policy, fleet shape and scrape regime: every request is dispatched once,
+        /// finishes with all its tokens, counts add up, and nothing is left in flight.
+        #[test]
+        fn every_request_finishes_and_counts_add_up(
+            policy in prop::sample::select(vec![
+                "random", "round_robin", "least_outstanding", "power_of_two", "least_kv",
+                "cache_aware", "prefix_hash", "kv_cost", "consistent_hash", "peak_ewma",
+                "weighted_least_request",
+            ]),
+            replicas in 1usize..5,
+            routers in 1usize..4,
+            scrape in 0u64..20,
+            staggered in any::<bool>(),
+            requests in 1u64..80,
+            rate in 0.05f64..2.0,
+            seed in any::<u64>(),
+        ) {
+            let mut config = fleet(policy, replicas, &[]);
+            config.routers = routers;
+            config.scrape_interval = Nanos(scrape * TICK_NANOS);
+            config.staggered = staggered;
+            let out = go(&config, requests, rate, seed);
+            prop_assert_eq!(out.records.len() as u64 + out.rejected, requests);
+            prop_assert_eq!(out.in_flight, 0);
+            prop_assert!(out.records.iter().all(|r| r.output_tokens == 10 && r.finished.is_some()));
+            prop_assert_eq!(out.replicas.iter().map(|r| r.assigned).sum::<u64>(), requests);
+            prop_assert_eq!(out.output_tokens, 10 * requests);
+        }
+    }
+}
