@@ -70,7 +70,8 @@ pub struct EndpointConfig {
     /// Free-form labels, reported by the admin API.
     pub labels: BTreeMap<String, String>,
     /// A key sent to this endpoint as `Authorization: Bearer KEY` in place of the client's own
-    /// (for hosted OpenAI-compatible providers); never reported by the admin API.
+    /// (for engines started with `--api-key`, as vLLM and SGLang allow); never reported by the
+    /// admin API. Upstreams are plain HTTP: TLS to hosted providers is not supported yet.
     pub api_key: Option<String>,
 }
 
