@@ -69,6 +69,10 @@ pub struct EndpointConfig {
     pub model: Option<String>,
     /// Free-form labels, reported by the admin API.
     pub labels: BTreeMap<String, String>,
+    /// A key sent to this endpoint as `Authorization: Bearer KEY` in place of the client's own
+    /// (for engines started with `--api-key`, as vLLM and SGLang allow); never reported by the
+    /// admin API. Upstreams are plain HTTP: TLS to hosted providers is not supported yet.
+    pub api_key: Option<String>,
 }
 
 impl Default for EndpointConfig {
@@ -79,6 +83,7 @@ impl Default for EndpointConfig {
             weight: 1.0,
             model: None,
             labels: BTreeMap::new(),
+            api_key: None,
         }
     }
 }
@@ -309,6 +314,15 @@ impl Config {
                 return Err(invalid(
                     format!("endpoints[{i}].url"),
                     format!("{:?} must be an http:// URL", e.url),
+                ));
+            }
+            if e.api_key
+                .as_deref()
+                .is_some_and(|k| k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()))
+            {
+                return Err(invalid(
+                    format!("endpoints[{i}].api_key"),
+                    "must be non-empty printable ASCII without spaces",
                 ));
             }
             if !(e.weight.is_finite() && e.weight > 0.0) {

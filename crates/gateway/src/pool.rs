@@ -9,6 +9,7 @@
 
 use crate::config::EndpointConfig;
 use crate::metrics::{self, Metrics, PickLabels};
+use axum::http::HeaderValue;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::resilience::{Backoff, Breaker, BreakerConfig, HedgeDelay, RetryBudget};
 use kvgate_core::{
@@ -34,6 +35,8 @@ pub struct Target {
     pub base: Arc<str>,
     /// [`kvgate_core::Reason::label`] of the pick.
     pub reason: &'static str,
+    /// The endpoint's own `Authorization` value, if it has an API key.
+    pub authorization: Option<HeaderValue>,
 }
 
 /// One endpoint as the admin API reports it.
@@ -61,6 +64,13 @@ pub struct EndpointStatus {
     pub inflight: u32,
 }
 
+fn authorization(config: &EndpointConfig) -> Option<HeaderValue> {
+    let key = config.api_key.as_deref()?;
+    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
 #[derive(Debug)]
 struct Endpoint {
     id: EndpointId,
@@ -71,6 +81,7 @@ struct Endpoint {
     draining: bool,
     healthy: bool,
     reports_down: bool,
+    authorization: Option<HeaderValue>,
     scrape_failures: u32,
     served_since_scrape: bool,
     avoid_until: Nanos,
@@ -191,6 +202,7 @@ impl Pool {
             .set(1);
         let endpoint = Endpoint {
             id,
+            authorization: authorization(&config),
             base: config.base_url().into(),
             models: config.model.iter().cloned().collect(),
             name,
@@ -244,6 +256,7 @@ impl Pool {
             if let Some(m) = &config.model {
                 e.models = vec![m.clone()];
             }
+            e.authorization = authorization(&config);
             e.config = config;
         }
     }
@@ -306,6 +319,7 @@ impl Pool {
             name: e.name.clone(),
             base: e.base.clone(),
             reason: route.reason.label(),
+            authorization: e.authorization.clone(),
         };
         s.ledger.dispatched(target.id, request.id, now);
         s.policy.observe(&Event::Dispatched {

@@ -104,8 +104,16 @@ pub(crate) async fn handle(
                     tokio::time::sleep(delay).await;
                 }
                 let base = dispatch.target.base.clone();
-                let send =
-                    upstream::attempt(&client, &base, api, body, &forwarded, max_retry_after);
+                let auth = dispatch.target.authorization.clone();
+                let send = upstream::attempt(
+                    &client,
+                    &base,
+                    api,
+                    body,
+                    &forwarded,
+                    auth.as_ref(),
+                    max_retry_after,
+                );
                 let result = match first_token_timeout {
                     Some(limit) => tokio::time::timeout(limit, send)
                         .await

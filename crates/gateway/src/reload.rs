@@ -1,56 +1,97 @@
 //! Configuration reload: the file is polled for changes; a new version that parses and
-//! validates has its endpoints and policy applied in place, without dropping traffic. Endpoints
-//! are matched by base URL: new ones join (with blackout and slow start), missing ones leave
-//! (requests already sent there finish), others get their new weight, model and labels. A
-//! changed policy section rebuilds the policy. Other sections take effect on restart.
+//! validates has its endpoints and policy applied in place, without dropping traffic.
+//!
+//! The reload manages only the endpoints that came from the file: those given on the command
+//! line or added through the admin API stay. File endpoints are matched by base URL: new ones
+//! join (with blackout and slow start), missing ones leave (requests already sent there finish),
+//! others get their new weight, model and labels. The policy is rebuilt only when the file's
+//! `policy` section itself changed, so command-line policy flags survive reloads that touch only
+//! endpoints. Other sections take effect on restart.
 
 use crate::config::Config;
 use crate::state::Shared;
+use kvgate_core::{EndpointId, PolicyConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Applies `new`'s endpoints and policy to the running gateway.
-pub(crate) fn apply(
-    shared: &Arc<Shared>,
-    new: &Config,
-    current_policy: &mut kvgate_core::PolicyConfig,
-) {
-    let existing = shared.pool.configs();
-    for (id, old) in &existing {
-        match new
-            .endpoints
-            .iter()
-            .find(|e| e.base_url() == old.base_url())
-        {
-            Some(e) => shared.pool.update(*id, e.clone()),
-            None => {
-                shared.pool.remove(*id);
+/// What the last applied file version contributed.
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    managed: Vec<EndpointId>,
+    file_policy: Option<PolicyConfig>,
+}
+
+impl Reloader {
+    /// Starts from the file as it was when the gateway was configured (`None` if unreadable).
+    pub(crate) fn new(shared: &Shared, initial: Option<&Config>) -> Self {
+        let managed = initial.map_or_else(Vec::new, |file| {
+            shared
+                .pool
+                .configs()
+                .into_iter()
+                .filter(|(_, c)| file.endpoints.iter().any(|e| e.base_url() == c.base_url()))
+                .map(|(id, _)| id)
+                .collect()
+        });
+        Reloader {
+            managed,
+            file_policy: initial.map(|c| c.policy.clone()),
+        }
+    }
+
+    /// Applies a new version of the file.
+    pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) {
+        let existing = shared.pool.configs();
+        self.managed.retain(|id| {
+            let Some((_, old)) = existing.iter().find(|(e, _)| e == id) else {
+                return false; // removed meanwhile, e.g. through the admin API
+            };
+            match new
+                .endpoints
+                .iter()
+                .find(|e| e.base_url() == old.base_url())
+            {
+                Some(e) => {
+                    shared.pool.update(*id, e.clone());
+                    true
+                }
+                None => {
+                    shared.pool.remove(*id);
+                    false
+                }
+            }
+        });
+        for e in &new.endpoints {
+            if !existing
+                .iter()
+                .any(|(_, old)| old.base_url() == e.base_url())
+            {
+                let id = shared.pool.add(e.clone());
+                crate::scrape::spawn(shared.clone(), id);
+                self.managed.push(id);
             }
         }
-    }
-    for e in &new.endpoints {
-        if !existing
-            .iter()
-            .any(|(_, old)| old.base_url() == e.base_url())
-        {
-            let id = shared.pool.add(e.clone());
-            crate::scrape::spawn(shared.clone(), id);
+        if self.file_policy.as_ref() != Some(&new.policy) {
+            shared.pool.set_policy(&new.policy);
+            self.file_policy = Some(new.policy.clone());
         }
     }
-    if &new.policy != current_policy {
-        shared.pool.set_policy(&new.policy);
-        *current_policy = new.policy.clone();
-    }
+}
+
+fn read(path: &PathBuf) -> Result<Config, String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| Config::from_yaml(&t).map_err(|e| e.to_string()))
 }
 
 /// Polls `path` every `period` and applies valid changes; invalid ones are reported and ignored.
 pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
     let mut stop = shared.stop.subscribe();
+    let mut reloader = Reloader::new(&shared, read(&path).ok().as_ref());
     tokio::spawn(async move {
         let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let mut last: Option<SystemTime> = modified(&path);
-        let mut policy = shared.config.policy.clone();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(period) => {}
@@ -61,15 +102,11 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
                 continue;
             }
             last = now;
-            match std::fs::read_to_string(&path).map(|t| Config::from_yaml(&t)) {
-                Ok(Ok(config)) => {
-                    apply(&shared, &config, &mut policy);
+            match read(&path) {
+                Ok(config) => {
+                    reloader.apply(&shared, &config);
                     eprintln!("kvgate serve: reloaded {}", path.display());
                 }
-                Ok(Err(e)) => eprintln!(
-                    "kvgate serve: {}: {e}; keeping the running configuration",
-                    path.display()
-                ),
                 Err(e) => eprintln!(
                     "kvgate serve: {}: {e}; keeping the running configuration",
                     path.display()
@@ -77,4 +114,46 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EndpointConfig;
+
+    #[tokio::test]
+    async fn only_file_endpoints_and_a_changed_file_policy_are_reloaded() {
+        let file = Config::from_yaml(
+            "policy: {name: round_robin}\nendpoints: [{url: 'http://127.0.0.1:1'}]",
+        )
+        .unwrap();
+        let mut running = file.clone();
+        running.set_policy("least_outstanding").unwrap(); // a command-line override
+        running
+            .endpoints
+            .push(EndpointConfig::from_url("http://127.0.0.1:2")); // --endpoint
+        let shared = Shared::new(running, 1);
+        let mut reloader = Reloader::new(&shared, Some(&file));
+        let urls = |s: &Shared| -> Vec<String> {
+            s.pool.configs().into_iter().map(|(_, c)| c.url).collect()
+        };
+
+        let mut edited = file.clone();
+        edited.endpoints = vec![EndpointConfig::from_url("http://127.0.0.1:3")];
+        reloader.apply(&shared, &edited);
+        assert_eq!(
+            urls(&shared),
+            vec!["http://127.0.0.1:2", "http://127.0.0.1:3"]
+        );
+        assert_eq!(
+            shared.pool.policy_name(),
+            "least_outstanding",
+            "file policy unchanged"
+        );
+
+        edited.set_policy("power_of_two").unwrap();
+        reloader.apply(&shared, &edited);
+        assert_eq!(shared.pool.policy_name(), "power_of_two");
+        let _ = shared.stop.send(true);
+    }
 }

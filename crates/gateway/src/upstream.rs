@@ -3,7 +3,7 @@
 //! request can move; after it, never), so an attempt succeeds only once data has arrived.
 
 use crate::parse::Api;
-use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -134,6 +134,7 @@ pub(crate) async fn attempt(
     api: Api,
     body: Bytes,
     forwarded: &HeaderMap,
+    authorization: Option<&HeaderValue>,
     max_retry_after: Duration,
 ) -> Result<Ready, AttemptError> {
     let uri = format!("{base}{}", api.path());
@@ -145,6 +146,11 @@ pub(crate) async fn attempt(
         .map_err(|e| AttemptError::Connect(e.to_string()))?;
     for (name, value) in forwarded {
         request.headers_mut().insert(name, value.clone());
+    }
+    if let Some(auth) = authorization {
+        request
+            .headers_mut()
+            .insert(header::AUTHORIZATION, auth.clone());
     }
     let response = client
         .request(request)
@@ -211,7 +217,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
 
     #[test]
     fn forwards_the_api_key_and_trace_context_only() {

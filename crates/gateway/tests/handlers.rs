@@ -284,3 +284,55 @@ async fn each_chunk_reaches_the_client_before_the_next_is_produced() {
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }
+
+/// An upstream answering with the `authorization` header it received.
+async fn echo_upstream() -> String {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|headers: axum::http::HeaderMap| async move {
+            let auth = headers
+                .get("authorization")
+                .map_or("none", |v| v.to_str().unwrap())
+                .to_string();
+            axum::Json(serde_json::json!({ "auth": auth }))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_api_key_replaces_the_clients_and_is_never_reported() {
+    let upstream = echo_upstream().await;
+    let keyed = EndpointConfig {
+        api_key: Some("upstream-key".into()),
+        ..EndpointConfig::from_url(upstream.clone())
+    };
+    let chat = r#"{"messages":[{"role":"user","content":"x"}]}"#;
+    let with_key = |g: &Gateway| {
+        let g = g.clone();
+        async move {
+            let request = Request::post("/v1/chat/completions")
+                .header("authorization", "Bearer client-key")
+                .body(Body::from(chat))
+                .unwrap();
+            let (status, _, body) = call(&g, request).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()["auth"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let g = gateway_with(vec![keyed], |c| c.admin_token = Some("t".into()));
+    assert_eq!(with_key(&g).await, "Bearer upstream-key");
+    let admin = Request::get("/admin/endpoints")
+        .header("authorization", "Bearer t")
+        .body(Body::empty())
+        .unwrap();
+    assert!(!call(&g, admin).await.2.contains("upstream-key"));
+    let plain = gateway_with(vec![EndpointConfig::from_url(upstream)], |_| {});
+    assert_eq!(with_key(&plain).await, "Bearer client-key");
+}
