@@ -181,7 +181,7 @@ impl InflightLedger {
     pub fn inflight(&self, endpoint: EndpointId) -> u32 {
         self.endpoints
             .get(&endpoint)
-            .map_or(0, |l| count_u32(l.inflight.iter()))
+            .map_or(0, |l| u32::try_from(l.inflight.len()).unwrap_or(u32::MAX))
     }
 
     /// Copies this ledger's counts into a view of the same endpoint.

@@ -151,6 +151,7 @@ pub struct KvCost {
     active: HashMap<u64, Active>,
     per_endpoint: HashMap<EndpointId, EndpointBlocks>,
     costs: Vec<(usize, f64)>,
+    last_sweep: Option<Nanos>,
 }
 
 impl KvCost {
@@ -163,6 +164,7 @@ impl KvCost {
             active: HashMap::new(),
             per_endpoint: HashMap::new(),
             costs: Vec::new(),
+            last_sweep: None,
         }
     }
 
@@ -297,8 +299,17 @@ impl Policy for KvCost {
         }
     }
 
+    /// Sweeps expired dispatch-inserted entries at most once per tenth of their TTL: expired
+    /// entries are already ignored by lookups, so the sweep only bounds memory.
     fn maintain(&mut self, now: Nanos) {
-        self.index.evict(now);
+        let period = Nanos::from_secs(self.config.approx_ttl_secs.max(1)).0 / 10;
+        if self
+            .last_sweep
+            .is_none_or(|last| now.saturating_since(last) >= Nanos(period))
+        {
+            self.index.evict(now);
+            self.last_sweep = Some(now);
+        }
     }
 }
 
