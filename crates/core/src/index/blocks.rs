@@ -22,9 +22,10 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// Where a cached block lives (vLLM's `medium`: GPU, CPU, DISK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[repr(u8)]
 pub enum Tier {
     /// Accelerator memory.
-    Device,
+    Device = 0,
     /// Host (CPU) memory.
     Host,
     /// Local disk or a shared store.
@@ -182,70 +183,80 @@ impl BlockIndex {
     /// `device` blocks are all on the device, and so on down the tiers (a block on a faster tier
     /// after a slower one counts at the slower tier). Costs O(blocks + holders of those blocks).
     pub fn overlaps_of(&self, hashes: &[u64], now: Nanos) -> Overlaps {
-        // Per endpoint id: its overlap so far, and the best tier seen for the current block.
-        let mut runs: Vec<Option<(Overlap, Option<Tier>)>> = Vec::new();
-        let mut alive: Vec<usize> = Vec::new();
-        let mut finished: Vec<usize> = Vec::new();
+        const NONE: u8 = u8::MAX;
+        #[derive(Clone, Copy)]
+        struct Run {
+            blocks: u32,
+            tier: u8,
+            counts: [u32; 3],
+        }
+        let cutoff = self.ttl.map_or(Nanos::ZERO, |ttl| now.saturating_since(ttl));
+        let mut runs: Vec<Run> = Vec::new();
+        let mut touched: Vec<u32> = Vec::new();
+        let mut started: Vec<u32> = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
-            let holders = self.blocks.get(h).map(Vec::as_slice).unwrap_or(&[]);
+            let i = i as u32;
+            let Some(holders) = self.blocks.get(h) else {
+                break;
+            };
+            touched.clear();
             for x in holders {
-                if self.ttl.is_some_and(|ttl| now.saturating_since(x.at) > ttl) {
+                if x.at < cutoff {
                     continue;
                 }
                 let e = x.endpoint.0 as usize;
                 if e >= runs.len() {
-                    runs.resize(e + 1, None);
-                }
-                if i == 0 && runs[e].is_none() {
-                    runs[e] = Some((
-                        Overlap {
-                            endpoint: x.endpoint,
-                            ..Overlap::default()
+                    runs.resize(
+                        e + 1,
+                        Run {
+                            blocks: 0,
+                            tier: NONE,
+                            counts: [0; 3],
                         },
-                        None,
-                    ));
-                    alive.push(e);
+                    );
                 }
-                if let Some((o, best)) = runs[e].as_mut() {
-                    if o.total() as usize == i {
-                        *best = Some(best.map_or(x.tier, |b| b.min(x.tier)));
+                let run = &mut runs[e];
+                if run.blocks == i {
+                    if run.tier == NONE {
+                        touched.push(x.endpoint.0);
                     }
+                    run.tier = run.tier.min(x.tier as u8);
                 }
             }
-            let mut extended = 0;
-            for k in 0..alive.len() {
-                let e = alive[k];
-                let Some((o, best)) = runs[e].as_mut() else {
-                    continue;
-                };
-                let Some(tier) = best.take() else { continue };
-                let tier = if o.disk > 0 {
-                    Tier::Disk
-                } else if o.host > 0 {
-                    tier.max(Tier::Host)
-                } else {
-                    tier
-                };
-                match tier {
-                    Tier::Device => o.device += 1,
-                    Tier::Host => o.host += 1,
-                    Tier::Disk => o.disk += 1,
-                }
-                alive.swap(extended, k);
-                extended += 1;
-            }
-            if extended == 0 {
+            if touched.is_empty() {
                 break;
             }
-            finished.extend(alive.drain(extended..));
+            for &e in &touched {
+                let run = &mut runs[e as usize];
+                // Once a block was found on a slower tier, later blocks count there too.
+                let floor = if run.counts[2] > 0 {
+                    2
+                } else if run.counts[1] > 0 {
+                    1
+                } else {
+                    0
+                };
+                run.counts[usize::from(run.tier.max(floor))] += 1;
+                run.blocks += 1;
+                run.tier = NONE;
+                if i == 0 {
+                    started.push(e);
+                }
+            }
         }
-        alive.extend(finished);
-        let mut endpoints: Vec<Overlap> = alive
+        started.sort_unstable();
+        let endpoints = started
             .into_iter()
-            .filter_map(|e| runs[e].map(|(o, _)| o))
-            .filter(|o| o.total() > 0)
+            .map(|e| {
+                let c = runs[e as usize].counts;
+                Overlap {
+                    endpoint: EndpointId(e),
+                    device: c[0],
+                    host: c[1],
+                    disk: c[2],
+                }
+            })
             .collect();
-        endpoints.sort_by_key(|o| o.endpoint);
         Overlaps {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
             endpoints,
