@@ -24,6 +24,7 @@ pub mod arrivals;
 pub mod client;
 mod error;
 pub mod plot;
+pub mod records;
 pub mod report;
 pub mod runner;
 pub mod stats;
@@ -256,6 +257,11 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
         bar.finish_and_clear();
     }
+    let mut records_file = args
+        .records
+        .as_deref()
+        .map(records::RecordsFile::create)
+        .transpose()?;
     let mut results = Vec::new();
     for rate in &rates {
         let mut workload = Workload::new(kind.clone(), args.seed, args.output_len);
@@ -279,7 +285,13 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         bar.finish_and_clear();
         for (t, records) in targets.iter().zip(&per_target) {
             results.push(TargetReport::new(&t.name, *rate, records, &slo));
+            if let Some(file) = &mut records_file {
+                file.write(&t.name, *rate, records)?;
+            }
         }
+    }
+    if let Some(file) = records_file {
+        file.finish()?;
     }
     let capacity = if args.sweep.is_some() {
         sweep::capacity(&results, args.capacity_attainment)
