@@ -500,8 +500,19 @@ fn two_targets_interleave_and_json_and_plots_are_written() {
         &text[..text.len().min(80)]
     );
     assert!(text.trim_end().ends_with("</svg>"));
-    // One CDF line per target in each of the two panels.
-    assert!(text.matches("<polyline").count() >= 4, "lines in the plot");
+    // Data series are the 2-pixel lines: one CDF per target in each of the two panels, one
+    // colour per target.
+    let series: Vec<&str> = text
+        .split("<polyline")
+        .skip(1)
+        .filter(|p| p.contains("stroke-width=\"2\""))
+        .collect();
+    assert!(series.len() >= 4, "{} series lines", series.len());
+    let colours: std::collections::BTreeSet<&str> = series
+        .iter()
+        .filter_map(|p| p.split("stroke=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(colours.len(), 2, "one colour per target: {colours:?}");
 
     let png = temp_path("two.png");
     args.truncate(args.len() - 1);
