@@ -98,6 +98,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
 
+    /// Write every measured request (not the warm-up) as a JSON line to this file.
+    #[arg(long, value_name = "FILE")]
+    pub records: Option<PathBuf>,
+
     /// Model name sent in requests; default: first id from the target's /v1/models.
     #[arg(long)]
     pub model: Option<String>,

@@ -24,6 +24,7 @@ pub mod arrivals;
 pub mod client;
 mod error;
 pub mod plot;
+pub mod records;
 pub mod report;
 pub mod runner;
 pub mod stats;
@@ -253,13 +254,27 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         let bar = progress_bar(args, Some(args.warmup_requests * targets.len() as u64));
         bar.set_message("warm-up");
         let schedule = Schedule::new(arrivals, workload, warm);
-        runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
+        let _ = runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
         bar.finish_and_clear();
     }
+    let mut records_file = args
+        .records
+        .as_deref()
+        .map(records::RecordsFile::create)
+        .transpose()?;
     let mut results = Vec::new();
+    // Each rate of a sweep continues the workload where the previous rate stopped, so a random
+    // workload stays uncached and agentic sessions stay new; a replay file restarts per rate.
+    let mut carried: Option<Workload> = None;
     for rate in &rates {
-        let mut workload = Workload::new(kind.clone(), args.seed, args.output_len);
-        workload.skip_units(warm_units);
+        let workload = match carried.take() {
+            Some(w) if !matches!(kind, Kind::Replay(_)) => w,
+            _ => {
+                let mut w = Workload::new(kind.clone(), args.seed, args.output_len);
+                w.skip_units(warm_units);
+                w
+            }
+        };
         let rate_value = rate.unwrap_or(0.0);
         let arrivals = arrivals::Arrivals::new(
             runner::arrival_config(rate_value, args.burstiness, ramp(args, &limits)),
@@ -274,12 +289,19 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
             bar.set_message(format!("{r} req/s"));
         }
         let schedule = Schedule::new(arrivals, workload, limits);
-        let per_target =
+        let (per_target, rest) =
             runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
+        carried = rest;
         bar.finish_and_clear();
         for (t, records) in targets.iter().zip(&per_target) {
             results.push(TargetReport::new(&t.name, *rate, records, &slo));
+            if let Some(file) = &mut records_file {
+                file.write(&t.name, *rate, records)?;
+            }
         }
+    }
+    if let Some(file) = records_file {
+        file.finish()?;
     }
     let capacity = if args.sweep.is_some() {
         sweep::capacity(&results, args.capacity_attainment)

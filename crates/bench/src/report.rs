@@ -10,6 +10,9 @@
 //!   `achieved_rate` = successful requests / `duration_s`, `goodput` = good requests /
 //!   `duration_s` (vLLM's definitions);
 //! - `send_rate` = (issued - 1) / (last send - first send): what actually left the client;
+//! - `send_gap_cv` = standard deviation / mean of the gaps between consecutive actual sends:
+//!   1 for Poisson arrivals, 1/sqrt(B) for gamma arrivals with `--burstiness B`, so it shows
+//!   whether the client kept the arrival process's shape, not only its mean rate;
 //! - `cache_hit_ratio` = cached prompt tokens / prompt tokens over successful requests, from
 //!   `usage.prompt_tokens_details.cached_tokens` (null when the server reports no usage);
 //! - `send_lag_ms` = actual minus scheduled send time. A large lag means the client, not the
@@ -71,6 +74,8 @@ pub struct TargetReport {
     pub duration_s: f64,
     /// Rate at which requests actually left the client.
     pub send_rate: f64,
+    /// Coefficient of variation of the gaps between consecutive sends (`null` below 3 requests).
+    pub send_gap_cv: Option<f64>,
     /// Successful requests per second.
     pub achieved_rate: f64,
     /// SLO-meeting requests per second.
@@ -140,6 +145,7 @@ impl TargetReport {
         } else {
             0.0
         };
+        let send_gap_cv = gap_cv(records.iter().map(|r| r.sent_s).collect());
         let prompt_tokens: u64 = ok.iter().map(|r| r.prompt_tokens).sum();
         let cached_tokens: u64 = ok.iter().map(|r| r.cached_tokens).sum();
         let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
@@ -161,6 +167,7 @@ impl TargetReport {
             failed: (records.len() - ok.len()) as u64,
             duration_s,
             send_rate,
+            send_gap_cv,
             achieved_rate: per_s(ok.len() as f64),
             goodput: per_s(good),
             slo_attainment: if records.is_empty() {
@@ -184,6 +191,23 @@ impl TargetReport {
             e2e_samples: e2e,
         }
     }
+}
+
+/// Coefficient of variation (population standard deviation / mean) of the gaps between the
+/// sorted instants `times`; `None` with fewer than two gaps or a zero mean gap.
+pub fn gap_cv(mut times: Vec<f64>) -> Option<f64> {
+    times.sort_by(f64::total_cmp);
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    if gaps.len() < 2 {
+        return None;
+    }
+    let n = gaps.len() as f64;
+    let mean = gaps.iter().sum::<f64>() / n;
+    if mean <= 0.0 {
+        return None;
+    }
+    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n;
+    Some(var.sqrt() / mean)
 }
 
 /// Capacity of one target in a sweep.
@@ -341,5 +365,36 @@ mod tests {
         }
         let text = table(&[r], &[], &slo);
         assert!(text.contains("http_5xx=1"), "{text}");
+    }
+
+    #[test]
+    fn send_gap_cv_measures_the_shape_of_the_sends() {
+        // Evenly spaced sends (in any order): no variation.
+        assert!(gap_cv(vec![0.3, 0.0, 0.2, 0.1]).unwrap() < 1e-12);
+        // Gaps 1 and 3: mean 2, population sd 1.
+        assert!((gap_cv(vec![0.0, 1.0, 4.0]).unwrap() - 0.5).abs() < 1e-12);
+        assert_eq!(gap_cv(vec![0.0, 1.0]), None);
+        assert_eq!(gap_cv(vec![1.0, 1.0, 1.0]), None);
+        // Exponential gaps (Poisson sends) have CV 1, gamma(B) gaps 1/sqrt(B).
+        use crate::arrivals::{Arrivals, Config, Ramp};
+        for (burstiness, want) in [(1.0, 1.0), (4.0, 0.5), (0.25, 2.0)] {
+            let cfg = Config {
+                rate: 100.0,
+                burstiness,
+                ramp: Ramp::Constant,
+            };
+            let times: Vec<f64> = Arrivals::new(cfg, 11).take(20_000).collect();
+            let records: Vec<Record> = times
+                .iter()
+                .map(|&t| Record {
+                    sent_s: t,
+                    ..Record::default()
+                })
+                .collect();
+            let cv = TargetReport::new("a", Some(100.0), &records, &Slo::default())
+                .send_gap_cv
+                .unwrap();
+            assert!((cv - want).abs() < 0.06 * want, "B={burstiness}: cv {cv}");
+        }
     }
 }

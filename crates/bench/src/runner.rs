@@ -84,6 +84,12 @@ impl Schedule {
         }
     }
 
+    /// The workload, positioned after the units this schedule generated, so a next schedule
+    /// (the next rate of a sweep) continues with fresh requests instead of repeating these.
+    pub fn into_workload(self) -> Workload {
+        self.workload
+    }
+
     fn arrivals_open(&self) -> bool {
         self.limits.num_requests.is_none_or(|n| self.generated < n)
     }
@@ -125,14 +131,15 @@ impl Iterator for Schedule {
     }
 }
 
-/// Runs one schedule against every target; returns each target's records in target order.
+/// Runs one schedule against every target; returns each target's records in target order and
+/// the schedule's workload for a next schedule to continue (`None` if the scheduler panicked).
 pub async fn run_schedule(
-    schedule: Schedule,
+    mut schedule: Schedule,
     targets: Arc<[Target]>,
     opts: &BodyOptions,
     sender: Sender,
     progress: &ProgressBar,
-) -> Vec<Vec<Record>> {
+) -> (Vec<Vec<Record>>, Option<Workload>) {
     let sender = Arc::new(Sender {
         run_start: Instant::now() + Duration::from_millis(5),
         ..sender
@@ -154,7 +161,7 @@ pub async fn run_schedule(
     let opts = opts.clone();
     let scheduler = tokio::task::spawn_blocking(move || {
         let start = sender.run_start.into_std();
-        for (at_s, spec) in schedule {
+        for (at_s, spec) in schedule.by_ref() {
             let at = start + Duration::from_secs_f64(at_s);
             // Serialise while waiting, so the wake-up only spawns.
             let body = client::body(&spec, &opts);
@@ -172,14 +179,15 @@ pub async fn run_schedule(
                 });
             }
         }
+        schedule.into_workload()
     });
     // The scheduler thread owns the last sender clones; a panic there ends the run early.
-    let _ = scheduler.await;
+    let workload = scheduler.await.ok();
     let mut out = collector.await.unwrap_or_default();
     for records in &mut out {
         records.sort_by(|a, b| a.scheduled_s.total_cmp(&b.scheduled_s));
     }
-    out
+    (out, workload)
 }
 
 /// The arrival configuration for one offered `rate`.
@@ -221,6 +229,37 @@ mod tests {
         let times: Vec<f64> = s.map(|(t, _)| t).collect();
         assert_eq!(times.len(), 50);
         assert!(times.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn a_next_schedule_continues_the_workload() {
+        let limits = Limits {
+            duration_s: None,
+            num_requests: Some(5),
+        };
+        let mut first = Schedule::new(
+            Arrivals::new(arrivals::Config::poisson(100.0), 1),
+            random(),
+            limits,
+        );
+        let sent: Vec<RequestSpec> = first.by_ref().map(|(_, r)| r).collect();
+        let next = Schedule::new(
+            Arrivals::new(arrivals::Config::poisson(100.0), 1),
+            first.into_workload(),
+            limits,
+        );
+        let continued: Vec<RequestSpec> = next.map(|(_, r)| r).collect();
+        let mut fresh = random();
+        fresh.skip_units(5);
+        let expected: Vec<RequestSpec> = (0..5)
+            .flat_map(|_| fresh.next_unit())
+            .map(|t| t.spec)
+            .collect();
+        assert_eq!(continued, expected, "the sixth to tenth requests");
+        assert!(
+            sent.iter().all(|r| !continued.contains(r)),
+            "no prompt repeats"
+        );
     }
 
     #[test]
