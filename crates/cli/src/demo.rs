@@ -28,8 +28,8 @@ pub(crate) struct Args {
     /// Agentic sessions started per second.
     #[arg(long, default_value_t = 3.0)]
     rate: f64,
-    /// Seconds of traffic per policy.
-    #[arg(long, default_value_t = 8.0)]
+    /// Seconds of traffic per policy (each run then waits for its last answers).
+    #[arg(long, default_value_t = 6.0)]
     duration: f64,
     /// Real seconds per modelled second of the engines (1 = real time).
     #[arg(long, default_value_t = 1.0)]

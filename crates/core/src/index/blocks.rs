@@ -190,7 +190,9 @@ impl BlockIndex {
             tier: u8,
             counts: [u32; 3],
         }
-        let cutoff = self.ttl.map_or(Nanos::ZERO, |ttl| now.saturating_since(ttl));
+        let cutoff = self
+            .ttl
+            .map_or(Nanos::ZERO, |ttl| now.saturating_since(ttl));
         let mut runs: Vec<Run> = Vec::new();
         let mut touched: Vec<u32> = Vec::new();
         let mut started: Vec<u32> = Vec::new();
