@@ -4,7 +4,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{chat, client, engine, gateway, metric, sse_data, user, wait_for};
+use support::{chat, client, config_file, engine, gateway, metric, sse_data, user, wait_for};
 
 async fn running(engine_url: &str) -> Option<f64> {
     let text = client()
@@ -78,10 +78,10 @@ async fn a_client_disconnect_cancels_the_upstream_request() {
 async fn the_breaker_opens_on_a_failing_engine_and_traffic_stops_going_there() {
     let failing = engine("failing", "0", &["--fault", "500"]);
     let healthy = engine("healthy", "0", &[]);
-    let dir = std::env::temp_dir().join(format!("kvgate-breaker-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("serve.yaml");
-    std::fs::write(&config, "policy: {name: round_robin}\nbreaker: {failure_ratio: 0.5, min_requests: 3, window_ms: 10000, open_ms: 60000}\n").unwrap();
+    let config = config_file(
+        "breaker",
+        "policy: {name: round_robin}\nbreaker: {failure_ratio: 0.5, min_requests: 3, window_ms: 10000, open_ms: 60000}\n",
+    );
     let g = gateway(
         &[&failing, &healthy],
         &["--config", config.to_str().unwrap()],
@@ -206,17 +206,13 @@ async fn admin_api_adds_drains_and_removes_endpoints_with_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_config_file_is_applied_without_dropping_traffic() {
     let (e0, e1) = (engine("e0", "0", &[]), engine("e1", "0", &[]));
-    let dir = std::env::temp_dir().join(format!("kvgate-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("serve.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = config_file(
+        "reload",
+        &format!(
             "policy: {{name: round_robin}}\nendpoints:\n  - url: {}\n",
             e0.url
         ),
-    )
-    .unwrap();
+    );
     let g = gateway(&[], &["--config", config.to_str().unwrap()]).await;
     let url = format!("{}/v1/chat/completions", g.url);
     // Traffic keeps flowing while the file changes to the other engine.
@@ -260,14 +256,10 @@ async fn a_changed_config_file_is_applied_without_dropping_traffic() {
 async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
     let stalled = engine("stalled", "0", &["--fault", "stall_first"]);
     let healthy = engine("healthy", "0", &[]);
-    let dir = std::env::temp_dir().join(format!("kvgate-ttft-timeout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("serve.yaml");
-    std::fs::write(
-        &config,
+    let config = config_file(
+        "ttft-timeout",
         "policy: {name: round_robin}\nretry: {first_token_timeout_ms: 200}\n",
-    )
-    .unwrap();
+    );
     let g = gateway(
         &[&stalled, &healthy],
         &["--config", config.to_str().unwrap()],

@@ -100,6 +100,15 @@ pub fn engine(id: &str, time_scale: &str, extra: &[&str]) -> Proc {
     spawn(&args, "listening on")
 }
 
+/// Writes `yaml` to a fresh `serve.yaml` for the test called `name`, and returns its path.
+pub fn config_file(name: &str, yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvgate-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("serve.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    config
+}
+
 /// `kvgate serve` in front of `engines` with extra flags; waits until `/ready`.
 pub async fn gateway(engines: &[&Proc], extra: &[&str]) -> Proc {
     let mut args = vec![
