@@ -34,7 +34,25 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let result = run(Cli::parse());
+    // A closed pipe (`kvgate policies | head`) is how a reader says it has read enough.
+    if let Err(e) = &result {
+        let broken_pipe =
+            |kind: Option<std::io::ErrorKind>| kind == Some(std::io::ErrorKind::BrokenPipe);
+        if e.chain().any(|c| {
+            broken_pipe(c.downcast_ref::<std::io::Error>().map(std::io::Error::kind))
+                || broken_pipe(
+                    c.downcast_ref::<serde_json::Error>()
+                        .and_then(|j| j.io_error_kind()),
+                )
+        }) {
+            return Ok(());
+        }
+    }
+    result
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),

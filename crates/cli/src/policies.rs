@@ -57,17 +57,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             p["summary"].as_str().unwrap_or("")
         )?;
         for param in p["parameters"].as_array().into_iter().flatten() {
-            let default = match &param["default"] {
-                Value::Object(_) => "{...}".to_string(),
-                other => other.to_string(),
-            };
-            writeln!(
-                out,
-                "    {:<30} {:<14} {}",
-                param["name"].as_str().unwrap_or(""),
-                default,
-                param["about"].as_str().unwrap_or("")
-            )?;
+            let name = param["name"].as_str().unwrap_or("");
+            let about = param["about"].as_str().unwrap_or("");
+            match &param["default"] {
+                Value::Object(nested) => {
+                    writeln!(out, "    {name:<36} {:<14} {about}", "")?;
+                    for (key, value) in nested {
+                        writeln!(out, "      {:<34} {value}", format!("{name}.{key}"))?;
+                    }
+                }
+                value => writeln!(out, "    {name:<36} {:<14} {about}", value.to_string())?,
+            }
         }
         writeln!(out)?;
     }

@@ -136,7 +136,7 @@ pub struct PolicyDoc {
 
 const LOAD_PARAMS: &[(&str, &str)] = &[(
     "load",
-    "stale-signal handling: own_dispatch_correction, expiry_ms, blackout_ms, slow_start_ms, slow_start_min_factor",
+    "stale-signal handling shared by every load-reading policy (crates/core/src/load.rs)",
 )];
 
 impl PolicyConfig {
