@@ -4,7 +4,10 @@
 mod support;
 
 use std::time::Duration;
-use support::{chat, client, config_file, engine, gateway, metric, sse_data, user, wait_for};
+use support::{
+    chat, client, config_file, engine, gateway, gateway_with_config, metric, sse_data, user,
+    wait_for,
+};
 
 async fn running(engine_url: &str) -> Option<f64> {
     let text = client()
@@ -78,13 +81,10 @@ async fn a_client_disconnect_cancels_the_upstream_request() {
 async fn the_breaker_opens_on_a_failing_engine_and_traffic_stops_going_there() {
     let failing = engine("failing", "0", &["--fault", "500"]);
     let healthy = engine("healthy", "0", &[]);
-    let config = config_file(
+    let g = gateway_with_config(
+        &[&failing, &healthy],
         "breaker",
         "policy: {name: round_robin}\nbreaker: {failure_ratio: 0.5, min_requests: 3, window_ms: 10000, open_ms: 60000}\n",
-    );
-    let g = gateway(
-        &[&failing, &healthy],
-        &["--config", config.to_str().unwrap()],
     )
     .await;
     let http = client();
@@ -256,13 +256,10 @@ async fn a_changed_config_file_is_applied_without_dropping_traffic() {
 async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
     let stalled = engine("stalled", "0", &["--fault", "stall_first"]);
     let healthy = engine("healthy", "0", &[]);
-    let config = config_file(
+    let g = gateway_with_config(
+        &[&stalled, &healthy],
         "ttft-timeout",
         "policy: {name: round_robin}\nretry: {first_token_timeout_ms: 200}\n",
-    );
-    let g = gateway(
-        &[&stalled, &healthy],
-        &["--config", config.to_str().unwrap()],
     )
     .await;
     let http = client();

@@ -3,7 +3,9 @@
 mod support;
 
 use std::time::{Duration, Instant};
-use support::{chat, client, config_file, engine, gateway, metric, sse_data, user, wait_for};
+use support::{
+    chat, client, engine, gateway, gateway_with_config, metric, sse_data, user, wait_for,
+};
 
 fn strip_volatile(event: &str) -> serde_json::Value {
     let mut v: serde_json::Value = serde_json::from_str(event).unwrap_or(serde_json::json!(event));
@@ -237,13 +239,10 @@ async fn malformed_inputs_get_4xx_and_the_next_valid_request_succeeds() {
 async fn a_stalled_engine_triggers_the_hedge_and_the_loser_is_cancelled() {
     let stalled = engine("stalled", "0", &["--fault", "stall_first"]);
     let healthy = engine("healthy", "0", &[]);
-    let config = config_file(
+    let g = gateway_with_config(
+        &[&stalled, &healthy],
         "hedge",
         "policy: {name: round_robin}\nhedge: {enabled: true, percentile: 95, min_samples: 1000, initial_delay_ms: 150}\n",
-    );
-    let g = gateway(
-        &[&stalled, &healthy],
-        &["--config", config.to_str().unwrap()],
     )
     .await;
     let http = client();

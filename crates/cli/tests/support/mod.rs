@@ -109,6 +109,13 @@ pub fn config_file(name: &str, yaml: &str) -> std::path::PathBuf {
     config
 }
 
+/// `kvgate serve` in front of `engines` with the configuration `yaml` (written for the test
+/// called `name`); waits until `/ready`.
+pub async fn gateway_with_config(engines: &[&Proc], name: &str, yaml: &str) -> Proc {
+    let config = config_file(name, yaml);
+    gateway(engines, &["--config", config.to_str().unwrap()]).await
+}
+
 /// `kvgate serve` in front of `engines` with extra flags; waits until `/ready`.
 pub async fn gateway(engines: &[&Proc], extra: &[&str]) -> Proc {
     let mut args = vec![
