@@ -2,11 +2,11 @@
 //! policies, and a discrete-event loop on simulated time.
 //!
 //! A router sees only what a real one could (DOMAIN.md §5.6): a scrape of each replica's
-//! `running`, `waiting` and KV gauges, refreshed every `scrape_interval` (all routers at the same
-//! instants, or staggered evenly across the interval), its own dispatches through an
-//! [`InflightLedger`], and whatever its policy learns from the events the gateway would send it
-//! (`Dispatched`, `FirstToken`, `Completed`, and optionally engine KV events). Arrivals are dealt
-//! to routers in turn.
+//! `running`, `waiting` and KV gauges ([`KvSignal`] says what the KV gauge counts), refreshed
+//! every `scrape_interval` (all routers at the same instants, or staggered evenly across the
+//! interval), its own dispatches through an [`InflightLedger`], and whatever its policy learns
+//! from the events the gateway would send it (`Dispatched`, `FirstToken`, `Completed`, and
+//! optionally engine KV events). Arrivals are dealt to routers in turn.
 //!
 //! Time is [`Nanos`]. The cost of the loop is O(log events) per event: an iteration, an arrival,
 //! a scrape or a sample; nothing walks all requests.
@@ -58,6 +58,20 @@ pub struct FleetConfig {
     pub sample_interval: Nanos,
     /// How often `Policy::maintain` runs.
     pub maintain_interval: Nanos,
+    /// What the scraped KV usage gauge counts.
+    pub kv_signal: KvSignal,
+}
+
+/// What a replica's scraped KV usage counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvSignal {
+    /// Blocks referenced by any sequence, as vLLM's `kv_cache_usage_perc`: a shared prefix
+    /// block in use counts once.
+    #[default]
+    Referenced,
+    /// Blocks running sequences hold beyond the prefix-cache hits they were admitted with:
+    /// cached blocks are free (the reference routing lab's model, DOMAIN.md §4.2).
+    Uncached,
 }
 
 struct Router {
@@ -257,13 +271,19 @@ impl<'c> Sim<'c> {
 
     fn scrape(&mut self, router: usize) {
         let now = self.now;
+        let kv_signal = self.config.kv_signal;
         let r = &mut self.routers[router];
         for (i, replica) in self.replicas.iter().enumerate() {
             let s = replica.engine.stats();
+            let kv_usage = match kv_signal {
+                KvSignal::Referenced => s.kv_usage,
+                KvSignal::Uncached if s.total_blocks == 0 => 0.0,
+                KvSignal::Uncached => s.uncached_blocks as f64 / s.total_blocks as f64,
+            };
             let obs = Observation {
                 running: s.running,
                 waiting: s.waiting,
-                kv_usage: s.kv_usage,
+                kv_usage,
                 free_blocks: Some(s.free_blocks),
                 total_blocks: Some(s.total_blocks),
             };

@@ -29,6 +29,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         kv_events: false,
         sample_interval: Nanos(TICK_NANOS),
         maintain_interval: Nanos::from_secs(1),
+        kv_signal: KvSignal::Referenced,
     }
 }
 
@@ -120,6 +121,34 @@ fn least_outstanding_with_stale_scrapes_still_counts_its_own_dispatches() {
     let gap = assigned.iter().max().unwrap() - assigned.iter().min().unwrap();
     assert!(gap <= 20, "{assigned:?}");
     assert!(out.skew.samples > 0 && out.skew.max >= out.skew.mean());
+}
+
+#[test]
+fn the_kv_gauge_counts_what_the_kv_signal_says() {
+    let prompt: Vec<u32> = (0..64).collect();
+    for (signal, expected) in [(KvSignal::Referenced, 5.0), (KvSignal::Uncached, 2.0)] {
+        let mut config = fleet("least_kv", 1, &[]);
+        config.kv_signal = signal;
+        let mut sim = Sim::new(&config, 1);
+        let engine = &mut sim.replicas[0].engine;
+        // Request 2 reuses three of request 1's four prompt blocks; request 1 then finishes.
+        engine.submit(SeqRequest {
+            id: 1,
+            prompt: prompt.clone(),
+            max_output_tokens: 2,
+        });
+        engine.step().unwrap();
+        engine.submit(SeqRequest {
+            id: 2,
+            prompt: prompt.clone(),
+            max_output_tokens: 10,
+        });
+        engine.step().unwrap();
+        engine.step().unwrap();
+        sim.scrape(0);
+        let usage = sim.routers[0].views[0].observation.unwrap().kv_usage;
+        assert_eq!(usage, expected / 400.0, "{signal:?}");
+    }
 }
 
 mod properties {

@@ -279,12 +279,29 @@ impl EngineModel {
             } else {
                 self.pool.in_use() as f64 / total as f64
             },
+            uncached_blocks: self.uncached_blocks(),
             free_blocks: self.pool.available() as u64,
             total_blocks: total as u64,
             prefix_queries_tokens: self.prefix_queries_tokens,
             prefix_hits_tokens: self.prefix_hits_tokens,
             preemptions: self.preemptions,
         }
+    }
+
+    /// Blocks the running sequences hold beyond their admission's prefix-cache hits. A block
+    /// one sequence computed and another reuses counts once, for the one that computed it; a
+    /// reused block stops counting when its owner finishes.
+    fn uncached_blocks(&self) -> u64 {
+        let bs = self.config.block_size;
+        self.running
+            .iter()
+            .map(|id| {
+                let seq = &self.seqs[id];
+                seq.blocks
+                    .len()
+                    .saturating_sub(seq.cached_tokens as usize / bs) as u64
+            })
+            .sum()
     }
 
     fn schedule_chunked(&mut self, budget: usize, it: &mut Iteration) -> Vec<Work> {

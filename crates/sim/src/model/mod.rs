@@ -170,6 +170,9 @@ pub struct EngineStats {
     pub waiting: u32,
     /// Fraction of blocks referenced by sequences (`vllm:kv_cache_usage_perc`, 1 = 100%).
     pub kv_usage: f64,
+    /// Blocks held by running sequences beyond the prefix-cache hits each was admitted with:
+    /// the KV footprint when cached blocks are counted as free (DOMAIN.md §4.2's reading).
+    pub uncached_blocks: u64,
     /// Blocks free or idle cached.
     pub free_blocks: u64,
     /// Blocks in the pool.

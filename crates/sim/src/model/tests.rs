@@ -427,3 +427,25 @@ fn record(
         }
     }
 }
+
+#[test]
+fn uncached_blocks_leave_out_prefix_hits() {
+    let mut e = EngineModel::new(config(Batching::Continuous, 100, 4));
+    e.submit(req(1, prompt(1, 64), 2));
+    e.step().unwrap();
+    assert_eq!(e.stats().uncached_blocks, 4, "a cold prompt counts in full");
+    e.submit(req(2, prompt(1, 64), 10));
+    e.step().unwrap();
+    let s = e.stats();
+    assert_eq!(s.total_blocks - s.free_blocks, 5, "three blocks are shared");
+    assert_eq!(s.uncached_blocks, 5, "request 2 counts only its own block");
+    e.step().unwrap();
+    let s = e.stats();
+    assert_eq!(s.running, 1, "request 1 finished");
+    assert_eq!(s.total_blocks - s.free_blocks, 5);
+    assert_eq!(
+        s.uncached_blocks, 2,
+        "the hits request 2 still holds count as cached"
+    );
+    e.check().unwrap();
+}

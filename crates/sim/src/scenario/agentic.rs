@@ -11,7 +11,7 @@
 use super::metrics::{summarise, Slo, Window};
 use super::table::{num, pct, Table};
 use super::{par_map, policy_names, to_value, Error, Options, Params, Report};
-use crate::fleet::{self, FleetConfig, ReplicaConfig};
+use crate::fleet::{self, FleetConfig, KvSignal, ReplicaConfig};
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{Agentic, AgenticConfig};
 use kvgate_core::{Nanos, PolicyConfig};
@@ -70,6 +70,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         kv_events: p.bool("kv_events", false)?,
         sample_interval: Nanos::from_millis(100),
         maintain_interval: Nanos::from_secs(10),
+        kv_signal: KvSignal::Referenced,
     };
     let slo = Slo {
         ttft: p.f64("slo_ttft_ms", 2_000.0)?,
