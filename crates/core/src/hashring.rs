@@ -12,6 +12,10 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// Points per unit weight by default (nginx's ketama uses 160 per server).
 pub const DEFAULT_VNODES: u32 = 160;
 
+/// The most points one endpoint gets, whatever its weight: weights are ratios, and an absurd one
+/// must not allocate gigabytes.
+pub const MAX_POINTS_PER_ENDPOINT: f64 = 65_536.0;
+
 /// The ring: sorted (point, endpoint) pairs.
 #[derive(Clone, Debug, Default)]
 pub struct HashRing {
@@ -26,7 +30,12 @@ impl HashRing {
         let mut ids = Vec::new();
         for (id, weight) in members {
             ids.push(id);
-            let count = ((f64::from(vnodes) * weight.max(0.0)).round() as u32).max(1);
+            let share = (f64::from(vnodes) * weight).clamp(1.0, MAX_POINTS_PER_ENDPOINT);
+            let count = if share.is_nan() {
+                1
+            } else {
+                share.round() as u32
+            };
             for v in 0..count {
                 let mut key = [0u8; 8];
                 key[..4].copy_from_slice(&id.0.to_le_bytes());
@@ -88,6 +97,15 @@ mod tests {
 
     fn ring(n: u32) -> HashRing {
         HashRing::new((0..n).map(|i| (EndpointId(i), 1.0)), DEFAULT_VNODES)
+    }
+
+    #[test]
+    fn absurd_weights_get_a_bounded_number_of_points() {
+        let r = HashRing::new(
+            [(EndpointId(0), 1e12), (EndpointId(1), f64::NAN)],
+            DEFAULT_VNODES,
+        );
+        assert_eq!(r.points.len(), MAX_POINTS_PER_ENDPOINT as usize + 1);
     }
 
     #[test]

@@ -44,6 +44,14 @@ impl Default for LoadConfig {
 }
 
 impl LoadConfig {
+    /// Checks ranges; returns the offending parameter and why.
+    pub fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        if !(0.0..=1.0).contains(&self.slow_start_min_factor) {
+            return Err(("load.slow_start_min_factor", "must be within 0..=1"));
+        }
+        Ok(())
+    }
+
     /// The parameters as (name, default) pairs for `kvgate policies`.
     pub fn describe() -> Vec<(&'static str, String)> {
         let d = Self::default();

@@ -148,7 +148,8 @@ struct EndpointBlocks {
 pub struct KvCost {
     config: Config,
     index: BlockIndex,
-    active: HashMap<u64, Active>,
+    /// Keyed by (request, endpoint): a hedged request is in flight on two endpoints at once.
+    active: HashMap<(u64, EndpointId), Active>,
     per_endpoint: HashMap<EndpointId, EndpointBlocks>,
     costs: Vec<(usize, f64)>,
     last_sweep: Option<Nanos>,
@@ -173,8 +174,8 @@ impl KvCost {
         by_len.max(hashed) as f64
     }
 
-    fn finish(&mut self, request: u64) {
-        if let Some(a) = self.active.remove(&request) {
+    fn finish(&mut self, request: u64, endpoint: EndpointId) {
+        if let Some(a) = self.active.remove(&(request, endpoint)) {
             let e = self.per_endpoint.entry(a.endpoint).or_default();
             e.active = (e.active - a.blocks).max(0.0);
             if a.prefilling {
@@ -254,9 +255,9 @@ impl Policy for KvCost {
                 let key = PrefixKey::of(request, self.config.share_across_tenants);
                 let hashed = self.index.hashes_of(&key).len();
                 let blocks = self.request_blocks(request, hashed);
-                self.finish(request.id);
+                self.finish(request.id, endpoint);
                 self.active.insert(
-                    request.id,
+                    (request.id, endpoint),
                     Active {
                         endpoint,
                         blocks,
@@ -270,8 +271,10 @@ impl Policy for KvCost {
                     self.index.insert(&key, endpoint, at);
                 }
             }
-            Event::FirstToken { request, .. } => {
-                if let Some(a) = self.active.get_mut(&request) {
+            Event::FirstToken {
+                request, endpoint, ..
+            } => {
+                if let Some(a) = self.active.get_mut(&(request, endpoint)) {
                     if a.prefilling {
                         a.prefilling = false;
                         let e = self.per_endpoint.entry(a.endpoint).or_default();
@@ -279,8 +282,13 @@ impl Policy for KvCost {
                     }
                 }
             }
-            Event::Completed { request, .. } | Event::Failed { request, .. } => {
-                self.finish(request);
+            Event::Completed {
+                request, endpoint, ..
+            }
+            | Event::Failed {
+                request, endpoint, ..
+            } => {
+                self.finish(request, endpoint);
             }
             Event::EndpointRemoved { endpoint } => {
                 self.index.remove_endpoint(endpoint);

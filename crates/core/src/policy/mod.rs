@@ -216,6 +216,13 @@ impl PolicyConfig {
                 })
             }
         };
+        if let Some(load) = self.load() {
+            load.validate().map_err(|(param, why)| ConfigError {
+                policy: self.name(),
+                param,
+                why,
+            })?;
+        }
         match self {
             PolicyConfig::PowerOfTwo(c) => check(c.choices >= 1, "choices", "must be at least 1"),
             PolicyConfig::ConsistentHash(c) => check(
@@ -258,6 +265,23 @@ impl PolicyConfig {
             }
             PolicyConfig::PeakEwma(c) => check(c.decay_ms >= 1, "decay_ms", "must be positive"),
             _ => Ok(()),
+        }
+    }
+
+    /// The stale-signal settings, for policies that read load.
+    pub fn load(&self) -> Option<&crate::LoadConfig> {
+        match self {
+            PolicyConfig::Random(_) | PolicyConfig::RoundRobin(_) => None,
+            PolicyConfig::WeightedRoundRobin(c) => Some(&c.load),
+            PolicyConfig::LeastOutstanding(c) => Some(&c.load),
+            PolicyConfig::PowerOfTwo(c) => Some(&c.load),
+            PolicyConfig::LeastKv(c) => Some(&c.load),
+            PolicyConfig::ConsistentHash(c) => Some(&c.load),
+            PolicyConfig::PrefixHash(c) => Some(&c.load),
+            PolicyConfig::CacheAware(c) => Some(&c.load),
+            PolicyConfig::KvCost(c) => Some(&c.load),
+            PolicyConfig::WeightedLeastRequest(c) => Some(&c.load),
+            PolicyConfig::PeakEwma(c) => Some(&c.load),
         }
     }
 

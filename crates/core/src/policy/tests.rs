@@ -468,3 +468,42 @@ fn kv_cost_follows_engine_kv_events() {
         matches!(d, Decision::Route(Route { reason: Reason::LeastCost { cost }, .. }) if cost == 8.0)
     );
 }
+
+/// A hedged request is in flight on two endpoints; the loser's cancellation must not erase the
+/// winner's KV blocks from kv_cost's bookkeeping.
+#[test]
+fn kv_cost_keeps_a_hedge_winners_blocks_when_the_loser_is_cancelled() {
+    let mut p = KvCost::new(config::KvCost {
+        block_size: 4,
+        ..Default::default()
+    });
+    let r = Request::from_tokens(7, (0..40).collect());
+    for e in [0, 1] {
+        p.observe(&Event::Dispatched {
+            request: &r,
+            endpoint: EndpointId(e),
+            at: Nanos::ZERO,
+        });
+    }
+    p.observe(&Event::FirstToken {
+        request: 7,
+        endpoint: EndpointId(0),
+        at: Nanos(1),
+        ttft: Nanos(1),
+    });
+    p.observe(&Event::Failed {
+        request: 7,
+        endpoint: EndpointId(1),
+        at: Nanos(1),
+        kind: crate::decision::FailureKind::Cancelled,
+    });
+    let other = Request::from_tokens(8, (1000..1040).collect());
+    for seed in 0..20 {
+        let d = p.select(&other, &fleet(3), Nanos(2), &mut rng(seed));
+        assert_ne!(
+            d.endpoint(),
+            Some(EndpointId(0)),
+            "the winner still decodes 10 blocks"
+        );
+    }
+}
