@@ -77,7 +77,9 @@ pub(crate) async fn handle(
     let forwarded = Arc::new(upstream::forwarded_headers(headers));
     let retry = &shared.config.retry;
     let max_retry_after = Duration::from_secs(retry.max_retry_after_secs);
-    let first_token_timeout = (retry.first_token_timeout_ms > 0)
+    // Streams only: a non-streaming response's first bytes come when generation ends, so a
+    // first-token timeout would cut off every long answer (and retry it elsewhere).
+    let first_token_timeout = (inference.stream && retry.first_token_timeout_ms > 0)
         .then(|| Duration::from_millis(retry.first_token_timeout_ms));
 
     // Picks among endpoints not yet tried; a retry (not a hedge) may fall back to one already

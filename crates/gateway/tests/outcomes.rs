@@ -1,0 +1,121 @@
+//! How upstream outcomes (slow answers, client errors, Retry-After, deadlines) reach the client,
+//! against a loopback upstream whose every answer the test scripts.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use kvgate_gateway::{Config, EndpointConfig, Gateway};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+struct Answer {
+    status: u16,
+    delay: Duration,
+    retry_after: Option<&'static str>,
+    body: &'static str,
+}
+
+impl Answer {
+    fn ok(delay: Duration) -> Self {
+        Answer {
+            status: 200,
+            delay,
+            retry_after: None,
+            body: r#"{"choices":[{"message":{"content":"hi"}}]}"#,
+        }
+    }
+}
+
+/// An upstream answering its n-th request (0-based) with `script(n)`; returns its URL and a
+/// counter of the requests it received.
+async fn upstream(
+    script: impl Fn(usize) -> Answer + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let script = Arc::new(script);
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            let answer = script(n);
+            async move {
+                tokio::time::sleep(answer.delay).await;
+                let mut response = axum::response::Response::builder()
+                    .status(answer.status)
+                    .header("content-type", "application/json");
+                if let Some(v) = answer.retry_after {
+                    response = response.header("retry-after", v);
+                }
+                response.body(Body::from(answer.body)).unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, hits)
+}
+
+fn gateway(urls: &[&str], edit: impl FnOnce(&mut Config)) -> Gateway {
+    let mut config = Config {
+        endpoints: urls.iter().map(|u| EndpointConfig::from_url(*u)).collect(),
+        ..Config::default()
+    };
+    config.retry.backoff.base_ms = 1;
+    config.retry.backoff.cap_ms = 1;
+    edit(&mut config);
+    Gateway::with_seed(config, 1).unwrap()
+}
+
+async fn chat(gateway: &Gateway, stream: bool) -> (StatusCode, axum::http::HeaderMap, String) {
+    chat_with(gateway, stream, &[]).await
+}
+
+async fn chat_with(
+    gateway: &Gateway,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let body = format!(r#"{{"stream":{stream},"messages":[{{"role":"user","content":"x"}}]}}"#);
+    let mut request =
+        Request::post("/v1/chat/completions").header("content-type", "application/json");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = gateway
+        .router()
+        .oneshot(request.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_token_timeout_spares_non_streaming_requests() {
+    let (url, hits) = upstream(|_| Answer::ok(Duration::from_millis(300))).await;
+    let g = gateway(&[&url], |c| {
+        c.retry.first_token_timeout_ms = 100;
+        c.retry.max_attempts = 1;
+    });
+    let (status, _, body) = chat(&g, false).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a whole answer takes as long as it takes: {body}"
+    );
+    let (status, _, _) = chat(&g, true).await;
+    assert_ne!(
+        status,
+        StatusCode::OK,
+        "a stream without first bytes in time fails"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
