@@ -25,7 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
 
@@ -46,6 +46,10 @@ pub(crate) async fn handle(
     inference: Inference,
     headers: &HeaderMap,
 ) -> Result<Response<Body>, ApiError> {
+    // The client's deadline counts from here, the request's arrival as the proxy sees it.
+    let arrived = Instant::now();
+    let expires = inference.deadline.map(|d| arrived + d);
+    let expired = |extra: Duration| expires.is_some_and(|t| Instant::now() + extra >= t);
     let policy = shared.pool.policy_name();
     let reject = |e: ApiError, outcome| {
         shared.metrics.request(outcome, policy, "none");
@@ -167,6 +171,8 @@ pub(crate) async fn handle(
                     let label = error.label();
                     let denied = if !attempts.is_empty() {
                         None
+                    } else if expired(Duration::ZERO) {
+                        Some("deadline")
                     } else if retries + 1 >= retry.max_attempts {
                         Some("attempts")
                     } else if !shared.pool.try_retry() {
@@ -183,16 +189,30 @@ pub(crate) async fn handle(
                     }
                     let retry_after = error.retry_after();
                     let name = dispatch.target.name.clone();
-                    dispatch.fail(kind, retry_after, "upstream_error");
+                    let past_deadline = denied == Some("deadline");
+                    dispatch.fail(
+                        kind,
+                        retry_after,
+                        if past_deadline { "deadline" } else { "upstream_error" },
+                    );
                     if !attempts.is_empty() {
                         continue; // a hedge is still running; it may yet succeed
+                    }
+                    if past_deadline {
+                        return Err(ApiError::deadline_passed_upstream());
                     }
                     if last {
                         return Ok(upstream_failure(error, &name));
                     }
+                    let delay = shared.pool.backoff(&retry.backoff, retries);
+                    if expired(delay) {
+                        // The backoff alone would outlast the client's deadline.
+                        shared.metrics.retries_denied.get_or_create(&metrics::reason("deadline")).inc();
+                        shared.metrics.request("deadline", policy, &name);
+                        return Err(ApiError::deadline_passed_upstream());
+                    }
                     retries += 1;
                     shared.metrics.retries.get_or_create(&metrics::reason(label)).inc();
-                    let delay = shared.pool.backoff(&retry.backoff, retries - 1);
                     match launch(&tried, delay, true) {
                         Ok((id, fut)) => {
                             tried.push(id);
@@ -207,6 +227,9 @@ pub(crate) async fn handle(
             },
             () = async { match hedge_timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } }, if !hedged => {
                 hedged = true;
+                if expired(Duration::ZERO) {
+                    continue; // nobody waits for a second attempt any more
+                }
                 // A hedge must go elsewhere: no fallback to an endpoint already tried.
                 if let Ok((id, fut)) = launch(&tried, Duration::ZERO, false) {
                     shared.metrics.hedges.get_or_create(&metrics::reason("launched")).inc();

@@ -119,3 +119,30 @@ async fn the_first_token_timeout_spares_non_streaming_requests() {
     );
     assert_eq!(hits.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_retry_once_the_clients_deadline_has_passed() {
+    let (url, hits) = upstream(|_| Answer {
+        status: 500,
+        delay: Duration::from_millis(150),
+        retry_after: None,
+        body: "{}",
+    })
+    .await;
+    let g = gateway(&[&url], |c| c.retry.max_attempts = 3);
+    let (status, _, body) = chat_with(&g, false, &[("x-kvgate-deadline-ms", "100")]).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert!(body.contains("deadline_exceeded"), "{body}");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "no retry after the deadline"
+    );
+    let (status, _, _) = chat(&g, false).await;
+    assert_eq!(
+        status.as_u16(),
+        500,
+        "without a deadline every attempt is made"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 4);
+}
