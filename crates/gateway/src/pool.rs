@@ -343,10 +343,16 @@ impl Pool {
         self.lock().budget.request(now);
     }
 
-    /// Withdraws a retry from the budget.
-    pub fn try_retry(&self) -> bool {
+    /// Withdraws a retry from the budget; returns when it was withdrawn (for
+    /// [`Self::refund_retry`]), or `None` when the budget is spent.
+    pub fn try_retry(&self) -> Option<Nanos> {
         let now = self.clock.now();
-        self.lock().budget.try_retry(now)
+        self.lock().budget.try_retry(now).then_some(now)
+    }
+
+    /// Gives back a retry withdrawn at `withdrawn_at` that was never sent.
+    pub fn refund_retry(&self, withdrawn_at: Nanos) {
+        self.lock().budget.refund(withdrawn_at);
     }
 
     /// The wait before retry `attempt` (0-based), drawn from the pool's random source.

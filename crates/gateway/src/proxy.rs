@@ -169,16 +169,16 @@ pub(crate) async fn handle(
                 Err(error) => {
                     let kind = error.kind();
                     let label = error.label();
+                    let mut withdrawn = None;
                     let denied = if !attempts.is_empty() {
                         None
                     } else if expired(Duration::ZERO) {
                         Some("deadline")
                     } else if retries + 1 >= retry.max_attempts {
                         Some("attempts")
-                    } else if !shared.pool.try_retry() {
-                        Some("budget")
                     } else {
-                        None
+                        withdrawn = shared.pool.try_retry();
+                        withdrawn.is_none().then_some("budget")
                     };
                     if let Some(why) = denied {
                         shared.metrics.retries_denied.get_or_create(&metrics::reason(why)).inc();
@@ -207,6 +207,9 @@ pub(crate) async fn handle(
                     let delay = shared.pool.backoff(&retry.backoff, retries);
                     if expired(delay) {
                         // The backoff alone would outlast the client's deadline.
+                        if let Some(at) = withdrawn {
+                            shared.pool.refund_retry(at);
+                        }
                         shared.metrics.retries_denied.get_or_create(&metrics::reason("deadline")).inc();
                         shared.metrics.request("deadline", policy, &name);
                         return Err(ApiError::deadline_passed_upstream());
@@ -219,6 +222,10 @@ pub(crate) async fn handle(
                             attempts.push(fut);
                         }
                         Err(_) => {
+                            // Nothing was sent: the retry goes back into the budget.
+                            if let Some(at) = withdrawn {
+                                shared.pool.refund_retry(at);
+                            }
                             shared.metrics.request("upstream_error", policy, &name);
                             return Ok(upstream_failure(error, &name));
                         }

@@ -146,3 +146,42 @@ async fn no_retry_once_the_clients_deadline_has_passed() {
     );
     assert_eq!(hits.load(Ordering::SeqCst), 4);
 }
+
+/// Sends requests until the upstream has seen `n` in all (an endpoint inside a Retry-After window
+/// is not asked), within five seconds.
+async fn until_upstream_saw(g: &Gateway, hits: &AtomicUsize, n: usize) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    while hits.load(Ordering::SeqCst) < n {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the upstream was never asked again"
+        );
+        let _ = chat(g, false).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_found_no_endpoint_goes_back_into_the_budget() {
+    let (url, hits) = upstream(|_| Answer {
+        status: 503,
+        delay: Duration::ZERO,
+        retry_after: Some("0.2"),
+        body: "{}",
+    })
+    .await;
+    let g = gateway(&[&url], |c| {
+        // Exactly one retry in the budget's window.
+        c.retry.budget.ratio = 0.0;
+        c.retry.budget.min_per_sec = 0.1;
+        c.retry.budget.window_ms = 10_000;
+    });
+    // Each request: a 503 with Retry-After takes the only endpoint out, so its retry finds none.
+    until_upstream_saw(&g, &hits, 1).await;
+    until_upstream_saw(&g, &hits, 2).await;
+    let text = g.metrics_text();
+    assert!(
+        !text.contains("kvgate_retries_denied_total{reason=\"budget\"}"),
+        "the unsent retry was not refunded: {text}"
+    );
+}
