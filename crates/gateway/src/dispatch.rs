@@ -57,6 +57,12 @@ impl Dispatch {
             .first_token(self.request, self.target.id, Self::nanos(ttft), self.stream);
     }
 
+    /// The endpoint answered with a non-2xx status that is passed to the client as it is
+    /// (see [`crate::pool::Pool::refused`]).
+    pub(crate) fn refused(&self, status: u16) {
+        self.shared.pool.refused(self.target.id, status);
+    }
+
     /// The stream ended normally with `output_tokens` tokens (`0` when unknown).
     pub(crate) fn complete(mut self, ok: bool, output_tokens: u32) {
         self.done = true;

@@ -400,6 +400,28 @@ impl Pool {
         });
     }
 
+    /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt
+    /// failures): the answer goes to the client as it is, but it is neither a first token nor
+    /// proof of life. 401, 403, 404 and 408 say the endpoint cannot serve (a wrong key, a model
+    /// or route it lacks, a request it gave up on) and count as breaker failures, as LiteLLM
+    /// cools such deployments down; any other status (400, 413, 422) is the client's own fault
+    /// and only frees a half-open probe slot.
+    pub fn refused(&self, endpoint: EndpointId, status: u16) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
+            if matches!(status, 401 | 403 | 404 | 408) {
+                e.breaker.record(false, now);
+            } else {
+                e.breaker.release();
+            }
+            self.metrics
+                .breaker
+                .get_or_create(&metrics::endpoint(&e.name))
+                .set(e.breaker.state(now).as_gauge());
+        }
+    }
+
     /// `request` finished normally on `endpoint`.
     pub fn completed(
         &self,

@@ -126,8 +126,11 @@ pub(crate) async fn handle(
                         .unwrap_or(Err(AttemptError::Timeout(limit))),
                     None => send.await,
                 };
-                if result.is_ok() {
-                    dispatch.first_token();
+                // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
+                match &result {
+                    Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
+                    Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
+                    Err(_) => {}
                 }
                 (dispatch, result)
             }),

@@ -185,3 +185,34 @@ async fn a_retry_that_found_no_endpoint_goes_back_into_the_budget() {
         "the unsent retry was not refunded: {text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_refusing_with_404_trips_its_breaker_but_a_bad_request_does_not() {
+    let (missing, _) = upstream(|_| Answer {
+        status: 404,
+        delay: Duration::ZERO,
+        retry_after: None,
+        body: r#"{"error":{"message":"no such model","type":"x","code":"x"}}"#,
+    })
+    .await;
+    let (picky, _) = upstream(|_| Answer {
+        status: 400,
+        delay: Duration::ZERO,
+        retry_after: None,
+        body: r#"{"error":{"message":"bad","type":"x","code":"x"}}"#,
+    })
+    .await;
+    for (url, status) in [(missing, 404), (picky, 400)] {
+        let g = gateway(&[&url], |c| c.breaker.min_requests = 2);
+        for _ in 0..2 {
+            let (got, _, body) = chat(&g, true).await;
+            assert_eq!(got.as_u16(), status, "passed through unchanged: {body}");
+            assert!(body.contains("\"error\""), "{body}");
+        }
+        let (got, _, body) = chat(&g, true).await;
+        let expected = if status == 404 { 503 } else { 400 };
+        assert_eq!(got.as_u16(), expected, "after two {status}s: {body}");
+        let text = g.metrics_text();
+        assert!(!text.contains("kvgate_ttft_seconds_count"), "{text}");
+    }
+}
