@@ -99,6 +99,26 @@ impl Endpoint {
         }
     }
 
+    /// Not draining, answering its health checks and not reporting itself down: what
+    /// readiness looks at, whatever Retry-After window or open breaker keeps it out for now.
+    fn passes_health_checks(&self) -> bool {
+        !self.draining && self.healthy && !self.reports_down
+    }
+
+    /// When an endpoint that passes its health checks but is kept out by a Retry-After window
+    /// or an open breaker takes traffic again; `None` when it is routable now or when nothing
+    /// but a health check can bring it back.
+    fn routable_again_at(&self, now: Nanos) -> Option<Nanos> {
+        if !self.passes_health_checks() {
+            return None;
+        }
+        let avoid = (now < self.avoid_until).then_some(self.avoid_until);
+        match (avoid, self.breaker.open_until(now)) {
+            (None, None) => None,
+            (a, b) => a.max(b),
+        }
+    }
+
     fn health(&self, now: Nanos) -> Health {
         if self.draining {
             Health::Draining
@@ -568,13 +588,29 @@ impl Pool {
         models
     }
 
-    /// Whether at least one endpoint is routable now.
-    pub fn any_routable(&self) -> bool {
+    /// Whether at least one endpoint passes its health checks (readiness). A Retry-After
+    /// window or an open breaker does not count: they are short, and every gateway replica sees
+    /// them at once, so a readiness probe following them would take all replicas out of a
+    /// Kubernetes Service together.
+    pub fn any_healthy(&self) -> bool {
+        self.lock()
+            .endpoints
+            .iter()
+            .any(Endpoint::passes_health_checks)
+    }
+
+    /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or
+    /// an open breaker, takes traffic again: the `Retry-After` of a 503 when nothing is
+    /// routable. `None` when no such endpoint exists.
+    pub fn routable_again_in(&self, model: Option<&str>) -> Option<Duration> {
         let now = self.clock.now();
         self.lock()
             .endpoints
             .iter()
-            .any(|e| e.health(now) == Health::Healthy)
+            .filter(|e| e.serves(model))
+            .filter_map(|e| e.routable_again_at(now))
+            .min()
+            .map(|at| Duration::from_nanos(at.0.saturating_sub(now.0)))
     }
 
     /// Every endpoint's status; also refreshes the per-endpoint gauges.

@@ -85,7 +85,22 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
         kvgate_core::resilience::BreakerState::Open
     );
     assert!(pool.pick(&request(20, None), &[]).is_err());
-    assert!(!pool.any_routable());
+    assert!(
+        pool.any_healthy(),
+        "Retry-After and breakers do not touch readiness"
+    );
+    // b's breaker opens for `open_ms` (5 s), a's Retry-After lasts 60 s: b comes back first.
+    let wait = pool.routable_again_in(None).unwrap();
+    assert!(
+        wait > Duration::from_secs(4) && wait <= Duration::from_secs(5),
+        "{wait:?}"
+    );
+    assert!(pool.set_draining(ids[1], true));
+    let wait = pool.routable_again_in(None).unwrap();
+    assert!(
+        wait > Duration::from_secs(59),
+        "a draining endpoint does not come back: {wait:?}"
+    );
 }
 
 #[test]
@@ -106,14 +121,19 @@ fn failed_scrapes_count_only_without_traffic_in_between() {
     pool.first_token(1, ids[0], Nanos(1), false);
     pool.scrape_failed(ids[0], 2);
     assert!(
-        pool.any_routable(),
+        pool.any_healthy(),
         "it answered a request since the last scrape"
     );
     pool.scrape_failed(ids[0], 2);
     pool.scrape_failed(ids[0], 2);
-    assert!(!pool.any_routable());
+    assert!(!pool.any_healthy());
+    assert_eq!(
+        pool.routable_again_in(None),
+        None,
+        "only a health check brings it back"
+    );
     pool.observed(ids[0], None, Nanos(2));
-    assert!(pool.any_routable());
+    assert!(pool.any_healthy());
 }
 
 #[test]

@@ -145,7 +145,16 @@ pub(crate) async fn handle(
             tried.push(id);
             attempts.push(fut);
         }
-        Err(r) => return Err(reject(ApiError::no_endpoint(r), "no_endpoint")),
+        Err(r) => {
+            // Every endpoint may be inside a Retry-After window or behind an open breaker: tell
+            // the client when the first of them takes traffic again.
+            let mut error = ApiError::no_endpoint(r);
+            error.retry_after_secs = shared
+                .pool
+                .routable_again_in(request.model.as_deref())
+                .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+            return Err(reject(error, "no_endpoint"));
+        }
     }
     let hedge_delay = if inference.stream {
         shared.pool.hedge_delay()

@@ -216,3 +216,40 @@ async fn an_endpoint_refusing_with_404_trips_its_breaker_but_a_bad_request_does_
         assert!(!text.contains("kvgate_ttft_seconds_count"), "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inside_a_retry_after_window_the_503_says_when_and_the_gateway_stays_ready() {
+    let (url, hits) = upstream(|_| Answer {
+        status: 503,
+        delay: Duration::ZERO,
+        retry_after: Some("30"),
+        body: "{}",
+    })
+    .await;
+    let g = gateway(&[&url], |_| {});
+    let (status, headers, _) = chat(&g, false).await;
+    assert_eq!(status.as_u16(), 503);
+    assert_eq!(headers["retry-after"], "30", "the engine's own answer");
+    let (status, headers, body) = chat(&g, false).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("no_endpoint"), "{body}");
+    let secs: u64 = headers
+        .get("retry-after")
+        .expect("a 503 for an endpoint in a Retry-After window says when to come back")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((29..=30).contains(&secs), "{secs}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let ready = g
+        .router()
+        .oneshot(Request::get("/ready").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        StatusCode::OK,
+        "a Retry-After window is no reason to be unready"
+    );
+}

@@ -94,6 +94,11 @@ impl Breaker {
         }
     }
 
+    /// When an open breaker starts letting probes through; `None` unless it is open at `now`.
+    pub fn open_until(&self, now: Nanos) -> Option<Nanos> {
+        self.open_until.filter(|until| now < *until)
+    }
+
     /// Whether a request may be sent now, without taking a probe slot.
     pub fn is_available(&self, now: Nanos) -> bool {
         match self.state(now) {
@@ -196,7 +201,9 @@ mod tests {
         b.record(false, ms(3));
         assert_eq!(b.state(ms(4)), BreakerState::Open, "2 of 4 failed");
         assert!(!b.acquire(ms(100)));
+        assert_eq!(b.open_until(ms(100)), Some(ms(503)));
         assert_eq!(b.state(ms(503)), BreakerState::HalfOpen);
+        assert_eq!(b.open_until(ms(503)), None);
         assert!(b.acquire(ms(503)), "one probe");
         assert!(!b.acquire(ms(504)), "only one probe at a time");
         b.record(true, ms(510));
