@@ -11,7 +11,7 @@ use crate::config::EndpointConfig;
 use crate::metrics::{self, Metrics, PickLabels};
 use axum::http::HeaderValue;
 use kvgate_core::decision::FailureKind;
-use kvgate_core::resilience::{Backoff, Breaker, BreakerConfig, HedgeDelay, RetryBudget};
+use kvgate_core::resilience::{Backoff, Breaker, BreakerConfig, HedgeDelay, RetryBudget, Ticket};
 use kvgate_core::{
     Decision, EndpointId, EndpointView, Event, Health, InflightLedger, Nanos, Observation, Policy,
     PolicyConfig, Rejection, Request,
@@ -37,6 +37,9 @@ pub struct Target {
     pub reason: &'static str,
     /// The endpoint's own `Authorization` value, if it has an API key.
     pub authorization: Option<HeaderValue>,
+    /// The breaker's permission for this dispatch (a half-open probe or not), handed back
+    /// with its outcome.
+    pub ticket: Ticket,
 }
 
 /// One endpoint as the admin API reports it.
@@ -333,8 +336,11 @@ impl Pool {
         let Some(e) = s.endpoints.iter_mut().find(|e| e.id == route.endpoint) else {
             return Err(Rejection::NoRoutableEndpoint);
         };
-        e.breaker.acquire(now);
+        // The health filter above let only endpoints whose breaker admits traffic through; a
+        // policy routing elsewhere all the same gets an ordinary ticket.
+        let ticket = e.breaker.acquire(now).unwrap_or_default();
         let target = Target {
+            ticket,
             id: e.id,
             name: e.name.clone(),
             base: e.base.clone(),
@@ -395,7 +401,14 @@ impl Pool {
 
     /// The first token of `request` arrived from `endpoint` after `ttft`; `sample` says whether
     /// it is a streaming TTFT that the hedging delay should learn from.
-    pub fn first_token(&self, request: u64, endpoint: EndpointId, ttft: Nanos, sample: bool) {
+    pub fn first_token(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        ttft: Nanos,
+        sample: bool,
+    ) {
         let now = self.clock.now();
         let mut s = self.lock();
         if sample {
@@ -406,7 +419,7 @@ impl Pool {
             e.served_since_scrape = true;
             e.healthy = true;
             e.scrape_failures = 0;
-            e.breaker.record(true, now);
+            e.breaker.record(ticket, true, now);
             self.metrics
                 .breaker
                 .get_or_create(&metrics::endpoint(&e.name))
@@ -426,14 +439,14 @@ impl Pool {
     /// or route it lacks, a request it gave up on) and count as breaker failures, as LiteLLM
     /// cools such deployments down; any other status (400, 413, 422) is the client's own fault
     /// and only frees a half-open probe slot.
-    pub fn refused(&self, endpoint: EndpointId, status: u16) {
+    pub fn refused(&self, endpoint: EndpointId, ticket: Ticket, status: u16) {
         let now = self.clock.now();
         let mut s = self.lock();
         if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
             if matches!(status, 401 | 403 | 404 | 408) {
-                e.breaker.record(false, now);
+                e.breaker.record(ticket, false, now);
             } else {
-                e.breaker.release();
+                e.breaker.release(ticket);
             }
             self.metrics
                 .breaker
@@ -468,6 +481,7 @@ impl Pool {
         &self,
         request: u64,
         endpoint: EndpointId,
+        ticket: Ticket,
         kind: FailureKind,
         retry_after: Option<Duration>,
     ) {
@@ -480,9 +494,9 @@ impl Pool {
                 e.avoid_until = e.avoid_until.max(until);
             }
             if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
-                e.breaker.release();
+                e.breaker.release(ticket);
             } else {
-                e.breaker.record(false, now);
+                e.breaker.record(ticket, false, now);
             }
             self.metrics
                 .breaker

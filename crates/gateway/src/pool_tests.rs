@@ -61,7 +61,7 @@ fn dispatches_are_in_flight_until_they_end() {
     pool.pick(&request(2, None), &[]).unwrap();
     assert_eq!(pool.status()[0].inflight, 2);
     pool.completed(1, t.id, Nanos(1), 3);
-    pool.failed(2, ids[0], FailureKind::Cancelled, None);
+    pool.failed(2, ids[0], Ticket::default(), FailureKind::Cancelled, None);
     assert_eq!(pool.status()[0].inflight, 0);
 }
 
@@ -71,6 +71,7 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
     pool.failed(
         0,
         ids[0],
+        Ticket::default(),
         FailureKind::Overloaded,
         Some(Duration::from_secs(60)),
     );
@@ -78,7 +79,7 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
         assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
     }
     for i in 10..12 {
-        pool.failed(i, ids[1], FailureKind::ServerError, None);
+        pool.failed(i, ids[1], Ticket::default(), FailureKind::ServerError, None);
     }
     assert_eq!(
         pool.status()[1].breaker,
@@ -118,7 +119,7 @@ fn removal_forgets_the_endpoint() {
 fn failed_scrapes_count_only_without_traffic_in_between() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
     pool.scrape_failed(ids[0], 2);
-    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     pool.scrape_failed(ids[0], 2);
     assert!(
         pool.any_healthy(),
@@ -140,7 +141,7 @@ fn failed_scrapes_count_only_without_traffic_in_between() {
 fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
     pool.reported_health(ids[0], false);
-    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     for i in 2..6 {
         assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
     }
@@ -149,4 +150,49 @@ fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
         .map(|i| pool.pick(&request(i, None), &[]).unwrap().id)
         .collect();
     assert!(picked.contains(&ids[0]));
+}
+
+#[test]
+fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
+    let mut config = Config::default();
+    config.set_policy("round_robin").unwrap();
+    config.breaker.min_requests = 2;
+    config.breaker.open_ms = 1;
+    let pool = Pool::new(
+        &config.policy,
+        &config,
+        Clock::new(),
+        Arc::new(Metrics::new()),
+        7,
+    );
+    let id = pool.add(EndpointConfig::from_url("http://a:1"));
+    let straggler = pool.pick(&request(1, None), &[]).unwrap();
+    for i in 2..4 {
+        let t = pool.pick(&request(i, None), &[]).unwrap();
+        pool.failed(i, id, t.ticket, FailureKind::ServerError, None);
+    }
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let probe = loop {
+        if let Ok(t) = pool.pick(&request(9, None), &[]) {
+            break t;
+        }
+        assert!(Instant::now() < give_up, "the breaker never half-opened");
+        std::thread::yield_now();
+    };
+    assert!(probe.ticket.is_probe() && !straggler.ticket.is_probe());
+    let breaker = |pool: &Pool| pool.status()[0].breaker;
+    pool.failed(1, id, straggler.ticket, FailureKind::ServerError, None);
+    assert_eq!(
+        breaker(&pool),
+        kvgate_core::resilience::BreakerState::HalfOpen
+    );
+    assert!(
+        pool.pick(&request(10, None), &[]).is_err(),
+        "the probe slot is still taken"
+    );
+    pool.first_token(9, id, probe.ticket, Nanos(1), true);
+    assert_eq!(
+        breaker(&pool),
+        kvgate_core::resilience::BreakerState::Closed
+    );
 }
