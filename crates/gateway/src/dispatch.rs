@@ -51,7 +51,8 @@ impl Dispatch {
         let now = Instant::now();
         self.first = Some(now);
         let ttft = now.duration_since(self.sent);
-        // A non-streaming response's first bytes are its end: not a TTFT sample.
+        // A non-streaming response's first bytes are its end: not a first token (see
+        // `Pool::first_token`).
         self.shared.pool.first_token(
             self.request,
             self.target.id,

@@ -399,21 +399,23 @@ impl Pool {
         self.lock().hedge.delay().map(|n| Duration::from_nanos(n.0))
     }
 
-    /// The first token of `request` arrived from `endpoint` after `ttft`; `sample` says whether
-    /// it is a streaming TTFT that the hedging delay should learn from.
+    /// The first bytes of a 2xx answer to `request` arrived from `endpoint` after `ttft`.
+    ///
+    /// Only a stream's first bytes are a first token: a non-streaming answer's first bytes come
+    /// when generation ends, so its `ttft` is the end-to-end time, and a policy learning from it
+    /// (peak EWMA) would learn output lengths rather than endpoint speed. For those the policy
+    /// hears only `Completed`/`Failed`, and the hedging delay gets no sample; both kinds count
+    /// as a breaker success and as proof of life.
     pub fn first_token(
         &self,
         request: u64,
         endpoint: EndpointId,
         ticket: Ticket,
         ttft: Nanos,
-        sample: bool,
+        stream: bool,
     ) {
         let now = self.clock.now();
         let mut s = self.lock();
-        if sample {
-            s.hedge.record(ttft);
-        }
         if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
             // Answering traffic is proof of life (passive health checking).
             e.served_since_scrape = true;
@@ -425,12 +427,15 @@ impl Pool {
                 .get_or_create(&metrics::endpoint(&e.name))
                 .set(e.breaker.state(now).as_gauge());
         }
-        s.policy.observe(&Event::FirstToken {
-            request,
-            endpoint,
-            at: now,
-            ttft,
-        });
+        if stream {
+            s.hedge.record(ttft);
+            s.policy.observe(&Event::FirstToken {
+                request,
+                endpoint,
+                at: now,
+                ttft,
+            });
+        }
     }
 
     /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt

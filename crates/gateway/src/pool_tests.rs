@@ -196,3 +196,16 @@ fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
         kvgate_core::resilience::BreakerState::Closed
     );
 }
+
+#[test]
+fn a_non_streaming_answer_teaches_the_policy_no_ttft() {
+    let (pool, ids) = pool("peak_ewma", &[("http://a:1", None), ("http://b:1", None)]);
+    // `a` took a minute to return a whole (long) answer; `b` streamed its first token in 1 s.
+    pool.first_token(1, ids[0], Ticket::default(), Nanos::from_secs(60), false);
+    pool.first_token(2, ids[1], Ticket::default(), Nanos::from_secs(1), true);
+    for i in 10..14 {
+        let t = pool.pick(&request(i, None), &[]).unwrap();
+        assert_eq!(t.id, ids[0], "a has no TTFT estimate, b's is 1 s");
+        pool.completed(i, t.id, Nanos(1), 1);
+    }
+}
