@@ -87,9 +87,10 @@ pub(crate) async fn handle(
         .then(|| Duration::from_millis(retry.first_token_timeout_ms));
 
     // Picks among endpoints not yet tried; a retry (not a hedge) may fall back to one already
-    // tried when nothing else is routable, after its backoff.
+    // tried when nothing else is routable. A retry's backoff is slept before this pick, so the
+    // ledger entry, the `Dispatched` event, a breaker probe slot and the TTFT clock all start
+    // when the attempt is really sent.
     let launch = |exclude: &[EndpointId],
-                  delay: Duration,
                   fallback: bool|
      -> Result<(EndpointId, AttemptFuture), Rejection> {
         let target = match shared.pool.pick(&request, exclude) {
@@ -106,9 +107,6 @@ pub(crate) async fn handle(
         Ok((
             id,
             Box::pin(async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
                 let base = dispatch.target.base.clone();
                 let auth = dispatch.target.authorization.clone();
                 let send = upstream::attempt(
@@ -140,7 +138,7 @@ pub(crate) async fn handle(
     shared.pool.request_started();
     let mut tried = Vec::with_capacity(2);
     let mut attempts: FuturesUnordered<AttemptFuture> = FuturesUnordered::new();
-    match launch(&tried, Duration::ZERO, false) {
+    match launch(&tried, false) {
         Ok((id, fut)) => {
             tried.push(id);
             attempts.push(fut);
@@ -228,7 +226,10 @@ pub(crate) async fn handle(
                     }
                     retries += 1;
                     shared.metrics.retries.get_or_create(&metrics::reason(label)).inc();
-                    match launch(&tried, delay, true) {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    match launch(&tried, true) {
                         Ok((id, fut)) => {
                             tried.push(id);
                             attempts.push(fut);
@@ -250,7 +251,7 @@ pub(crate) async fn handle(
                     continue; // nobody waits for a second attempt any more
                 }
                 // A hedge must go elsewhere: no fallback to an endpoint already tried.
-                if let Ok((id, fut)) = launch(&tried, Duration::ZERO, false) {
+                if let Ok((id, fut)) = launch(&tried, false) {
                     shared.metrics.hedges.get_or_create(&metrics::reason("launched")).inc();
                     hedge_endpoint = Some(id);
                     tried.push(id);

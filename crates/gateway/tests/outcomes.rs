@@ -253,3 +253,47 @@ async fn inside_a_retry_after_window_the_503_says_when_and_the_gateway_stays_rea
         "a Retry-After window is no reason to be unready"
     );
 }
+
+/// The `kvgate_ttft_seconds_sum` of the metrics text.
+fn ttft_sum(text: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with("kvgate_ttft_seconds_sum"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no TTFT in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrys_ttft_starts_after_its_backoff() {
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    let (url, _) = upstream(move |n| {
+        seen.lock().unwrap().push(std::time::Instant::now());
+        if n == 0 {
+            Answer {
+                status: 500,
+                delay: Duration::ZERO,
+                retry_after: None,
+                body: "{}",
+            }
+        } else {
+            Answer::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let g = gateway(&[&url], |c| {
+        c.retry.backoff.base_ms = 400;
+        c.retry.backoff.cap_ms = 400;
+    });
+    let (status, _, body) = chat(&g, true).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let arrivals = arrivals.lock().unwrap().clone();
+    let backoff = arrivals[1].duration_since(arrivals[0]).as_secs_f64();
+    // The seeded draw; the check below means nothing when the backoff is too short to see.
+    assert!(backoff > 0.1, "backoff {backoff}");
+    let ttft = ttft_sum(&g.metrics_text());
+    assert!(
+        ttft < backoff / 2.0,
+        "TTFT {ttft} s includes the {backoff} s backoff"
+    );
+}
