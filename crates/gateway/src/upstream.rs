@@ -207,7 +207,8 @@ fn parse_retry_after(value: &HeaderValue, max: Duration) -> Option<Duration> {
     if secs.is_nan() || secs < 0.0 {
         return None;
     }
-    Some(Duration::from_secs_f64(secs.min(max.as_secs_f64())))
+    // `try_from` as well as the clamp: a `max` near `u64::MAX` seconds rounds up as an f64.
+    Some(Duration::try_from_secs_f64(secs.min(max.as_secs_f64())).map_or(max, |d| d.min(max)))
 }
 
 /// An error and its causes on one line.
@@ -236,6 +237,9 @@ mod tests {
         assert_eq!(parse("-1"), None);
         assert_eq!(parse("NaN"), None);
         assert_eq!(parse("soon"), None);
+        let huge = Duration::from_secs(u64::MAX);
+        let value = HeaderValue::from_static("1e30");
+        assert_eq!(parse_retry_after(&value, huge), Some(huge));
     }
 
     #[test]
