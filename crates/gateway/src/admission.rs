@@ -56,7 +56,7 @@ impl Admission {
     }
 
     /// Waits for a slot, at most until `deadline` (from arrival) or the configured queue
-    /// timeout.
+    /// timeout, whichever comes first.
     ///
     /// Batch requests (DOMAIN.md §8: work that may wait or be shed) may only take the first half
     /// of the queue, so a backlog of batch work never makes interactive requests bounce.
@@ -84,7 +84,9 @@ impl Admission {
         self.metrics.pending.inc();
         let queued = Queued(self);
         let started = Instant::now();
-        let wait = deadline.unwrap_or(Duration::from_millis(self.config.queue_timeout_ms));
+        // A client's deadline can shorten the operator's queue timeout, never lengthen it.
+        let queue_timeout = Duration::from_millis(self.config.queue_timeout_ms);
+        let wait = deadline.map_or(queue_timeout, |d| d.min(queue_timeout));
         let slot = tokio::time::timeout(wait, self.slots.clone().acquire_owned()).await;
         self.metrics
             .queue_wait
@@ -136,6 +138,27 @@ mod tests {
         assert!(gate.admit(None, Priority::Interactive).await.is_ok());
         assert_eq!(gate.metrics.pending.get(), 0);
         assert_eq!(gate.metrics.queue_depth.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_client_deadline_cannot_outlast_the_queue_timeout() {
+        let gate = Admission::new(
+            AdmissionConfig {
+                max_concurrency: 1,
+                max_queue: 1,
+                queue_timeout_ms: 20,
+                retry_after_secs: 1,
+            },
+            Arc::new(Metrics::new()),
+        );
+        let _held = gate.admit(None, Priority::Interactive).await.unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(2),
+            gate.admit(Some(Duration::from_secs(3_600)), Priority::Interactive),
+        )
+        .await
+        .expect("the operator's 20 ms queue timeout must bound an hour-long client deadline");
+        assert_eq!(waited.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     }
 
     #[tokio::test]

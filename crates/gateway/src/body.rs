@@ -27,7 +27,7 @@ pub(crate) struct Tracked {
     _permit: Option<Permit>,
     sse: bool,
     ok: bool,
-    events: u32,
+    events: SseEvents,
     usage_tokens: Option<u32>,
 }
 
@@ -48,7 +48,7 @@ impl Tracked {
             _permit: Some(permit),
             sse,
             ok,
-            events: 0,
+            events: SseEvents::default(),
             usage_tokens: None,
         };
         if let Some(first) = &first {
@@ -61,7 +61,7 @@ impl Tracked {
 
     fn inspect(&mut self, data: &[u8]) {
         if self.sse {
-            self.events += count(data, b"data:") - count(data, b"[DONE]");
+            self.events.feed(data);
         }
         if let Some(n) = completion_tokens(data) {
             self.usage_tokens = Some(n);
@@ -79,7 +79,7 @@ impl Tracked {
 
     fn finish(&mut self) {
         if let Some(d) = self.dispatch.take() {
-            let tokens = self.usage_tokens.unwrap_or(self.events);
+            let tokens = self.usage_tokens.unwrap_or_else(|| self.events.finish());
             d.complete(self.ok, tokens);
         }
         self._permit = None;
@@ -157,15 +157,54 @@ impl Body for Tracked {
     }
 }
 
-fn count(haystack: &[u8], needle: &[u8]) -> u32 {
-    if haystack.len() < needle.len() {
-        return 0;
+/// Counts the `data:` lines of a server-sent-events body other than the `data: [DONE]`
+/// terminator, line by line across frames: a frame may end inside a line, and a model may write
+/// `[DONE]` in its own text, so counting substrings per frame can go wrong (even below zero).
+#[derive(Debug, Default)]
+struct SseEvents {
+    /// The start of the current line (enough to tell `data: [DONE]` apart).
+    line: Vec<u8>,
+    /// The current line is longer than `line` holds.
+    long: bool,
+    events: u32,
+}
+
+impl SseEvents {
+    const KEEP: usize = 32;
+
+    fn feed(&mut self, data: &[u8]) {
+        for part in data.split_inclusive(|b| *b == b'\n') {
+            let (text, ends) = match part.split_last() {
+                Some((b'\n', text)) => (text, true),
+                _ => (part, false),
+            };
+            let room = Self::KEEP.saturating_sub(self.line.len());
+            self.line.extend_from_slice(&text[..text.len().min(room)]);
+            self.long |= text.len() > room;
+            if ends {
+                self.end_line();
+            }
+        }
     }
-    let n = haystack
-        .windows(needle.len())
-        .filter(|w| *w == needle)
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
+
+    fn end_line(&mut self) {
+        if let Some(value) = self.line.strip_prefix(b"data:") {
+            let done = !self.long && value.trim_ascii() == b"[DONE]";
+            if !done {
+                self.events = self.events.saturating_add(1);
+            }
+        }
+        self.line.clear();
+        self.long = false;
+    }
+
+    /// The count, including a last line the stream ended without a newline.
+    fn finish(&mut self) -> u32 {
+        if !self.line.is_empty() {
+            self.end_line();
+        }
+        self.events
+    }
 }
 
 /// The `"completion_tokens": N` of a usage object in `data`, if present.
@@ -189,9 +228,30 @@ mod tests {
             Some(17)
         );
         assert_eq!(completion_tokens(b"{}"), None);
-        assert_eq!(
-            count(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n", b"data:"),
-            3
-        );
+        let mut events = SseEvents::default();
+        events.feed(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n");
+        assert_eq!(events.finish(), 2);
+    }
+
+    #[test]
+    fn sse_events_survive_split_frames_and_done_in_the_text() {
+        let mut events = SseEvents::default();
+        // A frame ending inside `data: [DONE]`, and a model writing "[DONE]" in its output.
+        events.feed(b"data: {\"content\":\"[DONE] [DONE]\"}\r\n\r\nda");
+        events.feed(b"ta: {\"content\":\"x\"}\n\ndata: ");
+        events.feed(b"[DONE]\n\n");
+        assert_eq!(events.finish(), 2);
+        let mut tail = SseEvents::default();
+        tail.feed(b"data: a\n\ndata: b");
+        assert_eq!(tail.finish(), 2, "a last line without a newline counts");
+    }
+
+    #[test]
+    fn sse_event_count_never_underflows() {
+        let mut events = SseEvents::default();
+        for frame in [&b"[DONE]"[..], b"[DONE]\n", b"\n[DONE][DONE]"] {
+            events.feed(frame);
+        }
+        assert_eq!(events.finish(), 0);
     }
 }

@@ -157,8 +157,9 @@ pub struct RetryConfig {
     pub budget: RetryBudgetConfig,
     /// Longest Retry-After honoured, in seconds.
     pub max_retry_after_secs: u64,
-    /// An attempt without first bytes after this long fails as a timeout and may be retried;
-    /// 0 waits as long as the client does (hedging is the gentler tool for stalls).
+    /// A streaming attempt without first bytes after this long fails as a timeout and may be
+    /// retried; 0 waits as long as the client does (hedging is the gentler tool for stalls).
+    /// Non-streaming requests are exempt: their first bytes arrive only when generation ends.
     pub first_token_timeout_ms: u64,
 }
 

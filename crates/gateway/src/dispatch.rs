@@ -51,10 +51,23 @@ impl Dispatch {
         let now = Instant::now();
         self.first = Some(now);
         let ttft = now.duration_since(self.sent);
-        // A non-streaming response's first bytes are its end: not a TTFT sample.
+        // A non-streaming response's first bytes are its end: not a first token (see
+        // `Pool::first_token`).
+        self.shared.pool.first_token(
+            self.request,
+            self.target.id,
+            self.target.ticket,
+            Self::nanos(ttft),
+            self.stream,
+        );
+    }
+
+    /// The endpoint answered with a non-2xx status that is passed to the client as it is
+    /// (see [`crate::pool::Pool::refused`]).
+    pub(crate) fn refused(&self, status: u16) {
         self.shared
             .pool
-            .first_token(self.request, self.target.id, Self::nanos(ttft), self.stream);
+            .refused(self.target.id, self.target.ticket, status);
     }
 
     /// The stream ended normally with `output_tokens` tokens (`0` when unknown).
@@ -95,9 +108,13 @@ impl Dispatch {
         outcome: &'static str,
     ) {
         self.done = true;
-        self.shared
-            .pool
-            .failed(self.request, self.target.id, kind, retry_after);
+        self.shared.pool.failed(
+            self.request,
+            self.target.id,
+            self.target.ticket,
+            kind,
+            retry_after,
+        );
         if self.final_attempt {
             let policy = self.shared.pool.policy_name();
             self.shared
@@ -110,9 +127,13 @@ impl Dispatch {
 impl Drop for Dispatch {
     fn drop(&mut self) {
         if !self.done {
-            self.shared
-                .pool
-                .failed(self.request, self.target.id, FailureKind::Cancelled, None);
+            self.shared.pool.failed(
+                self.request,
+                self.target.id,
+                self.target.ticket,
+                FailureKind::Cancelled,
+                None,
+            );
             if self.final_attempt {
                 let policy = self.shared.pool.policy_name();
                 self.shared

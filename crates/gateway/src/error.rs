@@ -108,6 +108,17 @@ impl ApiError {
         )
     }
 
+    /// 504 for a request whose deadline passed before an endpoint answered it: no further
+    /// attempt is made for a client that no longer waits (DOMAIN.md §8).
+    pub fn deadline_passed_upstream() -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout_error",
+            "deadline_exceeded",
+            "the request's deadline passed before an endpoint answered it".into(),
+        )
+    }
+
     /// 503 when no endpoint can take the request.
     pub fn no_endpoint(why: impl std::fmt::Display) -> Self {
         Self::new(

@@ -11,7 +11,7 @@ use crate::config::EndpointConfig;
 use crate::metrics::{self, Metrics, PickLabels};
 use axum::http::HeaderValue;
 use kvgate_core::decision::FailureKind;
-use kvgate_core::resilience::{Backoff, Breaker, BreakerConfig, HedgeDelay, RetryBudget};
+use kvgate_core::resilience::{Backoff, Breaker, BreakerConfig, HedgeDelay, RetryBudget, Ticket};
 use kvgate_core::{
     Decision, EndpointId, EndpointView, Event, Health, InflightLedger, Nanos, Observation, Policy,
     PolicyConfig, Rejection, Request,
@@ -37,6 +37,9 @@ pub struct Target {
     pub reason: &'static str,
     /// The endpoint's own `Authorization` value, if it has an API key.
     pub authorization: Option<HeaderValue>,
+    /// The breaker's permission for this dispatch (a half-open probe or not), handed back
+    /// with its outcome.
+    pub ticket: Ticket,
 }
 
 /// One endpoint as the admin API reports it.
@@ -96,6 +99,26 @@ impl Endpoint {
         match model {
             Some(m) => self.models.is_empty() || self.models.iter().any(|x| x == m),
             None => true,
+        }
+    }
+
+    /// Not draining, answering its health checks and not reporting itself down: what
+    /// readiness looks at, whatever Retry-After window or open breaker keeps it out for now.
+    fn passes_health_checks(&self) -> bool {
+        !self.draining && self.healthy && !self.reports_down
+    }
+
+    /// When an endpoint that passes its health checks but is kept out by a Retry-After window
+    /// or an open breaker takes traffic again; `None` when it is routable now or when nothing
+    /// but a health check can bring it back.
+    fn routable_again_at(&self, now: Nanos) -> Option<Nanos> {
+        if !self.passes_health_checks() {
+            return None;
+        }
+        let avoid = (now < self.avoid_until).then_some(self.avoid_until);
+        match (avoid, self.breaker.open_until(now)) {
+            (None, None) => None,
+            (a, b) => a.max(b),
         }
     }
 
@@ -313,8 +336,11 @@ impl Pool {
         let Some(e) = s.endpoints.iter_mut().find(|e| e.id == route.endpoint) else {
             return Err(Rejection::NoRoutableEndpoint);
         };
-        e.breaker.acquire(now);
+        // The health filter above let only endpoints whose breaker admits traffic through; a
+        // policy routing elsewhere all the same gets an ordinary ticket.
+        let ticket = e.breaker.acquire(now).unwrap_or_default();
         let target = Target {
+            ticket,
             id: e.id,
             name: e.name.clone(),
             base: e.base.clone(),
@@ -343,10 +369,16 @@ impl Pool {
         self.lock().budget.request(now);
     }
 
-    /// Withdraws a retry from the budget.
-    pub fn try_retry(&self) -> bool {
+    /// Withdraws a retry from the budget; returns when it was withdrawn (for
+    /// [`Self::refund_retry`]), or `None` when the budget is spent.
+    pub fn try_retry(&self) -> Option<Nanos> {
         let now = self.clock.now();
-        self.lock().budget.try_retry(now)
+        self.lock().budget.try_retry(now).then_some(now)
+    }
+
+    /// Gives back a retry withdrawn at `withdrawn_at` that was never sent.
+    pub fn refund_retry(&self, withdrawn_at: Nanos) {
+        self.lock().budget.refund(withdrawn_at);
     }
 
     /// The wait before retry `attempt` (0-based), drawn from the pool's random source.
@@ -367,31 +399,65 @@ impl Pool {
         self.lock().hedge.delay().map(|n| Duration::from_nanos(n.0))
     }
 
-    /// The first token of `request` arrived from `endpoint` after `ttft`; `sample` says whether
-    /// it is a streaming TTFT that the hedging delay should learn from.
-    pub fn first_token(&self, request: u64, endpoint: EndpointId, ttft: Nanos, sample: bool) {
+    /// The first bytes of a 2xx answer to `request` arrived from `endpoint` after `ttft`.
+    ///
+    /// Only a stream's first bytes are a first token: a non-streaming answer's first bytes come
+    /// when generation ends, so its `ttft` is the end-to-end time, and a policy learning from it
+    /// (peak EWMA) would learn output lengths rather than endpoint speed. For those the policy
+    /// hears only `Completed`/`Failed`, and the hedging delay gets no sample; both kinds count
+    /// as a breaker success and as proof of life.
+    pub fn first_token(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        ttft: Nanos,
+        stream: bool,
+    ) {
         let now = self.clock.now();
         let mut s = self.lock();
-        if sample {
-            s.hedge.record(ttft);
-        }
         if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
             // Answering traffic is proof of life (passive health checking).
             e.served_since_scrape = true;
             e.healthy = true;
             e.scrape_failures = 0;
-            e.breaker.record(true, now);
+            e.breaker.record(ticket, true, now);
             self.metrics
                 .breaker
                 .get_or_create(&metrics::endpoint(&e.name))
                 .set(e.breaker.state(now).as_gauge());
         }
-        s.policy.observe(&Event::FirstToken {
-            request,
-            endpoint,
-            at: now,
-            ttft,
-        });
+        if stream {
+            s.hedge.record(ttft);
+            s.policy.observe(&Event::FirstToken {
+                request,
+                endpoint,
+                at: now,
+                ttft,
+            });
+        }
+    }
+
+    /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt
+    /// failures): the answer goes to the client as it is, but it is neither a first token nor
+    /// proof of life. 401, 403, 404 and 408 say the endpoint cannot serve (a wrong key, a model
+    /// or route it lacks, a request it gave up on) and count as breaker failures, as LiteLLM
+    /// cools such deployments down; any other status (400, 413, 422) is the client's own fault
+    /// and only frees a half-open probe slot.
+    pub fn refused(&self, endpoint: EndpointId, ticket: Ticket, status: u16) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        if let Some(e) = s.endpoints.iter_mut().find(|e| e.id == endpoint) {
+            if matches!(status, 401 | 403 | 404 | 408) {
+                e.breaker.record(ticket, false, now);
+            } else {
+                e.breaker.release(ticket);
+            }
+            self.metrics
+                .breaker
+                .get_or_create(&metrics::endpoint(&e.name))
+                .set(e.breaker.state(now).as_gauge());
+        }
     }
 
     /// `request` finished normally on `endpoint`.
@@ -420,6 +486,7 @@ impl Pool {
         &self,
         request: u64,
         endpoint: EndpointId,
+        ticket: Ticket,
         kind: FailureKind,
         retry_after: Option<Duration>,
     ) {
@@ -432,9 +499,9 @@ impl Pool {
                 e.avoid_until = e.avoid_until.max(until);
             }
             if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
-                e.breaker.release();
+                e.breaker.release(ticket);
             } else {
-                e.breaker.record(false, now);
+                e.breaker.record(ticket, false, now);
             }
             self.metrics
                 .breaker
@@ -540,13 +607,29 @@ impl Pool {
         models
     }
 
-    /// Whether at least one endpoint is routable now.
-    pub fn any_routable(&self) -> bool {
+    /// Whether at least one endpoint passes its health checks (readiness). A Retry-After
+    /// window or an open breaker does not count: they are short, and every gateway replica sees
+    /// them at once, so a readiness probe following them would take all replicas out of a
+    /// Kubernetes Service together.
+    pub fn any_healthy(&self) -> bool {
+        self.lock()
+            .endpoints
+            .iter()
+            .any(Endpoint::passes_health_checks)
+    }
+
+    /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or
+    /// an open breaker, takes traffic again: the `Retry-After` of a 503 when nothing is
+    /// routable. `None` when no such endpoint exists.
+    pub fn routable_again_in(&self, model: Option<&str>) -> Option<Duration> {
         let now = self.clock.now();
         self.lock()
             .endpoints
             .iter()
-            .any(|e| e.health(now) == Health::Healthy)
+            .filter(|e| e.serves(model))
+            .filter_map(|e| e.routable_again_at(now))
+            .min()
+            .map(|at| Duration::from_nanos(at.0.saturating_sub(now.0)))
     }
 
     /// Every endpoint's status; also refreshes the per-endpoint gauges.

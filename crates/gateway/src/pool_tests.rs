@@ -61,7 +61,7 @@ fn dispatches_are_in_flight_until_they_end() {
     pool.pick(&request(2, None), &[]).unwrap();
     assert_eq!(pool.status()[0].inflight, 2);
     pool.completed(1, t.id, Nanos(1), 3);
-    pool.failed(2, ids[0], FailureKind::Cancelled, None);
+    pool.failed(2, ids[0], Ticket::default(), FailureKind::Cancelled, None);
     assert_eq!(pool.status()[0].inflight, 0);
 }
 
@@ -71,6 +71,7 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
     pool.failed(
         0,
         ids[0],
+        Ticket::default(),
         FailureKind::Overloaded,
         Some(Duration::from_secs(60)),
     );
@@ -78,14 +79,29 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
         assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
     }
     for i in 10..12 {
-        pool.failed(i, ids[1], FailureKind::ServerError, None);
+        pool.failed(i, ids[1], Ticket::default(), FailureKind::ServerError, None);
     }
     assert_eq!(
         pool.status()[1].breaker,
         kvgate_core::resilience::BreakerState::Open
     );
     assert!(pool.pick(&request(20, None), &[]).is_err());
-    assert!(!pool.any_routable());
+    assert!(
+        pool.any_healthy(),
+        "Retry-After and breakers do not touch readiness"
+    );
+    // b's breaker opens for `open_ms` (5 s), a's Retry-After lasts 60 s: b comes back first.
+    let wait = pool.routable_again_in(None).unwrap();
+    assert!(
+        wait > Duration::from_secs(4) && wait <= Duration::from_secs(5),
+        "{wait:?}"
+    );
+    assert!(pool.set_draining(ids[1], true));
+    let wait = pool.routable_again_in(None).unwrap();
+    assert!(
+        wait > Duration::from_secs(59),
+        "a draining endpoint does not come back: {wait:?}"
+    );
 }
 
 #[test]
@@ -103,24 +119,29 @@ fn removal_forgets_the_endpoint() {
 fn failed_scrapes_count_only_without_traffic_in_between() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
     pool.scrape_failed(ids[0], 2);
-    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     pool.scrape_failed(ids[0], 2);
     assert!(
-        pool.any_routable(),
+        pool.any_healthy(),
         "it answered a request since the last scrape"
     );
     pool.scrape_failed(ids[0], 2);
     pool.scrape_failed(ids[0], 2);
-    assert!(!pool.any_routable());
+    assert!(!pool.any_healthy());
+    assert_eq!(
+        pool.routable_again_in(None),
+        None,
+        "only a health check brings it back"
+    );
     pool.observed(ids[0], None, Nanos(2));
-    assert!(pool.any_routable());
+    assert!(pool.any_healthy());
 }
 
 #[test]
 fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
     pool.reported_health(ids[0], false);
-    pool.first_token(1, ids[0], Nanos(1), false);
+    pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     for i in 2..6 {
         assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
     }
@@ -129,4 +150,62 @@ fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
         .map(|i| pool.pick(&request(i, None), &[]).unwrap().id)
         .collect();
     assert!(picked.contains(&ids[0]));
+}
+
+#[test]
+fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
+    let mut config = Config::default();
+    config.set_policy("round_robin").unwrap();
+    config.breaker.min_requests = 2;
+    config.breaker.open_ms = 1;
+    let pool = Pool::new(
+        &config.policy,
+        &config,
+        Clock::new(),
+        Arc::new(Metrics::new()),
+        7,
+    );
+    let id = pool.add(EndpointConfig::from_url("http://a:1"));
+    let straggler = pool.pick(&request(1, None), &[]).unwrap();
+    for i in 2..4 {
+        let t = pool.pick(&request(i, None), &[]).unwrap();
+        pool.failed(i, id, t.ticket, FailureKind::ServerError, None);
+    }
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let probe = loop {
+        if let Ok(t) = pool.pick(&request(9, None), &[]) {
+            break t;
+        }
+        assert!(Instant::now() < give_up, "the breaker never half-opened");
+        std::thread::yield_now();
+    };
+    assert!(probe.ticket.is_probe() && !straggler.ticket.is_probe());
+    let breaker = |pool: &Pool| pool.status()[0].breaker;
+    pool.failed(1, id, straggler.ticket, FailureKind::ServerError, None);
+    assert_eq!(
+        breaker(&pool),
+        kvgate_core::resilience::BreakerState::HalfOpen
+    );
+    assert!(
+        pool.pick(&request(10, None), &[]).is_err(),
+        "the probe slot is still taken"
+    );
+    pool.first_token(9, id, probe.ticket, Nanos(1), true);
+    assert_eq!(
+        breaker(&pool),
+        kvgate_core::resilience::BreakerState::Closed
+    );
+}
+
+#[test]
+fn a_non_streaming_answer_teaches_the_policy_no_ttft() {
+    let (pool, ids) = pool("peak_ewma", &[("http://a:1", None), ("http://b:1", None)]);
+    // `a` took a minute to return a whole (long) answer; `b` streamed its first token in 1 s.
+    pool.first_token(1, ids[0], Ticket::default(), Nanos::from_secs(60), false);
+    pool.first_token(2, ids[1], Ticket::default(), Nanos::from_secs(1), true);
+    for i in 10..14 {
+        let t = pool.pick(&request(i, None), &[]).unwrap();
+        assert_eq!(t.id, ids[0], "a has no TTFT estimate, b's is 1 s");
+        pool.completed(i, t.id, Nanos(1), 1);
+    }
 }

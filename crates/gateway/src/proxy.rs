@@ -25,7 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
 
@@ -46,6 +46,10 @@ pub(crate) async fn handle(
     inference: Inference,
     headers: &HeaderMap,
 ) -> Result<Response<Body>, ApiError> {
+    // The client's deadline counts from here, the request's arrival as the proxy sees it.
+    let arrived = Instant::now();
+    let expires = inference.deadline.map(|d| arrived + d);
+    let expired = |extra: Duration| expires.is_some_and(|t| Instant::now() + extra >= t);
     let policy = shared.pool.policy_name();
     let reject = |e: ApiError, outcome| {
         shared.metrics.request(outcome, policy, "none");
@@ -77,13 +81,16 @@ pub(crate) async fn handle(
     let forwarded = Arc::new(upstream::forwarded_headers(headers));
     let retry = &shared.config.retry;
     let max_retry_after = Duration::from_secs(retry.max_retry_after_secs);
-    let first_token_timeout = (retry.first_token_timeout_ms > 0)
+    // Streams only: a non-streaming response's first bytes come when generation ends, so a
+    // first-token timeout would cut off every long answer (and retry it elsewhere).
+    let first_token_timeout = (inference.stream && retry.first_token_timeout_ms > 0)
         .then(|| Duration::from_millis(retry.first_token_timeout_ms));
 
     // Picks among endpoints not yet tried; a retry (not a hedge) may fall back to one already
-    // tried when nothing else is routable, after its backoff.
+    // tried when nothing else is routable. A retry's backoff is slept before this pick, so the
+    // ledger entry, the `Dispatched` event, a breaker probe slot and the TTFT clock all start
+    // when the attempt is really sent.
     let launch = |exclude: &[EndpointId],
-                  delay: Duration,
                   fallback: bool|
      -> Result<(EndpointId, AttemptFuture), Rejection> {
         let target = match shared.pool.pick(&request, exclude) {
@@ -100,9 +107,6 @@ pub(crate) async fn handle(
         Ok((
             id,
             Box::pin(async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
                 let base = dispatch.target.base.clone();
                 let auth = dispatch.target.authorization.clone();
                 let send = upstream::attempt(
@@ -120,8 +124,11 @@ pub(crate) async fn handle(
                         .unwrap_or(Err(AttemptError::Timeout(limit))),
                     None => send.await,
                 };
-                if result.is_ok() {
-                    dispatch.first_token();
+                // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
+                match &result {
+                    Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
+                    Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
+                    Err(_) => {}
                 }
                 (dispatch, result)
             }),
@@ -131,12 +138,21 @@ pub(crate) async fn handle(
     shared.pool.request_started();
     let mut tried = Vec::with_capacity(2);
     let mut attempts: FuturesUnordered<AttemptFuture> = FuturesUnordered::new();
-    match launch(&tried, Duration::ZERO, false) {
+    match launch(&tried, false) {
         Ok((id, fut)) => {
             tried.push(id);
             attempts.push(fut);
         }
-        Err(r) => return Err(reject(ApiError::no_endpoint(r), "no_endpoint")),
+        Err(r) => {
+            // Every endpoint may be inside a Retry-After window or behind an open breaker: tell
+            // the client when the first of them takes traffic again.
+            let mut error = ApiError::no_endpoint(r);
+            error.retry_after_secs = shared
+                .pool
+                .routable_again_in(request.model.as_deref())
+                .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+            return Err(reject(error, "no_endpoint"));
+        }
     }
     let hedge_delay = if inference.stream {
         shared.pool.hedge_delay()
@@ -163,14 +179,16 @@ pub(crate) async fn handle(
                 Err(error) => {
                     let kind = error.kind();
                     let label = error.label();
+                    let mut withdrawn = None;
                     let denied = if !attempts.is_empty() {
                         None
+                    } else if expired(Duration::ZERO) {
+                        Some("deadline")
                     } else if retries + 1 >= retry.max_attempts {
                         Some("attempts")
-                    } else if !shared.pool.try_retry() {
-                        Some("budget")
                     } else {
-                        None
+                        withdrawn = shared.pool.try_retry();
+                        withdrawn.is_none().then_some("budget")
                     };
                     if let Some(why) = denied {
                         shared.metrics.retries_denied.get_or_create(&metrics::reason(why)).inc();
@@ -181,22 +199,46 @@ pub(crate) async fn handle(
                     }
                     let retry_after = error.retry_after();
                     let name = dispatch.target.name.clone();
-                    dispatch.fail(kind, retry_after, "upstream_error");
+                    let past_deadline = denied == Some("deadline");
+                    dispatch.fail(
+                        kind,
+                        retry_after,
+                        if past_deadline { "deadline" } else { "upstream_error" },
+                    );
                     if !attempts.is_empty() {
                         continue; // a hedge is still running; it may yet succeed
+                    }
+                    if past_deadline {
+                        return Err(ApiError::deadline_passed_upstream());
                     }
                     if last {
                         return Ok(upstream_failure(error, &name));
                     }
+                    let delay = shared.pool.backoff(&retry.backoff, retries);
+                    if expired(delay) {
+                        // The backoff alone would outlast the client's deadline.
+                        if let Some(at) = withdrawn {
+                            shared.pool.refund_retry(at);
+                        }
+                        shared.metrics.retries_denied.get_or_create(&metrics::reason("deadline")).inc();
+                        shared.metrics.request("deadline", policy, &name);
+                        return Err(ApiError::deadline_passed_upstream());
+                    }
                     retries += 1;
                     shared.metrics.retries.get_or_create(&metrics::reason(label)).inc();
-                    let delay = shared.pool.backoff(&retry.backoff, retries - 1);
-                    match launch(&tried, delay, true) {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    match launch(&tried, true) {
                         Ok((id, fut)) => {
                             tried.push(id);
                             attempts.push(fut);
                         }
                         Err(_) => {
+                            // Nothing was sent: the retry goes back into the budget.
+                            if let Some(at) = withdrawn {
+                                shared.pool.refund_retry(at);
+                            }
                             shared.metrics.request("upstream_error", policy, &name);
                             return Ok(upstream_failure(error, &name));
                         }
@@ -205,8 +247,11 @@ pub(crate) async fn handle(
             },
             () = async { match hedge_timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } }, if !hedged => {
                 hedged = true;
+                if expired(Duration::ZERO) {
+                    continue; // nobody waits for a second attempt any more
+                }
                 // A hedge must go elsewhere: no fallback to an endpoint already tried.
-                if let Ok((id, fut)) = launch(&tried, Duration::ZERO, false) {
+                if let Ok((id, fut)) = launch(&tried, false) {
                     shared.metrics.hedges.get_or_create(&metrics::reason("launched")).inc();
                     hedge_endpoint = Some(id);
                     tried.push(id);

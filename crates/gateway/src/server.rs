@@ -88,10 +88,10 @@ async fn health() -> &'static str {
 async fn ready(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
     if shared.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining")
-    } else if shared.pool.any_routable() {
+    } else if shared.pool.any_healthy() {
         (StatusCode::OK, "ready")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no routable endpoint")
+        (StatusCode::SERVICE_UNAVAILABLE, "no healthy endpoint")
     }
 }
 

@@ -161,10 +161,7 @@ pub(crate) async fn attempt(
         let retry_after = head
             .headers
             .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(|s| Duration::from_secs_f64(s).min(max_retry_after));
+            .and_then(|v| parse_retry_after(v, max_retry_after));
         let body = http_body_util::Limited::new(incoming, 64 * 1024)
             .collect()
             .await
@@ -202,6 +199,18 @@ pub(crate) async fn attempt(
     }
 }
 
+/// A `Retry-After` given in seconds, capped at `max`. Negative, NaN and non-numeric values are
+/// ignored; a huge value (say `1e20`, beyond what a [`Duration`] holds) is clamped to `max`
+/// before conversion, since `Duration::from_secs_f64` panics on overflow.
+fn parse_retry_after(value: &HeaderValue, max: Duration) -> Option<Duration> {
+    let secs = value.to_str().ok()?.trim().parse::<f64>().ok()?;
+    if secs.is_nan() || secs < 0.0 {
+        return None;
+    }
+    // `try_from` as well as the clamp: a `max` near `u64::MAX` seconds rounds up as an f64.
+    Some(Duration::try_from_secs_f64(secs.min(max.as_secs_f64())).map_or(max, |d| d.min(max)))
+}
+
 /// An error and its causes on one line.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -217,6 +226,21 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_clamped_before_conversion_and_junk_is_ignored() {
+        let max = Duration::from_secs(60);
+        let parse = |v: &'static str| parse_retry_after(&HeaderValue::from_static(v), max);
+        assert_eq!(parse("1e20"), Some(max), "must not panic on overflow");
+        assert_eq!(parse("inf"), Some(max));
+        assert_eq!(parse(" 2.5 "), Some(Duration::from_millis(2_500)));
+        assert_eq!(parse("-1"), None);
+        assert_eq!(parse("NaN"), None);
+        assert_eq!(parse("soon"), None);
+        let huge = Duration::from_secs(u64::MAX);
+        let value = HeaderValue::from_static("1e30");
+        assert_eq!(parse_retry_after(&value, huge), Some(huge));
+    }
 
     #[test]
     fn forwards_the_api_key_and_trace_context_only() {

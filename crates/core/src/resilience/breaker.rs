@@ -3,6 +3,12 @@
 //! then half-open, letting a bounded number of probe requests through, closing on a success and
 //! reopening on a failure (Nygard, "Release It!", ch. 5; the ratio-over-window trigger is
 //! Hystrix's `errorThresholdPercentage` with `requestVolumeThreshold`).
+//!
+//! Every permission to send is a [`Ticket`] handed back with the outcome. LLM streams run for
+//! minutes, so outcomes of requests sent before a trip ("stragglers") keep arriving while the
+//! breaker is open or half-open; the ticket says whether a dispatch is a probe and of which
+//! half-open round (a generation bumped by every trip and reset), so only the current round's
+//! probes decide half-open, and other outcomes count only while the breaker is closed.
 
 use super::WindowCounter;
 use crate::Nanos;
@@ -59,6 +65,21 @@ impl BreakerState {
     }
 }
 
+/// The permission [`Breaker::acquire`] gave one dispatch, to be handed back with its outcome.
+/// The default ticket is an ordinary (non-probe) dispatch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticket {
+    /// The generation of the half-open round this dispatch probes, if it is a probe.
+    probe: Option<u64>,
+}
+
+impl Ticket {
+    /// Whether the dispatch was sent as a half-open probe.
+    pub fn is_probe(self) -> bool {
+        self.probe.is_some()
+    }
+}
+
 /// One endpoint's breaker.
 #[derive(Clone, Debug)]
 pub struct Breaker {
@@ -68,6 +89,8 @@ pub struct Breaker {
     open_until: Option<Nanos>,
     half_open: bool,
     probes_out: u32,
+    /// Bumped by every trip and reset: probes of an earlier round are stragglers.
+    generation: u64,
 }
 
 impl Breaker {
@@ -81,6 +104,7 @@ impl Breaker {
             open_until: None,
             half_open: false,
             probes_out: 0,
+            generation: 0,
         }
     }
 
@@ -94,6 +118,11 @@ impl Breaker {
         }
     }
 
+    /// When an open breaker starts letting probes through; `None` unless it is open at `now`.
+    pub fn open_until(&self, now: Nanos) -> Option<Nanos> {
+        self.open_until.filter(|until| now < *until)
+    }
+
     /// Whether a request may be sent now, without taking a probe slot.
     pub fn is_available(&self, now: Nanos) -> bool {
         match self.state(now) {
@@ -103,22 +132,38 @@ impl Breaker {
         }
     }
 
-    /// Takes permission to send one request; while half-open this uses up a probe slot.
-    pub fn acquire(&mut self, now: Nanos) -> bool {
+    /// Takes permission to send one request; while half-open this uses up a probe slot and the
+    /// ticket marks the dispatch as a probe. `None` when no request may go now.
+    pub fn acquire(&mut self, now: Nanos) -> Option<Ticket> {
         if !self.is_available(now) {
-            return false;
+            return None;
         }
         if self.state(now) == BreakerState::HalfOpen {
             self.open_until = None;
             self.half_open = true;
             self.probes_out += 1;
+            return Some(Ticket {
+                probe: Some(self.generation),
+            });
         }
-        true
+        Some(Ticket::default())
     }
 
-    /// Records an outcome of a request sent after [`Self::acquire`].
-    pub fn record(&mut self, success: bool, now: Nanos) {
-        if self.half_open {
+    fn is_closed(&self) -> bool {
+        self.open_until.is_none() && !self.half_open
+    }
+
+    /// Whether `ticket` is a probe of the current half-open round.
+    fn is_current_probe(&self, ticket: Ticket) -> bool {
+        self.half_open && ticket.probe == Some(self.generation)
+    }
+
+    /// Records the outcome of the dispatch [`Self::acquire`] gave `ticket`: a current probe
+    /// closes (success) or reopens (failure) the breaker; any other outcome counts in the
+    /// window only while the breaker is closed (a straggler from before a trip, or a probe of an
+    /// earlier round, says nothing about the endpoint now).
+    pub fn record(&mut self, ticket: Ticket, success: bool, now: Nanos) {
+        if self.is_current_probe(ticket) {
             self.probes_out = self.probes_out.saturating_sub(1);
             if success {
                 self.reset();
@@ -127,8 +172,8 @@ impl Breaker {
             }
             return;
         }
-        if self.open_until.is_some() {
-            return; // a straggler sent before the breaker opened
+        if ticket.is_probe() || !self.is_closed() {
+            return;
         }
         if success {
             self.successes.add(now, 1);
@@ -144,11 +189,11 @@ impl Breaker {
         }
     }
 
-    /// Records that a request sent after [`Self::acquire`] ended without a verdict on the
+    /// Records that the dispatch [`Self::acquire`] gave `ticket` ended without a verdict on the
     /// endpoint's health (the client went away, or the endpoint asked to back off with a 429):
-    /// a half-open probe slot is freed so another probe can go, and nothing is counted.
-    pub fn release(&mut self) {
-        if self.half_open {
+    /// if it is a current probe its slot is freed so another probe can go; nothing is counted.
+    pub fn release(&mut self, ticket: Ticket) {
+        if self.is_current_probe(ticket) {
             self.probes_out = self.probes_out.saturating_sub(1);
         }
     }
@@ -157,88 +202,19 @@ impl Breaker {
         self.open_until = Some(now + Nanos::from_millis(self.config.open_ms));
         self.half_open = false;
         self.probes_out = 0;
+        self.generation += 1;
     }
 
     fn reset(&mut self) {
         self.open_until = None;
         self.half_open = false;
         self.probes_out = 0;
+        self.generation += 1;
         self.successes.clear();
         self.failures.clear();
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ms(v: u64) -> Nanos {
-        Nanos::from_millis(v)
-    }
-
-    fn breaker() -> Breaker {
-        Breaker::new(BreakerConfig {
-            failure_ratio: 0.5,
-            min_requests: 4,
-            window_ms: 1_000,
-            open_ms: 500,
-            half_open_probes: 1,
-        })
-    }
-
-    #[test]
-    fn opens_on_the_ratio_then_probes_then_closes() {
-        let mut b = breaker();
-        b.record(true, ms(0));
-        b.record(false, ms(1));
-        b.record(true, ms(2));
-        assert_eq!(b.state(ms(3)), BreakerState::Closed, "below min_requests");
-        b.record(false, ms(3));
-        assert_eq!(b.state(ms(4)), BreakerState::Open, "2 of 4 failed");
-        assert!(!b.acquire(ms(100)));
-        assert_eq!(b.state(ms(503)), BreakerState::HalfOpen);
-        assert!(b.acquire(ms(503)), "one probe");
-        assert!(!b.acquire(ms(504)), "only one probe at a time");
-        b.record(true, ms(510));
-        assert_eq!(b.state(ms(511)), BreakerState::Closed);
-        assert!(b.acquire(ms(511)));
-    }
-
-    #[test]
-    fn a_failed_probe_reopens() {
-        let mut b = breaker();
-        for t in 0..4 {
-            b.record(false, ms(t));
-        }
-        assert!(b.acquire(ms(600)));
-        b.record(false, ms(601));
-        assert_eq!(b.state(ms(602)), BreakerState::Open);
-        assert_eq!(b.state(ms(1101)), BreakerState::HalfOpen);
-    }
-
-    #[test]
-    fn a_probe_without_a_verdict_frees_its_slot() {
-        let mut b = breaker();
-        for t in 0..4 {
-            b.record(false, ms(t));
-        }
-        assert!(b.acquire(ms(600)));
-        assert!(!b.is_available(ms(601)));
-        b.release();
-        assert_eq!(b.state(ms(602)), BreakerState::HalfOpen);
-        assert!(b.acquire(ms(602)), "a new probe may go");
-    }
-
-    #[test]
-    fn old_failures_leave_the_window() {
-        let mut b = breaker();
-        for t in 0..3 {
-            b.record(false, ms(t));
-        }
-        for t in 0..4 {
-            b.record(true, ms(2_000 + t));
-        }
-        b.record(false, ms(2_010));
-        assert_eq!(b.state(ms(2_011)), BreakerState::Closed, "1 of 5 in window");
-    }
-}
+#[path = "breaker_tests.rs"]
+mod tests;

@@ -12,7 +12,7 @@ pub mod retry_budget;
 pub mod window;
 
 pub use backoff::Backoff;
-pub use breaker::{Breaker, BreakerConfig, BreakerState};
+pub use breaker::{Breaker, BreakerConfig, BreakerState, Ticket};
 pub use hedge::{HedgeConfig, HedgeDelay};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 pub use window::WindowCounter;

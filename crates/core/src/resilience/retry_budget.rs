@@ -54,6 +54,12 @@ impl RetryBudget {
         self.requests.add(now, 1);
     }
 
+    /// Gives back a retry withdrawn at `withdrawn_at` that was never sent (no endpoint could
+    /// take it), so that a failed pick does not shrink the budget.
+    pub fn refund(&mut self, withdrawn_at: Nanos) {
+        self.retries.remove(withdrawn_at, 1);
+    }
+
     /// Withdraws one retry if the budget allows it; returns whether it did.
     pub fn try_retry(&mut self, now: Nanos) -> bool {
         let floor = self.config.min_per_sec * self.config.window_ms as f64 / 1000.0;
@@ -88,5 +94,19 @@ mod tests {
         // Eleven seconds later the window has emptied: only the floor remains.
         let later = Nanos::from_secs(12);
         assert_eq!((0..100).filter(|_| b.try_retry(later)).count(), 5);
+    }
+
+    #[test]
+    fn a_refunded_retry_can_be_withdrawn_again() {
+        let mut b = RetryBudget::new(RetryBudgetConfig {
+            ratio: 0.0,
+            min_per_sec: 0.1,
+            window_ms: 10_000,
+        });
+        let now = Nanos::from_secs(1);
+        assert!(b.try_retry(now));
+        assert!(!b.try_retry(now), "the floor is one retry");
+        b.refund(now);
+        assert!(b.try_retry(Nanos::from_secs(2)));
     }
 }

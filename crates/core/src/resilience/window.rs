@@ -56,6 +56,17 @@ impl WindowCounter {
             .sum()
     }
 
+    /// Takes back up to `n` events added at `at` (saturating); a no-op once `at`'s slot has
+    /// been reused, since those events have left the window anyway.
+    pub fn remove(&mut self, at: Nanos, n: u64) {
+        let epoch = at.0 / self.slot_width;
+        let len = self.slots.len() as u64;
+        let slot = &mut self.slots[(epoch % len) as usize];
+        if slot.epoch == epoch {
+            slot.count = slot.count.saturating_sub(n);
+        }
+    }
+
     /// Forgets everything.
     pub fn clear(&mut self) {
         self.slots.fill(Slot::default());
@@ -81,6 +92,28 @@ mod tests {
         );
         assert_eq!(w.sum(Nanos::from_secs(14)), 2);
         assert_eq!(w.sum(Nanos::from_secs(16)), 0);
+    }
+
+    #[test]
+    fn removal_takes_back_only_live_events() {
+        let mut w = WindowCounter::new(Nanos::from_secs(10), 10);
+        w.add(Nanos::from_secs(1), 2);
+        w.add(Nanos::from_secs(5), 1);
+        w.remove(Nanos::from_secs(1), 1);
+        assert_eq!(w.sum(Nanos::from_secs(6)), 2);
+        w.remove(Nanos::from_secs(5), 5);
+        assert_eq!(
+            w.sum(Nanos::from_secs(6)),
+            1,
+            "saturates at the slot's count"
+        );
+        w.add(Nanos::from_secs(11), 4);
+        w.remove(Nanos::from_secs(1), 1);
+        assert_eq!(
+            w.sum(Nanos::from_secs(11)),
+            4,
+            "a reused slot is left alone"
+        );
     }
 
     proptest! {
