@@ -1,45 +1,23 @@
 //! `kvgate engine` as a process: flags, the printed address, HTTP, faults from the command line.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::Command;
 use std::time::Duration;
+use support::{get_text, spawn, Proc};
 
-/// A running `kvgate engine`; killed on drop.
-struct Engine {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_engine(extra: &[&str]) -> Engine {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args([
-            "engine",
-            "--listen",
-            "127.0.0.1:0",
-            "--time-scale",
-            "0",
-            "--model",
-            "m1",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The first stdout line names the bound address; reading it blocks until the engine is up.
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_owned();
-    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
-    Engine { child, base }
+fn spawn_engine(extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--time-scale",
+        "0",
+        "--model",
+        "m1",
+    ];
+    args.extend_from_slice(extra);
+    spawn(&args, "listening on")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,7 +29,7 @@ async fn the_binary_serves_and_applies_fault_flags() {
         .unwrap();
     assert_eq!(
         client
-            .get(format!("{}/health", engine.base))
+            .get(format!("{}/health", engine.url))
             .send()
             .await
             .unwrap()
@@ -60,7 +38,7 @@ async fn the_binary_serves_and_applies_fault_flags() {
     );
     let body = serde_json::json!({"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": true, "stream": true});
     let limited = client
-        .post(format!("{}/v1/chat/completions", engine.base))
+        .post(format!("{}/v1/chat/completions", engine.url))
         .json(&body)
         .send()
         .await
@@ -69,13 +47,13 @@ async fn the_binary_serves_and_applies_fault_flags() {
     assert_eq!(limited.headers()["retry-after"], "4");
 
     let cleared = client
-        .delete(format!("{}/admin/faults", engine.base))
+        .delete(format!("{}/admin/faults", engine.url))
         .send()
         .await
         .unwrap();
     assert_eq!(cleared.status(), 200);
     let ok = client
-        .post(format!("{}/v1/chat/completions", engine.base))
+        .post(format!("{}/v1/chat/completions", engine.url))
         .json(&body)
         .send()
         .await
@@ -84,14 +62,7 @@ async fn the_binary_serves_and_applies_fault_flags() {
     assert_eq!(ok.headers()["x-kvgate-engine"], "e7");
     let text = ok.text().await.unwrap();
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    let metrics = client
-        .get(format!("{}/metrics", engine.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, &engine.url, "/metrics").await;
     assert!(metrics.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m1\"} 0.0"));
 }
 

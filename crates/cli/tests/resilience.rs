@@ -5,8 +5,8 @@ mod support;
 
 use std::time::Duration;
 use support::{
-    chat, client, config_file, engine, gateway, gateway_with_config, metric, sse_data, user,
-    wait_for,
+    chat, client, config_file, engine, gateway, gateway_with_config, get_text, metric, sse_data,
+    user, wait_for,
 };
 
 async fn running(engine_url: &str) -> Option<f64> {
@@ -38,14 +38,7 @@ async fn a_failure_after_the_first_token_ends_the_stream_with_an_error_event_and
     let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "upstream_stream_error", "{events:?}");
     assert!(events.len() >= 3, "tokens before the error: {events:?}");
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     assert_eq!(metric(&metrics, "kvgate_retries_total"), None, "{metrics}");
     assert!(metrics.contains("outcome=\"stream_error\""), "{metrics}");
 }
@@ -101,14 +94,7 @@ async fn the_breaker_opens_on_a_failing_engine_and_traffic_stops_going_there() {
             "request {i}: the retry goes to the healthy engine"
         );
     }
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     let name = failing.url.trim_start_matches("http://");
     assert_eq!(
         metric(
@@ -275,14 +261,7 @@ async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
         assert!(r.text().await.unwrap().contains("[DONE]"));
     }
     // Round robin offers each request to the stalled engine first.
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
     assert_eq!(
         metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}"),
@@ -356,13 +335,6 @@ async fn an_engine_whose_health_check_fails_gets_no_traffic() {
             .unwrap();
         assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
     }
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     assert!(!metrics.contains("kvgate_retries_total{"), "{metrics}");
 }

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{
-    chat, client, engine, gateway, gateway_with_config, metric, sse_data, user, wait_for,
+    chat, client, engine, gateway, gateway_with_config, get_text, metric, sse_data, user, wait_for,
 };
 
 fn strip_volatile(event: &str) -> serde_json::Value {
@@ -155,14 +155,7 @@ async fn retry_after_429_moves_traffic_away() {
         assert_eq!(r.status(), 200, "request {i}");
         assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
     }
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     assert_eq!(
         metric(&metrics, "kvgate_retries_total{reason=\"429\"}"),
         Some(1.0),
@@ -260,14 +253,7 @@ async fn a_stalled_engine_triggers_the_hedge_and_the_loser_is_cancelled() {
         assert_eq!(sse_data(&body).last().map(String::as_str), Some("[DONE]"));
         assert!(started.elapsed() < Duration::from_secs(5));
     }
-    let metrics = http
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &g.url, "/metrics").await;
     assert!(
         metric(&metrics, "kvgate_hedges_total{reason=\"won\"}").unwrap_or(0.0) >= 2.0,
         "{metrics}"

@@ -145,6 +145,17 @@ pub async fn gateway(engines: &[&Proc], extra: &[&str]) -> Proc {
     proc
 }
 
+/// The body of `GET {base}{path}` as text (for example `/metrics`).
+pub async fn get_text(http: &reqwest::Client, base: &str, path: &str) -> String {
+    http.get(format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
