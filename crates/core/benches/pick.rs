@@ -5,7 +5,8 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kvgate_core::index::radix::RadixTree;
 use kvgate_core::policy::PolicyConfig;
-use kvgate_core::{EndpointId, EndpointView, Event, Nanos, Observation, Request};
+use kvgate_core::router::accept_all;
+use kvgate_core::{EndpointId, EndpointView, Nanos, Observation, Request, Router, Routing};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::hint::black_box;
@@ -25,6 +26,34 @@ fn fleet(n: u32, rng: &mut ChaCha8Rng) -> Vec<EndpointView> {
             )
         })
         .collect()
+}
+
+/// A routing of `name` over `fleet`.
+fn routing(name: &str, fleet: &[EndpointView]) -> Routing {
+    let mut routing = Routing::new(&PolicyConfig::default_for(name).unwrap(), 1);
+    for e in fleet {
+        routing.router_mut().add(e.clone());
+    }
+    routing
+}
+
+/// Measures a whole pick (index lookup, policy, dispatch bookkeeping) of `query`, undoing the
+/// dispatch after each so the state stays the same.
+fn bench_pick(c: &mut Criterion, label: &str, routing: &mut Routing, query: &Request) {
+    c.bench_function(label, |b| {
+        b.iter(|| {
+            let overlaps = routing
+                .cache()
+                .map(|cache| cache.overlaps(query, Nanos(1)))
+                .unwrap_or_default();
+            let router: &mut Router = routing.router_mut();
+            let d = router.pick(query, &overlaps, Nanos(1), &accept_all);
+            if let Some(e) = d.endpoint() {
+                router.completed(query.id, e, Nanos(1), Nanos(0), 0);
+            }
+            black_box(d)
+        })
+    });
 }
 
 /// `groups` shared system prompts of 2k characters, each followed by unique conversation text,
@@ -62,21 +91,19 @@ fn bench_cache_aware(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let fleet = fleet(64, &mut rng);
     let (systems, prompts) = corpus(1_000_000, &mut rng);
-    let mut policy = PolicyConfig::default_for("cache_aware").unwrap().build();
+    let mut routing = routing("cache_aware", &fleet);
     for (k, p) in prompts.iter().enumerate() {
         let r = Request::from_text(k as u64, p.clone());
-        let e = EndpointId(rng.random_range(0..64));
-        policy.observe(&Event::Dispatched {
-            request: &r,
-            endpoint: e,
-            at: Nanos(k as u64),
-        });
+        routing.route(&r, Nanos(k as u64), &accept_all);
     }
     let query = Request::from_text(u64::MAX, format!("{}{}", systems[3], "x".repeat(6200)));
     assert!(query.prompt.text.as_ref().unwrap().len() >= 8000);
-    c.bench_function("cache_aware pick, 64 endpoints, 1M chars, 8k prompt", |b| {
-        b.iter(|| black_box(policy.select(&query, &fleet, Nanos(1), &mut rng)))
-    });
+    bench_pick(
+        c,
+        "cache_aware pick, 64 endpoints, 1M chars, 8k prompt",
+        &mut routing,
+        &query,
+    );
 
     let mut tree = RadixTree::<u8>::new(usize::MAX);
     for (k, p) in prompts.iter().enumerate() {
@@ -110,35 +137,30 @@ fn bench_cache_aware(c: &mut Criterion) {
 fn bench_kv_cost(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let fleet = fleet(64, &mut rng);
-    let mut policy = PolicyConfig::default_for("kv_cost").unwrap().build();
+    let mut routing = routing("kv_cost", &fleet);
     let system: Vec<u32> = (0..1024).map(|_| rng.random_range(0..32000)).collect();
     for k in 0..2000u64 {
         let mut tokens = system[..rng.random_range(0..1024)].to_vec();
         tokens.extend((0..512).map(|_| rng.random_range(0..32000u32)));
-        let r = Request::from_tokens(k, tokens);
-        let e = EndpointId(rng.random_range(0..64));
-        policy.observe(&Event::Dispatched {
-            request: &r,
-            endpoint: e,
-            at: Nanos(k),
-        });
+        routing.route(&Request::from_tokens(k, tokens), Nanos(k), &accept_all);
     }
     let mut q = system.clone();
     q.extend(0..1024);
     let query = Request::from_tokens(u64::MAX, q);
-    c.bench_function("kv_cost pick, 64 endpoints, 2k-token prompt", |b| {
-        b.iter(|| black_box(policy.select(&query, &fleet, Nanos(1), &mut rng)))
-    });
+    bench_pick(
+        c,
+        "kv_cost pick, 64 endpoints, 2k-token prompt",
+        &mut routing,
+        &query,
+    );
 }
 
 fn bench_power_of_two(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let fleet = fleet(1024, &mut rng);
-    let mut policy = PolicyConfig::default_for("power_of_two").unwrap().build();
+    let mut routing = routing("power_of_two", &fleet);
     let r = Request::from_text(1, "hello");
-    c.bench_function("power_of_two pick, 1024 endpoints", |b| {
-        b.iter(|| black_box(policy.select(&r, &fleet, Nanos(1), &mut rng)))
-    });
+    bench_pick(c, "power_of_two pick, 1024 endpoints", &mut routing, &r);
 }
 
 criterion_group!(

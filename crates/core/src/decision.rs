@@ -1,6 +1,7 @@
 //! What a policy returns and what it is told afterwards.
 
 use crate::index::blocks::KvEvent;
+use crate::index::Overlaps;
 use crate::{EndpointId, Nanos, Request};
 use serde::Serialize;
 use std::fmt;
@@ -204,10 +205,23 @@ pub enum FailureKind {
     Cancelled,
 }
 
+/// Token counts an engine reported for one request (`usage` with
+/// `prompt_tokens_details.cached_tokens`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens as the engine tokenised them.
+    pub prompt_tokens: u32,
+    /// Prompt tokens its prefix cache served; `None` when the engine does not say (vLLM
+    /// without `--enable-prompt-tokens-details`).
+    pub cached_tokens: Option<u32>,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+}
+
 /// What a policy is told after it decided: the simulator and the gateway emit the same events.
 #[derive(Clone, Copy, Debug)]
 pub enum Event<'a> {
-    /// The request was sent to `endpoint` (which may differ from the policy's pick after a retry).
+    /// The request was sent to `endpoint`.
     Dispatched {
         /// The request.
         request: &'a Request,
@@ -215,6 +229,9 @@ pub enum Event<'a> {
         endpoint: EndpointId,
         /// When.
         at: Nanos,
+        /// What the prefix cache believed every endpoint held when the pick was made (empty
+        /// when the policy consults no index).
+        overlaps: &'a Overlaps,
     },
     /// The first token arrived after `ttft`.
     FirstToken {
@@ -239,6 +256,18 @@ pub enum Event<'a> {
         latency: Nanos,
         /// Output tokens produced.
         output_tokens: u32,
+    },
+    /// The engine's account of a finished request (OpenAI `usage`): the one exact signal of
+    /// how much of the prompt its prefix cache served.
+    Usage {
+        /// The request id.
+        request: u64,
+        /// Its endpoint.
+        endpoint: EndpointId,
+        /// When.
+        at: Nanos,
+        /// What the engine reported.
+        usage: Usage,
     },
     /// The request failed on `endpoint`.
     Failed {

@@ -116,6 +116,82 @@ impl EndpointView {
     }
 }
 
+/// The fleet for one pick: every member's view, and which members may take this request.
+///
+/// Membership (the views) changes only when endpoints join or leave, so rings and trees keyed
+/// by it stay put; eligibility (health, a model the endpoint lacks, an endpoint this request
+/// already tried) is the caller's `accept` predicate, as in pingora's `select_with(key, max,
+/// accept)`. A retry asks the same policy again with the tried endpoints refused and gets the
+/// next candidate of the same ranking.
+#[derive(Clone, Copy)]
+pub struct Fleet<'a> {
+    views: &'a [EndpointView],
+    accept: &'a dyn Fn(&EndpointView) -> bool,
+}
+
+fn accept_all(_: &EndpointView) -> bool {
+    true
+}
+
+impl fmt::Debug for Fleet<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fleet")
+            .field("members", &self.views.len())
+            .field(
+                "eligible",
+                &(0..self.views.len()).filter(|&i| self.eligible(i)).count(),
+            )
+            .finish()
+    }
+}
+
+impl<'a> Fleet<'a> {
+    /// `views` (sorted by id), of which those that are healthy and `accept`ed may be chosen.
+    pub fn new(views: &'a [EndpointView], accept: &'a dyn Fn(&EndpointView) -> bool) -> Self {
+        debug_assert!(
+            views.windows(2).all(|w| w[0].id < w[1].id),
+            "fleet views must be sorted by id"
+        );
+        Fleet { views, accept }
+    }
+
+    /// Every healthy member of `views` is eligible.
+    pub fn of(views: &'a [EndpointView]) -> Self {
+        Fleet::new(views, &accept_all)
+    }
+
+    /// Every member, eligible or not, in id order.
+    pub fn views(&self) -> &'a [EndpointView] {
+        self.views
+    }
+
+    /// Members, eligible or not.
+    pub fn len(&self) -> usize {
+        self.views.len()
+    }
+
+    /// Whether the fleet has no members at all.
+    pub fn is_empty(&self) -> bool {
+        self.views.is_empty()
+    }
+
+    /// Whether member `i` may take this request: healthy and accepted by the caller.
+    pub fn eligible(&self, i: usize) -> bool {
+        let view = &self.views[i];
+        view.is_routable() && (self.accept)(view)
+    }
+
+    /// Positions of the eligible members, in id order.
+    pub fn eligible_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.views.len()).filter(move |&i| self.eligible(i))
+    }
+
+    /// The position of member `id`.
+    pub fn position(&self, id: EndpointId) -> Option<usize> {
+        self.views.binary_search_by_key(&id, |v| v.id).ok()
+    }
+}
+
 /// The router's own bookkeeping of requests it dispatched and that have not finished, per
 /// endpoint, so it can say how many were sent after any given observation.
 ///

@@ -7,14 +7,18 @@
 //! replays a trace with the same seed to the same decisions.
 //!
 //! ```
-//! use kvgate_core::{policy, EndpointView, EndpointId, Nanos, Request, Decision};
-//! use rand::SeedableRng;
+//! use kvgate_core::{router::accept_all, EndpointId, EndpointView, Nanos, PolicyConfig};
+//! use kvgate_core::{Decision, Request, Routing};
 //!
-//! let mut policy = policy::PolicyConfig::default_for("least_outstanding").unwrap().build();
-//! let fleet = vec![EndpointView::new(EndpointId(0)), EndpointView::new(EndpointId(1))];
-//! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-//! let decision = policy.select(&Request::from_text(1, "hello"), &fleet, Nanos::ZERO, &mut rng);
-//! assert!(matches!(decision, Decision::Route(_)));
+//! let config = PolicyConfig::default_for("cache_aware").unwrap();
+//! let mut routing = Routing::new(&config, 7);
+//! for id in 0..2 {
+//!     routing.router_mut().add(EndpointView::new(EndpointId(id)));
+//! }
+//! let first = routing.route(&Request::from_text(1, "You are terse. Hello"), Nanos(0), &accept_all);
+//! let again = routing.route(&Request::from_text(2, "You are terse. Hello again"), Nanos(1), &accept_all);
+//! assert_eq!(first.endpoint(), again.endpoint(), "the shared prefix stays where it went");
+//! assert!(matches!(again, Decision::Route(_)));
 //! ```
 
 pub mod decision;
@@ -25,11 +29,13 @@ pub mod load;
 pub mod policy;
 pub mod request;
 pub mod resilience;
+pub mod router;
 mod time;
 
-pub use decision::{Decision, Event, Reason, Rejection, Route};
-pub use fleet::{EndpointId, EndpointView, Health, InflightLedger, Observation};
+pub use decision::{Decision, Event, Reason, Rejection, Route, Usage};
+pub use fleet::{EndpointId, EndpointView, Fleet, Health, InflightLedger, Observation};
 pub use load::{LoadConfig, LoadView};
-pub use policy::{Policy, PolicyConfig};
+pub use policy::{Policy, PolicyConfig, Query};
 pub use request::{Priority, Prompt, ReasoningEffort, Request};
+pub use router::{Router, Routing};
 pub use time::Nanos;

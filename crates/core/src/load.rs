@@ -10,7 +10,7 @@
 //!    `slow_start_min_factor` to 1 over `slow_start_ms` (Envoy `slow_start_config`, linear
 //!    aggression 1.0, `min_weight_percent` 10%).
 
-use crate::{EndpointView, Nanos};
+use crate::{fleet::Fleet, EndpointView, Nanos};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 use std::cell::OnceCell;
@@ -70,10 +70,12 @@ impl LoadConfig {
 
 /// A fleet snapshot read through a [`LoadConfig`] at one instant.
 ///
-/// Indices are positions in the fleet slice. Medians are computed lazily, once, and only when
-/// an endpoint's own observation is unusable.
+/// Indices are positions in the fleet. Medians (over every member with a fresh observation,
+/// eligible or not) are computed lazily, once, and only when an endpoint's own observation is
+/// unusable.
 #[derive(Debug)]
 pub struct LoadView<'a> {
+    members: Fleet<'a>,
     fleet: &'a [EndpointView],
     config: &'a LoadConfig,
     now: Nanos,
@@ -83,9 +85,10 @@ pub struct LoadView<'a> {
 
 impl<'a> LoadView<'a> {
     /// Reads `fleet` at `now`.
-    pub fn new(fleet: &'a [EndpointView], config: &'a LoadConfig, now: Nanos) -> Self {
+    pub fn new(fleet: Fleet<'a>, config: &'a LoadConfig, now: Nanos) -> Self {
         LoadView {
-            fleet,
+            members: fleet,
+            fleet: fleet.views(),
             config,
             now,
             median_outstanding: OnceCell::new(),
@@ -170,13 +173,14 @@ impl<'a> LoadView<'a> {
         self.fleet[i].weight.max(0.0) * self.slow_start_factor(i)
     }
 
-    /// Positions of the routable endpoints, in fleet order.
+    /// Positions of the endpoints eligible for this request, in fleet order.
     pub fn routable(&self) -> impl Iterator<Item = usize> + '_ {
-        self.fleet
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.is_routable())
-            .map(|(i, _)| i)
+        self.members.eligible_positions()
+    }
+
+    /// The fleet with its eligibility predicate.
+    pub fn members(&self) -> Fleet<'a> {
+        self.members
     }
 
     /// The routable endpoint minimising `score`, ties broken uniformly at random.
@@ -251,12 +255,18 @@ mod tests {
         e.own_since_observation = 3;
         let fleet = [e];
         let cfg = LoadConfig::default();
-        assert_eq!(LoadView::new(&fleet, &cfg, Nanos::ZERO).load(0), 7.0);
+        assert_eq!(
+            LoadView::new(Fleet::of(&fleet), &cfg, Nanos::ZERO).load(0),
+            7.0
+        );
         let stale = LoadConfig {
             own_dispatch_correction: false,
             ..cfg
         };
-        assert_eq!(LoadView::new(&fleet, &stale, Nanos::ZERO).load(0), 4.0);
+        assert_eq!(
+            LoadView::new(Fleet::of(&fleet), &stale, Nanos::ZERO).load(0),
+            4.0
+        );
     }
 
     #[test]
@@ -275,7 +285,7 @@ mod tests {
             blackout_ms: 200,
             ..LoadConfig::default()
         };
-        let view = LoadView::new(&fleet, &cfg, Nanos::from_millis(1000));
+        let view = LoadView::new(Fleet::of(&fleet), &cfg, Nanos::from_millis(1000));
         assert!(!view.is_fresh(3) && !view.is_fresh(4));
         assert_eq!(view.load(3), 4.0);
         assert_eq!(view.load(4), 4.0);
@@ -292,12 +302,14 @@ mod tests {
             slow_start_ms: 1000,
             ..LoadConfig::default()
         };
-        let at = |ms| LoadView::new(&fleet, &cfg, Nanos::from_millis(ms)).slow_start_factor(0);
+        let at = |ms| {
+            LoadView::new(Fleet::of(&fleet), &cfg, Nanos::from_millis(ms)).slow_start_factor(0)
+        };
         assert_eq!(at(1050), 0.1);
         assert!((at(1600) - 0.5).abs() < 1e-9);
         assert_eq!(at(2100), 1.0);
         assert_eq!(
-            LoadView::new(&fleet, &cfg, Nanos::from_millis(1600)).ranked_load(0),
+            LoadView::new(Fleet::of(&fleet), &cfg, Nanos::from_millis(1600)).ranked_load(0),
             1.0
         );
     }
@@ -307,7 +319,7 @@ mod tests {
         let mut fleet: Vec<_> = (0..4).map(|i| endpoint(i, 1, 0)).collect();
         fleet[0].health = crate::Health::Draining;
         let cfg = LoadConfig::default();
-        let view = LoadView::new(&fleet, &cfg, Nanos::ZERO);
+        let view = LoadView::new(Fleet::of(&fleet), &cfg, Nanos::ZERO);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let mut seen = [0u32; 4];
         for _ in 0..300 {

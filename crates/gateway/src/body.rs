@@ -8,11 +8,13 @@
 
 use crate::admission::Permit;
 use crate::dispatch::Dispatch;
+use crate::ending::Ending;
 use crate::upstream::error_chain;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use kvgate_core::decision::FailureKind;
+use kvgate_core::resilience::Outcome;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -24,6 +26,7 @@ pub(crate) struct Tracked {
     first: Option<Bytes>,
     rest: Option<Incoming>,
     dispatch: Option<Dispatch>,
+    ending: Ending,
     _permit: Option<Permit>,
     sse: bool,
     ok: bool,
@@ -32,19 +35,22 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    /// Wraps an upstream body whose first frame was already read.
+    /// Wraps an upstream body whose first frame was already read; `ending` records how the
+    /// request ends (cancelled until the body completes or breaks).
     pub(crate) fn new(
         first: Option<Bytes>,
         rest: Option<Incoming>,
         dispatch: Dispatch,
-        permit: Permit,
+        (permit, mut ending): (Permit, Ending),
         sse: bool,
         ok: bool,
     ) -> Self {
+        ending.at(dispatch.target.name.clone());
         let mut body = Tracked {
             first: None,
             rest,
             dispatch: Some(dispatch),
+            ending,
             _permit: Some(permit),
             sse,
             ok,
@@ -80,7 +86,12 @@ impl Tracked {
     fn finish(&mut self) {
         if let Some(d) = self.dispatch.take() {
             let tokens = self.usage_tokens.unwrap_or_else(|| self.events.finish());
-            d.complete(self.ok, tokens);
+            d.complete(tokens, None);
+            self.ending.set(if self.ok {
+                Outcome::Ok
+            } else {
+                Outcome::UpstreamError
+            });
         }
         self._permit = None;
     }
@@ -119,7 +130,8 @@ impl Body for Tracked {
                 self.rest = None;
                 let message = error_chain(&e);
                 if let Some(d) = self.dispatch.take() {
-                    d.fail(FailureKind::Connect, None, "stream_error");
+                    d.fail(FailureKind::Connect, None);
+                    self.ending.set(Outcome::StreamError);
                 }
                 self._permit = None;
                 if self.sse {

@@ -1,14 +1,16 @@
-//! One attempt's bookkeeping from pick to end: the in-flight ledger entry, the policy's events
-//! and the request's metrics. Dropping an unfinished [`Dispatch`] (a hedge that lost, a client
-//! that went away) reports it as cancelled, so no path can leak a ledger entry.
+//! One attempt's bookkeeping from pick to end: the pool's events (first token, refusal,
+//! completion, failure) and the latency histograms of the attempt that answered. Dropping an
+//! unfinished [`Dispatch`] (a hedge that lost, a client that went away) reports it as
+//! cancelled, so no path can leak a ledger entry. How the *request* ended is the
+//! [`crate::ending::Ending`]'s business.
 
 use crate::metrics::PolicyLabel;
 use crate::pool::Target;
 use crate::state::Shared;
 use kvgate_core::decision::FailureKind;
-use kvgate_core::Nanos;
+use kvgate_core::{Nanos, Usage};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An attempt in flight.
 #[derive(Debug)]
@@ -20,44 +22,37 @@ pub(crate) struct Dispatch {
     pub(crate) target: Target,
     /// Whether the client asked for a stream (only streams feed TTFT and the hedge delay).
     stream: bool,
-    /// Whether this attempt's end is the request's end (it won).
-    pub(crate) final_attempt: bool,
-    sent: Instant,
-    first: Option<Instant>,
+    sent: Nanos,
+    first: Option<Nanos>,
     done: bool,
 }
 
 impl Dispatch {
     /// Starts tracking an attempt that the pool already recorded as dispatched.
     pub(crate) fn new(shared: Arc<Shared>, request: u64, target: Target, stream: bool) -> Self {
+        let sent = shared.pool.clock().now();
         Dispatch {
             shared,
             request,
             target,
             stream,
-            final_attempt: false,
-            sent: Instant::now(),
+            sent,
             first: None,
             done: false,
         }
     }
 
-    fn nanos(d: Duration) -> Nanos {
-        Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-    }
-
-    /// The first bytes arrived.
+    /// The first bytes of a 2xx answer arrived.
     pub(crate) fn first_token(&mut self) {
-        let now = Instant::now();
+        let now = self.shared.pool.clock().now();
         self.first = Some(now);
-        let ttft = now.duration_since(self.sent);
         // A non-streaming response's first bytes are its end: not a first token (see
         // `Pool::first_token`).
         self.shared.pool.first_token(
             self.request,
             self.target.id,
             self.target.ticket,
-            Self::nanos(ttft),
+            now - self.sent,
             self.stream,
         );
     }
@@ -70,43 +65,33 @@ impl Dispatch {
             .refused(self.target.id, self.target.ticket, status);
     }
 
-    /// The stream ended normally with `output_tokens` tokens (`0` when unknown).
-    pub(crate) fn complete(mut self, ok: bool, output_tokens: u32) {
+    /// The answer ended normally with `output_tokens` tokens (`0` when unknown) and the
+    /// engine's `usage`, if it sent one.
+    pub(crate) fn complete(mut self, output_tokens: u32, usage: Option<Usage>) {
         self.done = true;
-        let now = Instant::now();
-        let e2e = now.duration_since(self.sent);
-        self.shared.pool.completed(
-            self.request,
-            self.target.id,
-            Self::nanos(e2e),
-            output_tokens,
-        );
-        let policy = self.shared.pool.policy_name();
+        let now = self.shared.pool.clock().now();
+        let e2e = now - self.sent;
+        self.shared
+            .pool
+            .completed(self.request, self.target.id, e2e, output_tokens, usage);
         let m = &self.shared.metrics;
-        m.request(
-            if ok { "ok" } else { "upstream_error" },
-            policy,
-            &self.target.name,
-        );
-        let label = PolicyLabel { policy };
+        let label = PolicyLabel {
+            policy: self.shared.pool.policy_name(),
+        };
         m.e2e.get_or_create(&label).observe(e2e.as_secs_f64());
         if let (true, Some(first)) = (self.stream, self.first) {
-            let ttft = first.duration_since(self.sent);
-            m.ttft.get_or_create(&label).observe(ttft.as_secs_f64());
+            m.ttft
+                .get_or_create(&label)
+                .observe((first - self.sent).as_secs_f64());
             if output_tokens > 1 {
-                let tpot = now.duration_since(first).as_secs_f64() / f64::from(output_tokens - 1);
+                let tpot = (now - first).as_secs_f64() / f64::from(output_tokens - 1);
                 m.tpot.get_or_create(&label).observe(tpot);
             }
         }
     }
 
     /// The attempt failed.
-    pub(crate) fn fail(
-        mut self,
-        kind: FailureKind,
-        retry_after: Option<Duration>,
-        outcome: &'static str,
-    ) {
+    pub(crate) fn fail(mut self, kind: FailureKind, retry_after: Option<Duration>) {
         self.done = true;
         self.shared.pool.failed(
             self.request,
@@ -115,12 +100,6 @@ impl Dispatch {
             kind,
             retry_after,
         );
-        if self.final_attempt {
-            let policy = self.shared.pool.policy_name();
-            self.shared
-                .metrics
-                .request(outcome, policy, &self.target.name);
-        }
     }
 }
 
@@ -134,12 +113,6 @@ impl Drop for Dispatch {
                 FailureKind::Cancelled,
                 None,
             );
-            if self.final_attempt {
-                let policy = self.shared.pool.policy_name();
-                self.shared
-                    .metrics
-                    .request("cancelled", policy, &self.target.name);
-            }
         }
     }
 }

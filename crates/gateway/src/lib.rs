@@ -30,6 +30,7 @@ mod admission;
 mod body;
 mod clock;
 mod dispatch;
+mod ending;
 mod proxy;
 mod reload;
 mod server;

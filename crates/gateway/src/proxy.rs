@@ -4,28 +4,36 @@
 //! ```text
 //! admit -> pick -> attempt ─ first bytes ─────────────────────────────> stream to the client
 //!                    │ connect error, 5xx, 429 (Retry-After steers away)
-//!                    └─> retry budget? attempts left? -> full-jitter backoff -> pick another
+//!                    └─> core::resilience::Attempts: wait for a hedge still running, retry
+//!                        after a full-jitter backoff (budget, attempts, deadline), or give up
 //!          hedge timer (TTFT percentile) fires first -> second attempt elsewhere; the first
 //!          attempt to produce bytes wins and the other is dropped (its connection closes, which
 //!          cancels it upstream)
 //! ```
+//! The decisions are the pure state machine's; this module only drives it on real time.
 
 use crate::body::Tracked;
 use crate::dispatch::Dispatch;
+use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;
-use crate::parse::Inference;
+use crate::parse::{Api, Inference};
+use crate::pool::Attempt;
 use crate::state::Shared;
 use crate::upstream::{self, AttemptError, Ready};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Response};
+use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use kvgate_core::{EndpointId, Rejection};
+use kvgate_core::resilience::{Attempts, Next, Outcome};
+use kvgate_core::{EndpointId, Nanos, Rejection, Request};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
 
@@ -40,232 +48,242 @@ const HOP_BY_HOP: [HeaderName; 5] = [
     header::UPGRADE,
 ];
 
-/// Serves one validated inference request.
+/// Serves one validated inference request; `ending` learns how it ended.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     inference: Inference,
     headers: &HeaderMap,
+    ending: &mut Ending,
 ) -> Result<Response<Body>, ApiError> {
     // The client's deadline counts from here, the request's arrival as the proxy sees it.
-    let arrived = Instant::now();
-    let expires = inference.deadline.map(|d| arrived + d);
-    let expired = |extra: Duration| expires.is_some_and(|t| Instant::now() + extra >= t);
-    let policy = shared.pool.policy_name();
-    let reject = |e: ApiError, outcome| {
-        shared.metrics.request(outcome, policy, "none");
-        e
-    };
+    let arrived = shared.pool.clock().now();
+    let deadline = inference.deadline.map(|d| arrived + nanos(d));
     if let Some(model) = &inference.request.model {
         if !shared.pool.serves(model) {
-            return Err(reject(ApiError::unknown_model(model), "client_error"));
+            ending.set(Outcome::ClientError);
+            return Err(ApiError::unknown_model(model));
         }
     }
-    let permit = match shared
-        .admission
-        .admit(inference.deadline, inference.request.priority)
-        .await
-    {
+    let priority = inference.request.priority;
+    let permit = match shared.admission.admit(inference.deadline, priority).await {
         Ok(p) => p,
         Err(e) => {
-            let outcome = if e.status.as_u16() == 429 {
-                "queue_full"
+            let full = e.status.as_u16() == 429;
+            ending.set(if full {
+                Outcome::QueueFull
             } else {
-                "deadline"
-            };
-            return Err(reject(e, outcome));
+                Outcome::Deadline
+            });
+            return Err(e);
         }
     };
-    let mut request = inference.request;
-    request.id = shared.next_request.fetch_add(1, Ordering::Relaxed);
-    let request = Arc::new(request);
-    let forwarded = Arc::new(upstream::forwarded_headers(headers));
-    let retry = &shared.config.retry;
-    let max_retry_after = Duration::from_secs(retry.max_retry_after_secs);
-    // Streams only: a non-streaming response's first bytes come when generation ends, so a
-    // first-token timeout would cut off every long answer (and retry it elsewhere).
-    let first_token_timeout = (inference.stream && retry.first_token_timeout_ms > 0)
-        .then(|| Duration::from_millis(retry.first_token_timeout_ms));
-
-    // Picks among endpoints not yet tried; a retry (not a hedge) may fall back to one already
-    // tried when nothing else is routable. A retry's backoff is slept before this pick, so the
-    // ledger entry, the `Dispatched` event, a breaker probe slot and the TTFT clock all start
-    // when the attempt is really sent.
-    let launch = |exclude: &[EndpointId],
-                  fallback: bool|
-     -> Result<(EndpointId, AttemptFuture), Rejection> {
-        let target = match shared.pool.pick(&request, exclude) {
-            Ok(t) => t,
-            Err(_) if fallback => shared.pool.pick(&request, &[])?,
-            Err(r) => return Err(r),
-        };
-        let id = target.id;
-        let mut dispatch = Dispatch::new(shared.clone(), request.id, target, inference.stream);
-        let client = shared.client.clone();
-        let body = inference.body.clone();
-        let forwarded = forwarded.clone();
-        let api = inference.api;
-        Ok((
-            id,
-            Box::pin(async move {
-                let base = dispatch.target.base.clone();
-                let auth = dispatch.target.authorization.clone();
-                let send = upstream::attempt(
-                    &client,
-                    &base,
-                    api,
-                    body,
-                    &forwarded,
-                    auth.as_ref(),
-                    max_retry_after,
-                );
-                let result = match first_token_timeout {
-                    Some(limit) => tokio::time::timeout(limit, send)
-                        .await
-                        .unwrap_or(Err(AttemptError::Timeout(limit))),
-                    None => send.await,
-                };
-                // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
-                match &result {
-                    Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
-                    Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
-                    Err(_) => {}
-                }
-                (dispatch, result)
-            }),
-        ))
-    };
-
-    shared.pool.request_started();
-    let mut tried = Vec::with_capacity(2);
-    let mut attempts: FuturesUnordered<AttemptFuture> = FuturesUnordered::new();
-    match launch(&tried, false) {
-        Ok((id, fut)) => {
-            tried.push(id);
-            attempts.push(fut);
-        }
+    let mut run = Run::new(shared.clone(), inference, headers);
+    let hedge_after = match run.launch(Attempt::First) {
+        Ok(after) => after,
         Err(r) => {
-            // Every endpoint may be inside a Retry-After window or behind an open breaker: tell
-            // the client when the first of them takes traffic again.
-            let mut error = ApiError::no_endpoint(r);
-            error.retry_after_secs = shared
-                .pool
-                .routable_again_in(request.model.as_deref())
-                .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
-            return Err(reject(error, "no_endpoint"));
+            ending.set(Outcome::NoEndpoint);
+            return Err(run.no_endpoint(r));
         }
-    }
-    let hedge_delay = if inference.stream {
-        shared.pool.hedge_delay()
-    } else {
-        None
     };
+    let retry = &shared.config.retry;
+    let hedging = run.stream && hedge_after.is_some();
+    let mut attempts = Attempts::new(retry.max_attempts, retry.backoff.clone(), deadline, hedging);
+    attempts.launched();
     // No timer at all when hedging is off: a timer per request costs a timer-wheel entry.
-    let mut hedge_timer = hedge_delay.map(|d| Box::pin(tokio::time::sleep(d)));
-    let mut hedged = hedge_delay.is_none();
-    let mut retries = 0u32;
-    let mut hedge_endpoint = None;
-
+    let mut hedge_timer = hedge_after
+        .filter(|_| hedging)
+        .map(|d| Box::pin(tokio::time::sleep(d)));
     loop {
+        let armed = hedge_timer.is_some();
+        let hedge = async {
+            match hedge_timer.as_mut() {
+                Some(t) => t.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            Some((mut dispatch, result)) = attempts.next() => match result {
+            Some((dispatch, result)) = run.running.next() => match result {
                 Ok(ready) => {
-                    if hedge_endpoint == Some(dispatch.target.id) {
+                    if run.hedged_to == Some(dispatch.target.id) {
                         shared.metrics.hedges.get_or_create(&metrics::reason("won")).inc();
                     }
-                    dispatch.final_attempt = true;
-                    drop(attempts); // cancels a losing hedge
-                    return Ok(respond(ready, dispatch, permit, inference.stream));
+                    drop(std::mem::take(&mut run.running)); // cancels a losing hedge
+                    ending.at(dispatch.target.name.clone());
+                    return Ok(respond(ready, dispatch, (permit, ending.take()), run.stream));
                 }
                 Err(error) => {
-                    let kind = error.kind();
-                    let label = error.label();
-                    let mut withdrawn = None;
-                    let denied = if !attempts.is_empty() {
-                        None
-                    } else if expired(Duration::ZERO) {
-                        Some("deadline")
-                    } else if retries + 1 >= retry.max_attempts {
-                        Some("attempts")
-                    } else {
-                        withdrawn = shared.pool.try_retry();
-                        withdrawn.is_none().then_some("budget")
-                    };
-                    if let Some(why) = denied {
-                        shared.metrics.retries_denied.get_or_create(&metrics::reason(why)).inc();
-                    }
-                    let last = denied.is_some();
-                    if last {
-                        dispatch.final_attempt = true;
-                    }
-                    let retry_after = error.retry_after();
-                    let name = dispatch.target.name.clone();
-                    let past_deadline = denied == Some("deadline");
-                    dispatch.fail(
-                        kind,
-                        retry_after,
-                        if past_deadline { "deadline" } else { "upstream_error" },
-                    );
-                    if !attempts.is_empty() {
-                        continue; // a hedge is still running; it may yet succeed
-                    }
-                    if past_deadline {
-                        return Err(ApiError::deadline_passed_upstream());
-                    }
-                    if last {
-                        return Ok(upstream_failure(error, &name));
-                    }
-                    let delay = shared.pool.backoff(&retry.backoff, retries);
-                    if expired(delay) {
-                        // The backoff alone would outlast the client's deadline.
-                        if let Some(at) = withdrawn {
-                            shared.pool.refund_retry(at);
+                    if let Some((outcome, answer)) = run.failed(dispatch, error, &mut attempts).await {
+                        ending.set(outcome);
+                        if let Some(name) = run.last_endpoint.clone() {
+                            ending.at(name);
                         }
-                        shared.metrics.retries_denied.get_or_create(&metrics::reason("deadline")).inc();
-                        shared.metrics.request("deadline", policy, &name);
-                        return Err(ApiError::deadline_passed_upstream());
-                    }
-                    retries += 1;
-                    shared.metrics.retries.get_or_create(&metrics::reason(label)).inc();
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    match launch(&tried, true) {
-                        Ok((id, fut)) => {
-                            tried.push(id);
-                            attempts.push(fut);
-                        }
-                        Err(_) => {
-                            // Nothing was sent: the retry goes back into the budget.
-                            if let Some(at) = withdrawn {
-                                shared.pool.refund_retry(at);
-                            }
-                            shared.metrics.request("upstream_error", policy, &name);
-                            return Ok(upstream_failure(error, &name));
-                        }
+                        return answer;
                     }
                 }
             },
-            () = async { match hedge_timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } }, if !hedged => {
-                hedged = true;
-                if expired(Duration::ZERO) {
-                    continue; // nobody waits for a second attempt any more
-                }
-                // A hedge must go elsewhere: no fallback to an endpoint already tried.
-                if let Ok((id, fut)) = launch(&tried, false) {
+            () = hedge, if armed => {
+                hedge_timer = None;
+                if attempts.hedge_due(shared.pool.clock().now()) && run.launch(Attempt::Hedge).is_ok() {
+                    attempts.launched();
                     shared.metrics.hedges.get_or_create(&metrics::reason("launched")).inc();
-                    hedge_endpoint = Some(id);
-                    tried.push(id);
-                    attempts.push(fut);
                 }
             }
         }
     }
 }
 
+fn nanos(d: Duration) -> Nanos {
+    Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// One request's attempts: what each needs to be sent, the ones running, and where they went.
+struct Run {
+    shared: Arc<Shared>,
+    request: Arc<Request>,
+    api: Api,
+    body: Bytes,
+    stream: bool,
+    forwarded: Arc<HeaderMap>,
+    first_token_timeout: Option<Duration>,
+    rng: ChaCha8Rng,
+    tried: Vec<EndpointId>,
+    running: FuturesUnordered<AttemptFuture>,
+    hedged_to: Option<EndpointId>,
+    last_endpoint: Option<Arc<str>>,
+}
+
+impl Run {
+    fn new(shared: Arc<Shared>, inference: Inference, headers: &HeaderMap) -> Self {
+        let mut request = inference.request;
+        request.id = shared.next_request.fetch_add(1, Ordering::Relaxed);
+        let retry = &shared.config.retry;
+        // Streams only: a non-streaming response's first bytes come when generation ends, so a
+        // first-token timeout would cut off every long answer (and retry it elsewhere).
+        let first_token_timeout = (inference.stream && retry.first_token_timeout_ms > 0)
+            .then(|| Duration::from_millis(retry.first_token_timeout_ms));
+        Run {
+            rng: ChaCha8Rng::seed_from_u64(shared.seed ^ request.id),
+            request: Arc::new(request),
+            api: inference.api,
+            body: inference.body,
+            stream: inference.stream,
+            forwarded: Arc::new(upstream::forwarded_headers(headers)),
+            first_token_timeout,
+            tried: Vec::with_capacity(2),
+            running: FuturesUnordered::new(),
+            hedged_to: None,
+            last_endpoint: None,
+            shared,
+        }
+    }
+
+    /// Picks an endpoint for another attempt and starts it; for the first attempt, returns the
+    /// hedging delay. A retry's backoff is slept before this, so the ledger entry, the
+    /// `Dispatched` event, a breaker probe slot and the TTFT clock all start at the send.
+    fn launch(&mut self, attempt: Attempt) -> Result<Option<Duration>, Rejection> {
+        let target = self.shared.pool.pick(&self.request, &self.tried, attempt)?;
+        let hedge_after = target.hedge_after;
+        self.tried.push(target.id);
+        if attempt == Attempt::Hedge {
+            self.hedged_to = Some(target.id);
+        }
+        let mut dispatch = Dispatch::new(self.shared.clone(), self.request.id, target, self.stream);
+        let (client, body, forwarded) = (
+            self.shared.client.clone(),
+            self.body.clone(),
+            self.forwarded.clone(),
+        );
+        let (api, timeout) = (self.api, self.first_token_timeout);
+        let max_retry_after = Duration::from_secs(self.shared.config.retry.max_retry_after_secs);
+        self.running.push(Box::pin(async move {
+            let t = &dispatch.target;
+            let send = upstream::attempt(
+                &client,
+                &t.base,
+                api,
+                body,
+                &forwarded,
+                t.authorization.as_ref(),
+                max_retry_after,
+            );
+            let result = match timeout {
+                Some(limit) => tokio::time::timeout(limit, send)
+                    .await
+                    .unwrap_or(Err(AttemptError::Timeout(limit))),
+                None => send.await,
+            };
+            // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
+            match &result {
+                Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
+                Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
+                Err(_) => {}
+            }
+            (dispatch, result)
+        }));
+        Ok(hedge_after)
+    }
+
+    /// An attempt failed before its first bytes: report it, then wait for a running hedge,
+    /// retry, or end the request with an outcome and the answer to send.
+    async fn failed(
+        &mut self,
+        dispatch: Dispatch,
+        error: AttemptError,
+        attempts: &mut Attempts,
+    ) -> Option<(Outcome, Result<Response<Body>, ApiError>)> {
+        let name = dispatch.target.name.clone();
+        self.last_endpoint = Some(name.clone());
+        dispatch.fail(error.kind(), error.retry_after());
+        let metrics = &self.shared.metrics;
+        match self.shared.pool.next_after_failure(attempts, &mut self.rng) {
+            Next::Wait => None,
+            Next::GiveUp { outcome, denied } => {
+                let why = metrics::reason(denied.label());
+                metrics.retries_denied.get_or_create(&why).inc();
+                Some(match outcome {
+                    Outcome::Deadline => (outcome, Err(ApiError::deadline_passed_upstream())),
+                    _ => (outcome, Ok(upstream_failure(error, &name))),
+                })
+            }
+            Next::Retry {
+                after,
+                withdrawn_at,
+            } => {
+                metrics
+                    .retries
+                    .get_or_create(&metrics::reason(error.label()))
+                    .inc();
+                if after > Nanos::ZERO {
+                    tokio::time::sleep(Duration::from_nanos(after.0)).await;
+                }
+                if self.launch(Attempt::Retry).is_ok() {
+                    attempts.launched();
+                    return None;
+                }
+                // Nothing was sent: the retry goes back into the budget.
+                self.shared.pool.refund_retry(withdrawn_at);
+                Some((Outcome::UpstreamError, Ok(upstream_failure(error, &name))))
+            }
+        }
+    }
+
+    /// The 503 when no endpoint can take the request: every endpoint may be inside a
+    /// Retry-After window or behind an open breaker, so say when the first takes traffic again.
+    fn no_endpoint(&self, rejection: Rejection) -> ApiError {
+        let mut error = ApiError::no_endpoint(rejection);
+        error.retry_after_secs = self
+            .shared
+            .pool
+            .routable_again_in(self.request.model.as_deref())
+            .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+        error
+    }
+}
+
 fn respond(
     ready: Ready,
     dispatch: Dispatch,
-    permit: crate::admission::Permit,
+    owners: (crate::admission::Permit, Ending),
     stream: bool,
 ) -> Response<Body> {
     let Ready {
@@ -285,7 +303,7 @@ fn respond(
         head.headers.insert(ENDPOINT_HEADER, v);
     }
     let ok = head.status.is_success();
-    let body = Tracked::new(first, rest, dispatch, permit, sse, ok);
+    let body = Tracked::new(first, rest, dispatch, owners, sse, ok);
     Response::from_parts(head, Body::new(body))
 }
 

@@ -1,71 +1,62 @@
-//! The HTTP front: routes, the one inference extractor, and serving with graceful shutdown.
+//! The HTTP front: routes, the one inference reader, and serving with graceful shutdown.
 
+use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::parse::{self, Api, Inference};
 use crate::state::Shared;
 use crate::{admin, proxy};
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kvgate_core::resilience::Outcome;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A validated inference request and its headers: the single extractor through which every
-/// inference body passes, so every bad input gets the same OpenAI-shaped error.
-#[derive(Debug)]
-pub(crate) struct Validated {
-    pub(crate) inference: Inference,
-    pub(crate) headers: HeaderMap,
-}
-
-impl FromRequest<Arc<Shared>> for Validated {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &Arc<Shared>) -> Result<Self, ApiError> {
-        let api = if req.uri().path().ends_with("/chat/completions") {
-            Api::Chat
-        } else {
-            Api::Completions
-        };
-        let limits = &state.config.requests;
-        let (parts, body) = req.into_parts();
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let reject = |e: ApiError| {
-            state
-                .metrics
-                .request("client_error", state.pool.policy_name(), "none");
-            e
-        };
-        if declared.is_some_and(|n| n > limits.max_body_bytes) {
-            return Err(reject(ApiError::too_large(limits.max_body_bytes)));
-        }
-        let bytes = axum::body::to_bytes(body, limits.max_body_bytes)
-            .await
-            .map_err(|e| {
-                let over = std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-                reject(if over {
-                    ApiError::too_large(limits.max_body_bytes)
-                } else {
-                    ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
-                })
-            })?;
-        let inference = parse::parse(api, &parts.headers, bytes, limits).map_err(reject)?;
-        Ok(Validated {
-            inference,
-            headers: parts.headers,
-        })
+/// Reads and validates an inference body: the single path every inference request passes, so
+/// every bad input gets the same OpenAI-shaped error.
+async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), ApiError> {
+    let api = if req.uri().path().ends_with("/chat/completions") {
+        Api::Chat
+    } else {
+        Api::Completions
+    };
+    let limits = &state.config.requests;
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes) {
+        return Err(ApiError::too_large(limits.max_body_bytes));
     }
+    let bytes = axum::body::to_bytes(body, limits.max_body_bytes)
+        .await
+        .map_err(|e| {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over {
+                ApiError::too_large(limits.max_body_bytes)
+            } else {
+                ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
+            }
+        })?;
+    let inference = parse::parse(api, &parts.headers, bytes, limits)?;
+    Ok((inference, parts.headers))
 }
 
-async fn inference(State(shared): State<Arc<Shared>>, v: Validated) -> Response {
-    match proxy::handle(shared, v.inference, &v.headers).await {
+async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let mut ending = Ending::new(shared.clone());
+    let answer = match read(req, &shared).await {
+        Ok((inference, headers)) => proxy::handle(shared, inference, &headers, &mut ending).await,
+        Err(e) => {
+            ending.set(Outcome::ClientError);
+            Err(e)
+        }
+    };
+    match answer {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }

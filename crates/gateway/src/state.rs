@@ -26,6 +26,9 @@ pub(crate) struct Shared {
     pub(crate) draining: AtomicBool,
     /// Request ids.
     pub(crate) next_request: AtomicU64,
+    /// The gateway's seed: each request's random draws (backoff jitter) come from it and the
+    /// request id, so they need no lock.
+    pub(crate) seed: u64,
     /// Tells background tasks to stop.
     pub(crate) stop: watch::Sender<bool>,
 }
@@ -34,8 +37,7 @@ impl Shared {
     /// Builds the state; endpoints from `config` are added to the pool.
     pub(crate) fn new(config: Config, seed: u64) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
-        let clock = Clock::new();
-        let pool = Pool::new(&config.policy, &config, clock, metrics.clone(), seed);
+        let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
             pool.add(e.clone());
         }
@@ -47,6 +49,7 @@ impl Shared {
             client: upstream::client(),
             draining: AtomicBool::new(false),
             next_request: AtomicU64::new(1),
+            seed,
             stop,
             config,
         })

@@ -140,6 +140,12 @@ impl BlockIndex {
         }
     }
 
+    /// Whether this router's dispatches feed the index (entries expire after the TTL), rather
+    /// than engine KV events.
+    pub fn is_approximate(&self) -> bool {
+        self.ttl.is_some()
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
@@ -337,7 +343,7 @@ impl BlockIndex {
 }
 
 impl PrefixIndex for BlockIndex {
-    fn overlaps(&mut self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps {
+    fn overlaps(&self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps {
         let hashes = self.hashes_of(key);
         self.overlaps_of(&hashes, now)
     }

@@ -13,7 +13,10 @@
 //! another's (DOMAIN.md §13).
 
 pub mod blocks;
+pub mod cache;
 pub mod radix;
+
+pub use cache::{IndexSpec, PrefixCache, TreeKey};
 
 use crate::{EndpointId, Nanos, Request};
 use serde::Serialize;
@@ -100,9 +103,8 @@ impl Overlaps {
 
 /// The role every prefix index plays.
 pub trait PrefixIndex: fmt::Debug + Send {
-    /// Every endpoint's overlap with `key`. Takes `&mut self` so an index may reuse scratch
-    /// space; it does not change what is stored.
-    fn overlaps(&mut self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps;
+    /// Every endpoint's overlap with `key`; `&self`, so lookups may share a read lock.
+    fn overlaps(&self, key: &PrefixKey<'_>, now: Nanos) -> Overlaps;
     /// Records that `endpoint` now holds `key` (and refreshes its recency).
     fn insert(&mut self, key: &PrefixKey<'_>, endpoint: EndpointId, now: Nanos);
     /// Forgets everything held by `endpoint`.

@@ -74,7 +74,6 @@ pub struct RadixTree<K> {
     sizes: HashMap<EndpointId, usize>,
     stored: usize,
     max_size: usize,
-    scratch: Vec<u32>,
 }
 
 impl<K: Symbol> RadixTree<K> {
@@ -87,7 +86,6 @@ impl<K: Symbol> RadixTree<K> {
             sizes: HashMap::new(),
             stored: 0,
             max_size: max_size.max(1),
-            scratch: Vec::new(),
         }
     }
 
@@ -123,12 +121,16 @@ impl<K: Symbol> RadixTree<K> {
             + self.roots.capacity() * size_of::<(u64, NodeId)>() * 2
     }
 
-    /// For each endpoint, how many leading symbols of `key` (in `scope`) it holds.
-    pub fn match_prefix(&mut self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32)> {
+    /// For each endpoint, how many leading symbols of `key` (in `scope`) it holds, sorted by
+    /// endpoint. Takes `&self`, so matches may run concurrently under a read lock.
+    ///
+    /// Presence is prefix-closed, so the tenants of each node on the path are a subset of its
+    /// parent's: the first matched node fixes the set and deeper nodes only raise its counts.
+    pub fn match_prefix(&self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32)> {
         let Some(&root) = self.roots.get(&scope) else {
             return Vec::new();
         };
-        let mut touched: Vec<EndpointId> = Vec::new();
+        let mut out: Vec<(EndpointId, u32)> = Vec::new();
         let (mut node, mut pos) = (root, 0usize);
         while pos < key.len() {
             let Some(c) = self.nodes[node as usize].child(key[pos]) else {
@@ -137,15 +139,15 @@ impl<K: Symbol> RadixTree<K> {
             let edge = &self.nodes[c as usize].edge;
             let common = lcp(edge, &key[pos..]);
             let matched = u32::try_from(pos + common).unwrap_or(u32::MAX);
+            let first = out.is_empty();
             for &(t, _) in &self.nodes[c as usize].tenants {
-                let slot = t.0 as usize;
-                if slot >= self.scratch.len() {
-                    self.scratch.resize(slot + 1, 0);
+                match out.binary_search_by_key(&t, |&(e, _)| e) {
+                    Ok(k) => out[k].1 = matched,
+                    Err(k) => {
+                        debug_assert!(first, "a deeper node has a tenant its parent lacks");
+                        out.insert(k, (t, matched));
+                    }
                 }
-                if self.scratch[slot] == 0 {
-                    touched.push(t);
-                }
-                self.scratch[slot] = matched;
             }
             if common < edge.len() {
                 break;
@@ -153,11 +155,7 @@ impl<K: Symbol> RadixTree<K> {
             pos += common;
             node = c;
         }
-        touched.sort_unstable();
-        touched
-            .into_iter()
-            .map(|t| (t, std::mem::take(&mut self.scratch[t.0 as usize])))
-            .collect()
+        out
     }
 
     /// Records that `endpoint` was sent `key` (in `scope`) at `now`, then enforces the bound.
@@ -333,7 +331,7 @@ fn lcp<K: PartialEq>(a: &[K], b: &[K]) -> usize {
 }
 
 impl<K: Symbol> PrefixIndex for RadixTree<K> {
-    fn overlaps(&mut self, key: &PrefixKey<'_>, _now: Nanos) -> Overlaps {
+    fn overlaps(&self, key: &PrefixKey<'_>, _now: Nanos) -> Overlaps {
         let Some(symbols) = K::of(key) else {
             return Overlaps::default();
         };

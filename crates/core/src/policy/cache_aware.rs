@@ -7,20 +7,21 @@
 //! elif best match / prompt > cache_threshold: the best match     (PrefixAffinity)
 //! else:                               least loaded               (LowMatch)
 //! ```
-//! The dispatched request's prompt is then inserted under the endpoint it went to. Defaults are
+//! The dispatched request's prompt is then inserted under the endpoint it went to (by the
+//! router's [`crate::index::PrefixCache`], which this policy asks for). Defaults are
 //! those of SGLang's Rust gateway binary: threshold 0.3, absolute 64, relative 1.5, eviction
 //! every 120 s, 67,108,864 stored characters per endpoint. Where SGLang picks an arbitrary
 //! tenant among equal matches, kvgate takes the least loaded of them. The tree is keyed by text
 //! bytes, or by token ids when the request carries them and `key` says so.
 
-use super::{no_route, Policy, PolicyDoc};
-use crate::index::radix::RadixTree;
-use crate::index::{Overlaps, PrefixIndex, PrefixKey};
-use crate::{Decision, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route};
+use super::{check, no_route, Params, Policy, PolicyDoc, Query};
+use crate::index::IndexSpec;
+use crate::index::TreeKey;
+use crate::{Decision, LoadConfig, LoadView, Nanos, Reason, Route};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "cache_aware",
     summary:
         "SGLang's rule: prefix match over an approximate radix tree unless the fleet is imbalanced",
@@ -53,19 +54,6 @@ pub(super) const DOC: PolicyDoc = PolicyDoc {
         ("load", "stale-signal handling"),
     ],
 };
-
-/// What the tree is keyed by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TreeKey {
-    /// Token ids when the request has them, else text.
-    #[default]
-    Auto,
-    /// Raw text bytes (SGLang).
-    Text,
-    /// Token ids.
-    Tokens,
-}
 
 /// `cache_aware` parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,42 +100,51 @@ impl Config {
     }
 }
 
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(CacheAware::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(
+            (0.0..=1.0).contains(&self.cache_threshold),
+            "cache_threshold",
+            "must be within 0..=1",
+        )?;
+        check(
+            self.balance_rel_threshold >= 1.0,
+            "balance_rel_threshold",
+            "must be at least 1",
+        )?;
+        check(
+            self.max_tree_size >= 1,
+            "max_tree_size",
+            "must be at least 1",
+        )
+    }
+    fn index(&self) -> Option<IndexSpec> {
+        Some(IndexSpec::Radix {
+            key: self.key,
+            max_size: self.max_tree_size,
+            eviction_interval: Nanos::from_secs(self.eviction_interval_secs),
+            share_across_tenants: self.share_across_tenants,
+        })
+    }
+}
+
 /// The cache-aware policy.
 #[derive(Debug)]
 pub struct CacheAware {
     config: Config,
-    text: RadixTree<u8>,
-    tokens: RadixTree<u32>,
-    last_eviction: Option<Nanos>,
 }
 
 impl CacheAware {
     /// A new instance.
     pub fn new(config: Config) -> Self {
-        let size = config.max_tree_size;
-        CacheAware {
-            config,
-            text: RadixTree::new(size),
-            tokens: RadixTree::new(size),
-            last_eviction: None,
-        }
-    }
-
-    /// The text tree, for inspection and benchmarks.
-    pub fn text_tree(&self) -> &RadixTree<u8> {
-        &self.text
-    }
-
-    fn tree_for(&mut self, key: &PrefixKey<'_>) -> &mut dyn PrefixIndex {
-        match (self.config.key, key.tokens.is_some()) {
-            (TreeKey::Tokens, _) | (TreeKey::Auto, true) => &mut self.tokens,
-            _ => &mut self.text,
-        }
-    }
-
-    fn overlaps(&mut self, request: &Request, now: Nanos) -> Overlaps {
-        let key = PrefixKey::of(request, self.config.share_across_tenants);
-        self.tree_for(&key).overlaps(&key, now)
+        CacheAware { config }
     }
 }
 
@@ -156,15 +153,9 @@ impl Policy for CacheAware {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let load = self.config.load.clone();
-        let view = LoadView::new(fleet, &load, now);
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         let Some((least, min_load)) = view.least_loaded(rng) else {
             return no_route(fleet);
         };
@@ -174,20 +165,20 @@ impl Policy for CacheAware {
             .fold(f64::MIN, f64::max);
         let route = |i: usize, reason| {
             Decision::Route(Route {
-                endpoint: fleet[i].id,
+                endpoint: fleet.views()[i].id,
                 reason,
             })
         };
         if self.config.is_imbalanced(max_load, min_load) {
             return route(least, Reason::BalanceEscape { max_load, min_load });
         }
-        let overlaps = self.overlaps(request, now);
+        let overlaps = query.overlaps;
         let best = overlaps
             .endpoints
             .iter()
             .filter_map(|o| {
-                let i = fleet.iter().position(|e| e.id == o.endpoint)?;
-                fleet[i].is_routable().then_some((i, o.device))
+                let i = fleet.position(o.endpoint)?;
+                fleet.eligible(i).then_some((i, o.device))
             })
             .max_by(|a, b| {
                 a.1.cmp(&b.1)
@@ -205,36 +196,6 @@ impl Policy for CacheAware {
                 route(i, Reason::PrefixAffinity { matched, total })
             }
             _ => route(least, Reason::LowMatch { matched, total }),
-        }
-    }
-
-    fn observe(&mut self, event: &Event<'_>) {
-        match event {
-            Event::Dispatched {
-                request,
-                endpoint,
-                at,
-            } => {
-                let key = PrefixKey::of(request, self.config.share_across_tenants);
-                self.tree_for(&key).insert(&key, *endpoint, *at);
-            }
-            Event::EndpointRemoved { endpoint } => {
-                self.text.remove_endpoint(*endpoint);
-                self.tokens.remove_endpoint(*endpoint);
-            }
-            _ => {}
-        }
-    }
-
-    fn maintain(&mut self, now: Nanos) {
-        let interval = Nanos::from_secs(self.config.eviction_interval_secs);
-        if self
-            .last_eviction
-            .is_none_or(|last| now.saturating_since(last) >= interval)
-        {
-            self.text.evict(now);
-            self.tokens.evict(now);
-            self.last_eviction = Some(now);
         }
     }
 }

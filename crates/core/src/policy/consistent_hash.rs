@@ -1,24 +1,26 @@
 //! Consistent hashing with bounded load (Mirrokni, Thorup and Zadimoghaddam 2016; DOMAIN.md
 //! §4).
 //!
-//! The key (session by default) picks an owner on a ring of the routable endpoints; when the
-//! owner already carries `ceil(c * m / n)` of the `m` outstanding requests (the new one
-//! included), the walk goes clockwise to the next endpoint under capacity. With `c > 1` some
-//! endpoint is always under capacity, so the walk ends; `c = 0` disables the bound. Defaults:
+//! The key (session by default) picks an owner on a ring of every member; an owner that may not
+//! take the request (unhealthy, already tried) passes it clockwise to the next eligible member,
+//! so the ring itself changes only when membership does. When the owner already carries
+//! `ceil(c * m / n)` of the `m` outstanding requests of the `n` eligible members (the new one
+//! included), the walk goes on to the next endpoint under capacity. With `c > 1` some endpoint
+//! is always under capacity, so the walk ends; `c = 0` disables the bound. Defaults:
 //! `c = 1.25` (HAProxy's `hash-balance-factor 125`, Vimeo's deployment), 160 points per unit
 //! weight (nginx ketama).
 
-use super::{no_route, Policy, PolicyDoc};
+use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::hashring::{bounded_capacity, HashRing, DEFAULT_VNODES};
 use crate::index::PrefixKey;
 use crate::{
-    Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route,
+    Decision, EndpointId, EndpointView, Fleet, LoadConfig, LoadView, Reason, Request, Route,
 };
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "consistent_hash",
     summary: "ring of endpoints keyed by session (or tenant, prefix), bounded load ceil(c*m/n)",
     params: &[
@@ -79,7 +81,24 @@ impl Default for Config {
     }
 }
 
-/// A ring over the routable endpoints, rebuilt only when their set or weights change.
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(ConsistentHash::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(
+            self.balance_factor == 0.0 || self.balance_factor >= 1.0,
+            "balance_factor",
+            "must be 0 (unbounded) or at least 1",
+        )
+    }
+}
+
+/// A ring over every member, rebuilt only when the members or their weights change.
 #[derive(Debug, Default)]
 pub(super) struct RingCache {
     members: Vec<(EndpointId, u64)>,
@@ -90,12 +109,8 @@ pub(super) struct RingCache {
 impl RingCache {
     pub(super) fn get(&mut self, fleet: &[EndpointView], vnodes: u32) -> &HashRing {
         self.scratch.clear();
-        self.scratch.extend(
-            fleet
-                .iter()
-                .filter(|e| e.is_routable())
-                .map(|e| (e.id, e.weight.to_bits())),
-        );
+        self.scratch
+            .extend(fleet.iter().map(|e| (e.id, e.weight.to_bits())));
         self.scratch.sort_unstable();
         if self.scratch != self.members || self.ring.members().is_empty() {
             std::mem::swap(&mut self.members, &mut self.scratch);
@@ -127,7 +142,6 @@ pub(super) fn prefix_hash_of(key: &PrefixKey<'_>, chars: usize) -> Option<u64> {
 pub struct ConsistentHash {
     config: Config,
     rings: RingCache,
-    index: Vec<(EndpointId, usize)>,
 }
 
 impl ConsistentHash {
@@ -136,7 +150,6 @@ impl ConsistentHash {
         ConsistentHash {
             config,
             rings: RingCache::default(),
-            index: Vec::new(),
         }
     }
 
@@ -160,50 +173,43 @@ impl ConsistentHash {
     }
 }
 
+/// The eligible members in ring order from `hash`, with their fleet positions.
+pub(super) fn eligible_walk<'r>(
+    ring: &'r HashRing,
+    fleet: Fleet<'r>,
+    hash: u64,
+) -> impl Iterator<Item = (EndpointId, usize)> + 'r {
+    ring.walk(hash).filter_map(move |id| {
+        let i = fleet.position(id)?;
+        fleet.eligible(i).then_some((id, i))
+    })
+}
+
 impl Policy for ConsistentHash {
     fn name(&self) -> &'static str {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let hash = self.key_hash(request);
-        let view = LoadView::new(fleet, &self.config.load, now);
-        self.index.clear();
-        self.index.extend(view.routable().map(|i| (fleet[i].id, i)));
-        self.index.sort_unstable();
-        let n = self.index.len();
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let hash = self.key_hash(query.request);
+        let view = LoadView::new(fleet, &self.config.load, query.now);
+        let (n, total) = view
+            .routable()
+            .fold((0usize, 0.0), |(n, t), i| (n + 1, t + view.load(i)));
         if n == 0 {
             return no_route(fleet);
         }
-        let position = |id: EndpointId, index: &[(EndpointId, usize)]| {
-            index
-                .binary_search_by_key(&id, |&(e, _)| e)
-                .map(|k| index[k].1)
-                .ok()
-        };
-        let ring = self.rings.get(fleet, self.config.vnodes);
+        let ring = self.rings.get(fleet.views(), self.config.vnodes);
+        let route = |endpoint, reason| Decision::Route(Route { endpoint, reason });
         if self.config.balance_factor <= 0.0 {
-            let owner = ring.owner(hash).and_then(|id| position(id, &self.index));
-            return match owner {
-                Some(i) => Decision::Route(Route {
-                    endpoint: fleet[i].id,
-                    reason: Reason::HashOwner,
-                }),
+            return match eligible_walk(ring, fleet, hash).next() {
+                Some((id, _)) => route(id, Reason::HashOwner),
                 None => no_route(fleet),
             };
         }
-        let total: f64 = self.index.iter().map(|&(_, i)| view.load(i)).sum();
         let capacity = bounded_capacity(self.config.balance_factor, total + 1.0, n);
-        for (hops, id) in ring.walk(hash).enumerate() {
-            let Some(i) = position(id, &self.index) else {
-                continue;
-            };
+        for (hops, (id, i)) in eligible_walk(ring, fleet, hash).enumerate() {
             if view.ranked_load(i) + 1.0 <= capacity {
                 let reason = if hops == 0 {
                     Reason::HashOwner
@@ -212,20 +218,17 @@ impl Policy for ConsistentHash {
                         hops: u32::try_from(hops).unwrap_or(u32::MAX),
                     }
                 };
-                return Decision::Route(Route {
-                    endpoint: id,
-                    reason,
-                });
+                return route(id, reason);
             }
         }
         // Only reachable when slow start inflates every load; fall back to the least loaded.
         match view.least_loaded(rng) {
-            Some((i, _)) => Decision::Route(Route {
-                endpoint: fleet[i].id,
-                reason: Reason::Overflow {
+            Some((i, _)) => route(
+                fleet.views()[i].id,
+                Reason::Overflow {
                     hops: u32::try_from(n).unwrap_or(u32::MAX),
                 },
-            }),
+            ),
             None => no_route(fleet),
         }
     }

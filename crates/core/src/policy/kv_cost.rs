@@ -19,20 +19,18 @@
 //!   requests that have not produced a first token) above the fleet minimum, divided by this
 //!   request's prefill blocks: a cache hit behind a deep prefill queue earns less credit.
 //!
-//! The overlap comes from a [`BlockIndex`]: fed by engine KV events when `use_kv_events`, else by
-//! this router's dispatches with a TTL (Dynamo's approximate indexer, 120 s).
+//! The overlap comes from a block index (the router's [`crate::index::PrefixCache`]): fed by
+//! engine KV events when `use_kv_events`, else by this router's dispatches with a TTL (Dynamo's
+//! approximate indexer, 120 s).
 
-use super::{no_route, Policy, PolicyDoc};
-use crate::index::blocks::BlockIndex;
-use crate::index::{Overlap, PrefixIndex, PrefixKey};
-use crate::{
-    Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route,
-};
+use super::{check, no_route, Params, Policy, PolicyDoc, Query};
+use crate::index::{IndexSpec, Overlap};
+use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "kv_cost",
     summary: "Dynamo's block cost: prefill blocks less overlap credit, plus decode blocks; argmin or softmax",
     params: &[
@@ -100,6 +98,31 @@ impl Default for Config {
     }
 }
 
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(KvCost::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(self.block_size >= 1, "block_size", "must be at least 1")?;
+        check(
+            self.router_temperature >= 0.0,
+            "router_temperature",
+            "must not be negative",
+        )
+    }
+    fn index(&self) -> Option<IndexSpec> {
+        Some(IndexSpec::Blocks {
+            block_size: self.block_size,
+            ttl: (!self.use_kv_events).then(|| Nanos::from_secs(self.approx_ttl_secs)),
+            share_across_tenants: self.share_across_tenants,
+        })
+    }
+}
+
 /// One endpoint's inputs to the cost formula.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CostInputs {
@@ -147,31 +170,28 @@ struct EndpointBlocks {
 #[derive(Debug)]
 pub struct KvCost {
     config: Config,
-    index: BlockIndex,
     /// Keyed by (request, endpoint): a hedged request is in flight on two endpoints at once.
     active: HashMap<(u64, EndpointId), Active>,
     per_endpoint: HashMap<EndpointId, EndpointBlocks>,
     costs: Vec<(usize, f64)>,
-    last_sweep: Option<Nanos>,
 }
 
 impl KvCost {
     /// A new instance.
     pub fn new(config: Config) -> Self {
-        let ttl = (!config.use_kv_events).then(|| Nanos::from_secs(config.approx_ttl_secs));
         KvCost {
-            index: BlockIndex::new(config.block_size, ttl),
             config,
             active: HashMap::new(),
             per_endpoint: HashMap::new(),
             costs: Vec::new(),
-            last_sweep: None,
         }
     }
 
-    fn request_blocks(&self, request: &Request, hashed: usize) -> f64 {
+    /// The request's prefill blocks: its full hashed blocks or its estimated length in blocks,
+    /// whichever is larger.
+    fn request_blocks(&self, request: &Request, hashed: u32) -> f64 {
         let by_len = (request.prompt_tokens as usize).div_ceil(self.config.block_size);
-        by_len.max(hashed) as f64
+        by_len.max(hashed as usize) as f64
     }
 
     fn finish(&mut self, request: u64, endpoint: EndpointId) {
@@ -190,19 +210,13 @@ impl Policy for KvCost {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
-        let key = PrefixKey::of(request, self.config.share_across_tenants);
-        let hashes = self.index.hashes_of(&key);
-        let overlaps = self.index.overlaps_of(&hashes, now);
-        let prefill_blocks = self.request_blocks(request, hashes.len());
-        let pending: Vec<EndpointBlocks> = fleet
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let views = fleet.views();
+        let view = LoadView::new(fleet, &self.config.load, query.now);
+        let overlaps = query.overlaps;
+        let prefill_blocks = self.request_blocks(query.request, overlaps.total);
+        let pending: Vec<EndpointBlocks> = views
             .iter()
             .map(|e| self.per_endpoint.get(&e.id).copied().unwrap_or_default())
             .collect();
@@ -212,7 +226,7 @@ impl Policy for KvCost {
             .fold(f64::INFINITY, f64::min);
         self.costs.clear();
         for i in view.routable() {
-            let e = &fleet[i];
+            let e = &views[i];
             let own = pending[i];
             let observed_used = if view.is_fresh(i) {
                 e.observation.and_then(|o| o.used_blocks()).unwrap_or(0) as f64
@@ -240,7 +254,7 @@ impl Policy for KvCost {
             (i, Reason::LeastCost { cost })
         };
         Decision::Route(Route {
-            endpoint: fleet[i].id,
+            endpoint: views[i].id,
             reason,
         })
     }
@@ -250,11 +264,10 @@ impl Policy for KvCost {
             Event::Dispatched {
                 request,
                 endpoint,
-                at,
+                overlaps,
+                ..
             } => {
-                let key = PrefixKey::of(request, self.config.share_across_tenants);
-                let hashed = self.index.hashes_of(&key).len();
-                let blocks = self.request_blocks(request, hashed);
+                let blocks = self.request_blocks(request, overlaps.total);
                 self.finish(request.id, endpoint);
                 self.active.insert(
                     (request.id, endpoint),
@@ -267,9 +280,6 @@ impl Policy for KvCost {
                 let e = self.per_endpoint.entry(endpoint).or_default();
                 e.active += blocks;
                 e.prefill += blocks;
-                if !self.config.use_kv_events {
-                    self.index.insert(&key, endpoint, at);
-                }
             }
             Event::FirstToken {
                 request, endpoint, ..
@@ -291,32 +301,10 @@ impl Policy for KvCost {
                 self.finish(request, endpoint);
             }
             Event::EndpointRemoved { endpoint } => {
-                self.index.remove_endpoint(endpoint);
                 self.per_endpoint.remove(&endpoint);
                 self.active.retain(|_, a| a.endpoint != endpoint);
             }
-            Event::Kv {
-                endpoint,
-                event,
-                at,
-            } => {
-                if self.config.use_kv_events {
-                    self.index.apply(endpoint, event, at);
-                }
-            }
-        }
-    }
-
-    /// Sweeps expired dispatch-inserted entries at most once per tenth of their TTL: expired
-    /// entries are already ignored by lookups, so the sweep only bounds memory.
-    fn maintain(&mut self, now: Nanos) {
-        let period = Nanos::from_secs(self.config.approx_ttl_secs.max(1)).0 / 10;
-        if self
-            .last_sweep
-            .is_none_or(|last| now.saturating_since(last) >= Nanos(period))
-        {
-            self.index.evict(now);
-            self.last_sweep = Some(now);
+            Event::Kv { .. } | Event::Usage { .. } => {}
         }
     }
 }

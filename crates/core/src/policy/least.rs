@@ -7,17 +7,17 @@
 //! a stale snapshot (§5.6). Least KV usage is the reference's cautionary tale: waiting requests
 //! hold no KV blocks, so it herds onto replicas with deep queues (§4.2).
 
-use super::{route_or_reject, Policy, PolicyDoc};
-use crate::{Decision, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request};
+use super::{check, route_or_reject, Params, Policy, PolicyDoc, Query};
+use crate::{Decision, LoadConfig, LoadView, Reason};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-pub(super) const LEAST_OUTSTANDING_DOC: PolicyDoc = PolicyDoc {
+const LEAST_OUTSTANDING_DOC: PolicyDoc = PolicyDoc {
     name: "least_outstanding",
     summary: "fewest waiting + running + own dispatches since the scrape (full scan)",
     params: super::LOAD_PARAMS,
 };
-pub(super) const POWER_OF_TWO_DOC: PolicyDoc = PolicyDoc {
+const POWER_OF_TWO_DOC: PolicyDoc = PolicyDoc {
     name: "power_of_two",
     summary: "least outstanding of d random endpoints (Mitzenmacher); resists herding",
     params: &[
@@ -25,7 +25,7 @@ pub(super) const POWER_OF_TWO_DOC: PolicyDoc = PolicyDoc {
         super::LOAD_PARAMS[0],
     ],
 };
-pub(super) const LEAST_KV_DOC: PolicyDoc = PolicyDoc {
+const LEAST_KV_DOC: PolicyDoc = PolicyDoc {
     name: "least_kv",
     summary: "lowest KV cache usage; blind to waiting requests (the reference's failure case)",
     params: super::LOAD_PARAMS,
@@ -66,6 +66,39 @@ pub struct LeastKvConfig {
     pub load: LoadConfig,
 }
 
+impl Params for LeastOutstandingConfig {
+    const DOC: PolicyDoc = LEAST_OUTSTANDING_DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(LeastOutstanding::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+}
+
+impl Params for PowerOfTwoConfig {
+    const DOC: PolicyDoc = POWER_OF_TWO_DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(PowerOfTwo::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(self.choices >= 1, "choices", "must be at least 1")
+    }
+}
+
+impl Params for LeastKvConfig {
+    const DOC: PolicyDoc = LEAST_KV_DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(LeastKv::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+}
+
 /// Fewest outstanding requests, full scan, random tie-break.
 #[derive(Debug)]
 pub struct LeastOutstanding {
@@ -84,14 +117,9 @@ impl Policy for LeastOutstanding {
         LEAST_OUTSTANDING_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         route_or_reject(fleet, view.least_loaded(rng), |load| Reason::LeastLoaded {
             load,
         })
@@ -145,14 +173,9 @@ impl Policy for PowerOfTwo {
         POWER_OF_TWO_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         let d = self.config.choices;
         let picked = least_of_sample(&view, d, &mut self.routable, rng, |i| view.ranked_load(i));
         let sampled = d.min(self.routable.len());
@@ -181,14 +204,9 @@ impl Policy for LeastKv {
         LEAST_KV_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         let picked = view.argmin_by(rng, |i| view.kv_usage(i));
         route_or_reject(fleet, picked, |usage| Reason::LeastKv { usage })
     }

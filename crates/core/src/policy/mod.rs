@@ -3,8 +3,8 @@
 //! A policy is a function of plain data: a borrowed request, a borrowed fleet snapshot, the
 //! current time and a random source in; a [`Decision`] with its reason out. It owns its state
 //! (`&mut self`), is told what happened afterwards through [`Policy::observe`], and never
-//! performs I/O. Health filtering happens through [`EndpointView::health`]; retries, failover
-//! and admission live outside policies.
+//! performs I/O. Eligibility (health, model, endpoints a request already tried) is the caller's
+//! predicate in [`Fleet`]; retries, failover and admission live outside policies.
 //!
 //! Every policy's `Config` has defaults equal to the reference system it imitates (DOMAIN.md);
 //! [`PolicyConfig`] is the serde-tagged union of them, used by `serve`, `sim` and `bench`.
@@ -27,50 +27,43 @@ pub use prefix_hash::PrefixHash;
 pub use simple::{RandomPick, RoundRobin, WeightedRoundRobin};
 pub use weighted_least_request::{envoy_weight, WeightedLeastRequest};
 
-/// Configurations, one module per policy, each with its own `Config`.
-pub mod config {
-    pub use super::cache_aware::Config as CacheAware;
-    pub use super::consistent_hash::Config as ConsistentHash;
-    pub use super::kv_cost::Config as KvCost;
-    pub use super::least::LeastKvConfig as LeastKv;
-    pub use super::least::LeastOutstandingConfig as LeastOutstanding;
-    pub use super::least::PowerOfTwoConfig as PowerOfTwo;
-    pub use super::peak_ewma::Config as PeakEwma;
-    pub use super::prefix_hash::Config as PrefixHash;
-    pub use super::simple::RandomConfig as Random;
-    pub use super::simple::RoundRobinConfig as RoundRobin;
-    pub use super::simple::WeightedRoundRobinConfig as WeightedRoundRobin;
-    pub use super::weighted_least_request::Config as WeightedLeastRequest;
-}
-
-use crate::{Decision, EndpointView, Event, Nanos, Rejection, Request};
+use crate::index::{IndexSpec, Overlaps};
+use crate::{Decision, Event, Fleet, LoadConfig, Nanos, Rejection, Request};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// What a policy is asked: the request, the fleet with its eligibility predicate, what the
+/// prefix cache believes each endpoint holds of this request, and the time.
+#[derive(Clone, Copy, Debug)]
+pub struct Query<'a> {
+    /// The request.
+    pub request: &'a Request,
+    /// Every member and which may take this request.
+    pub fleet: Fleet<'a>,
+    /// The prefix cache's overlaps with the request (empty when the policy asks for no index).
+    pub overlaps: &'a Overlaps,
+    /// Now, on the caller's clock.
+    pub now: Nanos,
+}
 
 /// The role every selection rule plays.
 pub trait Policy: fmt::Debug + Send {
     /// The policy's name as listed by `kvgate policies`.
     fn name(&self) -> &'static str;
 
-    /// Chooses an endpoint for `request` among the routable endpoints of `fleet`.
-    fn select(
-        &mut self,
-        request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision;
+    /// Chooses an endpoint among the eligible members of `query.fleet`.
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision;
 
     /// Learns what happened after a decision. The default ignores events.
     fn observe(&mut self, _event: &Event<'_>) {}
 
-    /// Periodic upkeep on the owner's clock (for example prefix-tree eviction).
+    /// Periodic upkeep on the owner's clock.
     fn maintain(&mut self, _now: Nanos) {}
 }
 
-/// The rejection for a fleet with no routable endpoint.
-pub(crate) fn no_route(fleet: &[EndpointView]) -> Decision {
+/// The rejection for a fleet with no eligible endpoint.
+pub(crate) fn no_route(fleet: Fleet<'_>) -> Decision {
     Decision::Reject(if fleet.is_empty() {
         Rejection::NoEndpoints
     } else {
@@ -80,47 +73,17 @@ pub(crate) fn no_route(fleet: &[EndpointView]) -> Decision {
 
 /// Routes to the fleet position in `picked` with the reason made from its score, or rejects.
 pub(crate) fn route_or_reject(
-    fleet: &[EndpointView],
+    fleet: Fleet<'_>,
     picked: Option<(usize, f64)>,
     reason: impl FnOnce(f64) -> crate::Reason,
 ) -> Decision {
     match picked {
         Some((i, score)) => Decision::Route(crate::Route {
-            endpoint: fleet[i].id,
+            endpoint: fleet.views()[i].id,
             reason: reason(score),
         }),
         None => no_route(fleet),
     }
-}
-
-/// One policy and its parameters: the `policy` section of kvgate's configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "snake_case")]
-pub enum PolicyConfig {
-    /// Uniform (weight-proportional) random choice.
-    Random(config::Random),
-    /// Strict rotation.
-    RoundRobin(config::RoundRobin),
-    /// Smooth weighted round robin (nginx).
-    WeightedRoundRobin(config::WeightedRoundRobin),
-    /// Fewest waiting + running + own dispatches.
-    LeastOutstanding(config::LeastOutstanding),
-    /// Least loaded of `d` random choices.
-    PowerOfTwo(config::PowerOfTwo),
-    /// Lowest KV cache usage.
-    LeastKv(config::LeastKv),
-    /// Consistent hashing with bounded load.
-    ConsistentHash(config::ConsistentHash),
-    /// Hash of the first k tokens on a ring, with a load escape.
-    PrefixHash(config::PrefixHash),
-    /// SGLang's cache-aware rule over an approximate radix tree.
-    CacheAware(config::CacheAware),
-    /// NVIDIA Dynamo's KV block cost.
-    KvCost(config::KvCost),
-    /// Envoy's weighted least request.
-    WeightedLeastRequest(config::WeightedLeastRequest),
-    /// Peak EWMA latency (Finagle, linkerd).
-    PeakEwma(config::PeakEwma),
 }
 
 /// A policy's entry in the catalogue: name, one-line summary, and what each parameter means.
@@ -139,63 +102,131 @@ const LOAD_PARAMS: &[(&str, &str)] = &[(
     "stale-signal handling shared by every load-reading policy (crates/core/src/load.rs)",
 )];
 
-impl PolicyConfig {
-    /// Every policy name, in the order `kvgate policies` lists them.
-    pub const NAMES: [&'static str; 12] = [
-        "random",
-        "round_robin",
-        "weighted_round_robin",
-        "least_outstanding",
-        "power_of_two",
-        "least_kv",
-        "consistent_hash",
-        "prefix_hash",
-        "cache_aware",
-        "kv_cost",
-        "weighted_least_request",
-        "peak_ewma",
-    ];
+/// What every policy's `Config` provides to the registry: its catalogue entry, its checks and
+/// how to build the policy. Implementing this and adding one line to [`registry!`] is all a new
+/// policy needs.
+pub trait Params: Clone + Default + PartialEq + Serialize + for<'de> Deserialize<'de> {
+    /// The catalogue entry; `DOC.name` is the `name` tag in configuration files.
+    const DOC: PolicyDoc;
 
-    /// The default configuration of the policy called `name`.
-    pub fn default_for(name: &str) -> Option<Self> {
-        Some(match name {
-            "random" => PolicyConfig::Random(Default::default()),
-            "round_robin" => PolicyConfig::RoundRobin(Default::default()),
-            "weighted_round_robin" => PolicyConfig::WeightedRoundRobin(Default::default()),
-            "least_outstanding" => PolicyConfig::LeastOutstanding(Default::default()),
-            "power_of_two" => PolicyConfig::PowerOfTwo(Default::default()),
-            "least_kv" => PolicyConfig::LeastKv(Default::default()),
-            "consistent_hash" => PolicyConfig::ConsistentHash(Default::default()),
-            "prefix_hash" => PolicyConfig::PrefixHash(Default::default()),
-            "cache_aware" => PolicyConfig::CacheAware(Default::default()),
-            "kv_cost" => PolicyConfig::KvCost(Default::default()),
-            "weighted_least_request" => PolicyConfig::WeightedLeastRequest(Default::default()),
-            "peak_ewma" => PolicyConfig::PeakEwma(Default::default()),
-            _ => return None,
-        })
+    /// Builds the policy.
+    fn build(&self) -> Box<dyn Policy>;
+
+    /// The stale-signal settings, for policies that read load.
+    fn load(&self) -> Option<&LoadConfig> {
+        None
     }
 
+    /// Checks parameter ranges; returns the offending parameter and why.
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        Ok(())
+    }
+
+    /// The prefix index the policy consults, if any.
+    fn index(&self) -> Option<IndexSpec> {
+        None
+    }
+}
+
+/// `Err((param, why))` unless `ok`.
+pub(crate) fn check(
+    ok: bool,
+    param: &'static str,
+    why: &'static str,
+) -> Result<(), (&'static str, &'static str)> {
+    if ok {
+        Ok(())
+    } else {
+        Err((param, why))
+    }
+}
+
+/// One line per policy: the variant of [`PolicyConfig`] and the `Config` it wraps. Everything
+/// else (names, catalogue, validation, building) comes from the config's [`Params`].
+macro_rules! registry {
+    ($($(#[$doc:meta])* $variant:ident => $module:ident :: $config:ident,)*) => {
+        /// Configurations, one module per policy, each with its own `Config`.
+        pub mod config {
+            $(pub use super::$module::$config as $variant;)*
+        }
+
+        /// One policy and its parameters: the `policy` section of kvgate's configuration.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "name", rename_all = "snake_case")]
+        pub enum PolicyConfig {
+            $($(#[$doc])* $variant($module::$config),)*
+        }
+
+        impl PolicyConfig {
+            /// Every policy name, in the order `kvgate policies` lists them.
+            pub const NAMES: &'static [&'static str] = &[$(<$module::$config as Params>::DOC.name,)*];
+
+            /// The default configuration of the policy called `name`.
+            pub fn default_for(name: &str) -> Option<Self> {
+                $(if name == <$module::$config as Params>::DOC.name {
+                    return Some(PolicyConfig::$variant(<$module::$config>::default()));
+                })*
+                None
+            }
+
+            /// The catalogue entry.
+            pub fn doc(&self) -> PolicyDoc {
+                match self { $(PolicyConfig::$variant(_) => <$module::$config as Params>::DOC,)* }
+            }
+
+            /// Builds the policy.
+            pub fn build(&self) -> Box<dyn Policy> {
+                match self { $(PolicyConfig::$variant(c) => c.build(),)* }
+            }
+
+            /// The stale-signal settings, for policies that read load.
+            pub fn load(&self) -> Option<&LoadConfig> {
+                match self { $(PolicyConfig::$variant(c) => c.load(),)* }
+            }
+
+            /// The prefix index the policy consults, if any.
+            pub fn index(&self) -> Option<IndexSpec> {
+                match self { $(PolicyConfig::$variant(c) => c.index(),)* }
+            }
+
+            fn check_params(&self) -> Result<(), (&'static str, &'static str)> {
+                match self { $(PolicyConfig::$variant(c) => c.validate(),)* }
+            }
+        }
+    };
+}
+
+registry! {
+    /// Uniform (weight-proportional) random choice.
+    Random => simple::RandomConfig,
+    /// Strict rotation.
+    RoundRobin => simple::RoundRobinConfig,
+    /// Smooth weighted round robin (nginx).
+    WeightedRoundRobin => simple::WeightedRoundRobinConfig,
+    /// Fewest waiting + running + own dispatches.
+    LeastOutstanding => least::LeastOutstandingConfig,
+    /// Least loaded of `d` random choices.
+    PowerOfTwo => least::PowerOfTwoConfig,
+    /// Lowest KV cache usage.
+    LeastKv => least::LeastKvConfig,
+    /// Consistent hashing with bounded load.
+    ConsistentHash => consistent_hash::Config,
+    /// Hash of the first k tokens on a ring, with a load escape.
+    PrefixHash => prefix_hash::Config,
+    /// SGLang's cache-aware rule over an approximate radix tree.
+    CacheAware => cache_aware::Config,
+    /// NVIDIA Dynamo's KV block cost.
+    KvCost => kv_cost::Config,
+    /// Envoy's weighted least request.
+    WeightedLeastRequest => weighted_least_request::Config,
+    /// Peak EWMA latency (Finagle, linkerd).
+    PeakEwma => peak_ewma::Config,
+}
+
+impl PolicyConfig {
     /// The policy's name.
     pub fn name(&self) -> &'static str {
         self.doc().name
-    }
-
-    /// The catalogue entry.
-    pub fn doc(&self) -> PolicyDoc {
-        match self {
-            PolicyConfig::Random(_) => simple::RANDOM_DOC,
-            PolicyConfig::RoundRobin(_) => simple::ROUND_ROBIN_DOC,
-            PolicyConfig::WeightedRoundRobin(_) => simple::WRR_DOC,
-            PolicyConfig::LeastOutstanding(_) => least::LEAST_OUTSTANDING_DOC,
-            PolicyConfig::PowerOfTwo(_) => least::POWER_OF_TWO_DOC,
-            PolicyConfig::LeastKv(_) => least::LEAST_KV_DOC,
-            PolicyConfig::ConsistentHash(_) => consistent_hash::DOC,
-            PolicyConfig::PrefixHash(_) => prefix_hash::DOC,
-            PolicyConfig::CacheAware(_) => cache_aware::DOC,
-            PolicyConfig::KvCost(_) => kv_cost::DOC,
-            PolicyConfig::WeightedLeastRequest(_) => weighted_least_request::DOC,
-            PolicyConfig::PeakEwma(_) => peak_ewma::DOC,
-        }
     }
 
     /// The shared stale-signal parameters every load-reading policy has.
@@ -205,102 +236,12 @@ impl PolicyConfig {
 
     /// Checks parameter ranges, saying which one is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let check = |ok: bool, param: &'static str, why: &'static str| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError {
-                    policy: self.name(),
-                    param,
-                    why,
-                })
-            }
-        };
+        let policy = self.name();
+        let error = |(param, why)| ConfigError { policy, param, why };
         if let Some(load) = self.load() {
-            load.validate().map_err(|(param, why)| ConfigError {
-                policy: self.name(),
-                param,
-                why,
-            })?;
+            load.validate().map_err(error)?;
         }
-        match self {
-            PolicyConfig::PowerOfTwo(c) => check(c.choices >= 1, "choices", "must be at least 1"),
-            PolicyConfig::ConsistentHash(c) => check(
-                c.balance_factor == 0.0 || c.balance_factor >= 1.0,
-                "balance_factor",
-                "must be 0 (unbounded) or at least 1",
-            ),
-            PolicyConfig::PrefixHash(c) => {
-                check(c.prefix_tokens >= 1, "prefix_tokens", "must be at least 1")?;
-                check(c.load_factor >= 1.0, "load_factor", "must be at least 1")
-            }
-            PolicyConfig::CacheAware(c) => {
-                check(
-                    (0.0..=1.0).contains(&c.cache_threshold),
-                    "cache_threshold",
-                    "must be within 0..=1",
-                )?;
-                check(
-                    c.balance_rel_threshold >= 1.0,
-                    "balance_rel_threshold",
-                    "must be at least 1",
-                )?;
-                check(c.max_tree_size >= 1, "max_tree_size", "must be at least 1")
-            }
-            PolicyConfig::KvCost(c) => {
-                check(c.block_size >= 1, "block_size", "must be at least 1")?;
-                check(
-                    c.router_temperature >= 0.0,
-                    "router_temperature",
-                    "must not be negative",
-                )
-            }
-            PolicyConfig::WeightedLeastRequest(c) => {
-                check(c.choice_count >= 1, "choice_count", "must be at least 1")?;
-                check(
-                    c.active_request_bias >= 0.0,
-                    "active_request_bias",
-                    "must not be negative",
-                )
-            }
-            PolicyConfig::PeakEwma(c) => check(c.decay_ms >= 1, "decay_ms", "must be positive"),
-            _ => Ok(()),
-        }
-    }
-
-    /// The stale-signal settings, for policies that read load.
-    pub fn load(&self) -> Option<&crate::LoadConfig> {
-        match self {
-            PolicyConfig::Random(_) | PolicyConfig::RoundRobin(_) => None,
-            PolicyConfig::WeightedRoundRobin(c) => Some(&c.load),
-            PolicyConfig::LeastOutstanding(c) => Some(&c.load),
-            PolicyConfig::PowerOfTwo(c) => Some(&c.load),
-            PolicyConfig::LeastKv(c) => Some(&c.load),
-            PolicyConfig::ConsistentHash(c) => Some(&c.load),
-            PolicyConfig::PrefixHash(c) => Some(&c.load),
-            PolicyConfig::CacheAware(c) => Some(&c.load),
-            PolicyConfig::KvCost(c) => Some(&c.load),
-            PolicyConfig::WeightedLeastRequest(c) => Some(&c.load),
-            PolicyConfig::PeakEwma(c) => Some(&c.load),
-        }
-    }
-
-    /// Builds the policy.
-    pub fn build(&self) -> Box<dyn Policy> {
-        match self {
-            PolicyConfig::Random(c) => Box::new(RandomPick::new(c.clone())),
-            PolicyConfig::RoundRobin(c) => Box::new(RoundRobin::new(c.clone())),
-            PolicyConfig::WeightedRoundRobin(c) => Box::new(WeightedRoundRobin::new(c.clone())),
-            PolicyConfig::LeastOutstanding(c) => Box::new(LeastOutstanding::new(c.clone())),
-            PolicyConfig::PowerOfTwo(c) => Box::new(PowerOfTwo::new(c.clone())),
-            PolicyConfig::LeastKv(c) => Box::new(LeastKv::new(c.clone())),
-            PolicyConfig::ConsistentHash(c) => Box::new(ConsistentHash::new(c.clone())),
-            PolicyConfig::PrefixHash(c) => Box::new(PrefixHash::new(c.clone())),
-            PolicyConfig::CacheAware(c) => Box::new(CacheAware::new(c.clone())),
-            PolicyConfig::KvCost(c) => Box::new(KvCost::new(c.clone())),
-            PolicyConfig::WeightedLeastRequest(c) => Box::new(WeightedLeastRequest::new(c.clone())),
-            PolicyConfig::PeakEwma(c) => Box::new(PeakEwma::new(c.clone())),
-        }
+        self.check_params().map_err(error)
     }
 }
 

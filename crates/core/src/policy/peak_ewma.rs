@@ -10,15 +10,13 @@
 //! Defaults are linkerd's: decay 10 s, default RTT 30 ms.
 
 use super::least::least_of_sample;
-use super::{route_or_reject, Policy, PolicyDoc};
-use crate::{
-    Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason, Request,
-};
+use super::{check, route_or_reject, Params, Policy, PolicyDoc, Query};
+use crate::{Decision, EndpointId, EndpointView, Event, LoadConfig, LoadView, Nanos, Reason};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "peak_ewma",
     summary: "peak-sensitive latency EWMA times (in-flight + 1), P2C (Finagle, linkerd)",
     params: &[
@@ -51,6 +49,19 @@ impl Default for Config {
             choices: 2,
             load: LoadConfig::default(),
         }
+    }
+}
+
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(PeakEwma::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(self.decay_ms >= 1, "decay_ms", "must be positive")
     }
 }
 
@@ -120,13 +131,8 @@ impl Policy for PeakEwma {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let (fleet, now) = (query.fleet, query.now);
         let view = LoadView::new(fleet, &self.config.load, now);
         let choices = if self.config.choices == 0 {
             usize::MAX
@@ -135,7 +141,7 @@ impl Policy for PeakEwma {
         };
         let mut scratch = std::mem::take(&mut self.scratch);
         let picked = least_of_sample(&view, choices, &mut scratch, rng, |i| {
-            self.cost(&fleet[i], now, view.slow_start_factor(i))
+            self.cost(&fleet.views()[i], now, view.slow_start_factor(i))
         });
         self.scratch = scratch;
         route_or_reject(fleet, picked, |cost_ms| Reason::LowestLatency { cost_ms })

@@ -3,15 +3,15 @@
 //! `load_factor` (DOMAIN.md §5.5, §6.2). Adding an endpoint moves about 1/(n+1) of the
 //! prefixes, so most cached prefixes stay where they are.
 
-use super::consistent_hash::{prefix_hash_of, RingCache};
-use super::{no_route, Policy, PolicyDoc};
+use super::consistent_hash::{eligible_walk, prefix_hash_of, RingCache};
+use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::hashring::DEFAULT_VNODES;
 use crate::index::PrefixKey;
-use crate::{Decision, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route};
+use crate::{Decision, LoadConfig, LoadView, Reason, Route};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "prefix_hash",
     summary:
         "xxhash of the first k tokens on a ring; escape to least loaded above mean x load_factor",
@@ -58,6 +58,24 @@ impl Default for Config {
     }
 }
 
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(PrefixHash::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(
+            self.prefix_tokens >= 1,
+            "prefix_tokens",
+            "must be at least 1",
+        )?;
+        check(self.load_factor >= 1.0, "load_factor", "must be at least 1")
+    }
+}
+
 /// Prefix hashing with a load escape.
 #[derive(Debug)]
 pub struct PrefixHash {
@@ -80,21 +98,13 @@ impl Policy for PrefixHash {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
-        let key = PrefixKey::of(request, self.config.share_across_tenants);
-        let hash = prefix_hash_of(&key, self.config.prefix_tokens * 4).unwrap_or(request.id);
-        let ring = self.rings.get(fleet, self.config.vnodes);
-        let Some(owner_id) = ring.owner(hash) else {
-            return no_route(fleet);
-        };
-        let Some(owner) = fleet.iter().position(|e| e.id == owner_id) else {
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
+        let key = PrefixKey::of(query.request, self.config.share_across_tenants);
+        let hash = prefix_hash_of(&key, self.config.prefix_tokens * 4).unwrap_or(query.request.id);
+        let ring = self.rings.get(fleet.views(), self.config.vnodes);
+        let Some((owner_id, owner)) = eligible_walk(ring, fleet, hash).next() else {
             return no_route(fleet);
         };
         let (sum, n) = view
@@ -105,7 +115,7 @@ impl Policy for PrefixHash {
         if owner_load > mean * self.config.load_factor {
             if let Some((i, min_load)) = view.least_loaded(rng) {
                 return Decision::Route(Route {
-                    endpoint: fleet[i].id,
+                    endpoint: fleet.views()[i].id,
                     reason: Reason::BalanceEscape {
                         max_load: owner_load,
                         min_load,

@@ -3,25 +3,23 @@
 //! They need no signal and cost O(1) (O(n) for the weighted turn), and they fail exactly where
 //! LLM requests differ in work (DOMAIN.md §1, §4): they are the baselines.
 
-use super::{no_route, route_or_reject, Policy, PolicyDoc};
-use crate::{
-    Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request, Route,
-};
+use super::{no_route, route_or_reject, Params, Policy, PolicyDoc, Query};
+use crate::{Decision, EndpointId, Fleet, LoadConfig, LoadView, Reason, Route};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-pub(super) const RANDOM_DOC: PolicyDoc = PolicyDoc {
+const RANDOM_DOC: PolicyDoc = PolicyDoc {
     name: "random",
     summary: "uniform random choice (weight-proportional when weights differ); the baseline",
     params: &[],
 };
-pub(super) const ROUND_ROBIN_DOC: PolicyDoc = PolicyDoc {
+const ROUND_ROBIN_DOC: PolicyDoc = PolicyDoc {
     name: "round_robin",
     summary: "strict rotation over the routable endpoints",
     params: &[],
 };
-pub(super) const WRR_DOC: PolicyDoc = PolicyDoc {
+const WRR_DOC: PolicyDoc = PolicyDoc {
     name: "weighted_round_robin",
     summary: "nginx's smooth weighted round robin over static weights (times the slow-start ramp)",
     params: &[("load", "slow start settings (the ramp scales each weight)")],
@@ -45,6 +43,30 @@ pub struct WeightedRoundRobinConfig {
     pub load: LoadConfig,
 }
 
+impl Params for RandomConfig {
+    const DOC: PolicyDoc = RANDOM_DOC;
+    fn build(&self) -> Box<dyn crate::Policy> {
+        Box::new(RandomPick::new(self.clone()))
+    }
+}
+
+impl Params for RoundRobinConfig {
+    const DOC: PolicyDoc = ROUND_ROBIN_DOC;
+    fn build(&self) -> Box<dyn crate::Policy> {
+        Box::new(RoundRobin::new(self.clone()))
+    }
+}
+
+impl Params for WeightedRoundRobinConfig {
+    const DOC: PolicyDoc = WRR_DOC;
+    fn build(&self) -> Box<dyn crate::Policy> {
+        Box::new(WeightedRoundRobin::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+}
+
 /// Uniform random choice; weight-proportional when static weights differ.
 #[derive(Debug)]
 pub struct RandomPick;
@@ -61,26 +83,18 @@ impl Policy for RandomPick {
         RANDOM_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        _now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let total: f64 = fleet
-            .iter()
-            .filter(|e| e.is_routable())
-            .map(|e| e.weight.max(0.0))
-            .sum();
-        let routable = fleet.iter().filter(|e| e.is_routable()).count();
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let eligible = || fleet.eligible_positions().map(|i| &fleet.views()[i]);
+        let total: f64 = eligible().map(|e| e.weight.max(0.0)).sum();
+        let routable = eligible().count();
         if routable == 0 {
             return no_route(fleet);
         }
         let chosen = if total > 0.0 {
             let mut x = rng.random::<f64>() * total;
             let mut pick = None;
-            for e in fleet.iter().filter(|e| e.is_routable()) {
+            for e in eligible() {
                 pick = Some(e.id);
                 x -= e.weight.max(0.0);
                 if x < 0.0 {
@@ -89,17 +103,13 @@ impl Policy for RandomPick {
             }
             pick
         } else {
-            fleet
-                .iter()
-                .filter(|e| e.is_routable())
-                .nth(rng.random_range(0..routable))
-                .map(|e| e.id)
+            eligible().nth(rng.random_range(0..routable)).map(|e| e.id)
         };
         route(chosen, Reason::Random, fleet)
     }
 }
 
-fn route(endpoint: Option<EndpointId>, reason: Reason, fleet: &[EndpointView]) -> Decision {
+fn route(endpoint: Option<EndpointId>, reason: Reason, fleet: Fleet<'_>) -> Decision {
     match endpoint {
         Some(endpoint) => Decision::Route(Route { endpoint, reason }),
         None => no_route(fleet),
@@ -124,24 +134,18 @@ impl Policy for RoundRobin {
         ROUND_ROBIN_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        _now: Nanos,
-        _rng: &mut dyn RngCore,
-    ) -> Decision {
-        let routable = fleet.iter().filter(|e| e.is_routable()).count();
+    fn select(&mut self, query: &Query<'_>, _rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let routable = fleet.eligible_positions().count();
         if routable == 0 {
             return no_route(fleet);
         }
         let k = self.next % routable;
         self.next = self.next.wrapping_add(1);
         let chosen = fleet
-            .iter()
-            .filter(|e| e.is_routable())
+            .eligible_positions()
             .nth(k)
-            .map(|e| e.id);
+            .map(|i| fleet.views()[i].id);
         route(chosen, Reason::RoundRobin, fleet)
     }
 }
@@ -192,17 +196,12 @@ impl Policy for WeightedRoundRobin {
         WRR_DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        _rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
+    fn select(&mut self, query: &Query<'_>, _rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         let weights = view
             .routable()
-            .map(|i| (i, fleet[i].id, view.effective_weight(i)));
+            .map(|i| (i, fleet.views()[i].id, view.effective_weight(i)));
         let picked = smooth_step(&mut self.current, weights);
         route_or_reject(fleet, picked, |weight| Reason::WeightedTurn { weight })
     }

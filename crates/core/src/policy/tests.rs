@@ -3,8 +3,11 @@
 use super::config;
 use super::kv_cost::CostInputs;
 use super::*;
-use crate::index::Overlap;
-use crate::{EndpointId, EndpointView, Health, Nanos, Observation, Reason, Request, Route};
+use crate::index::{Overlap, PrefixCache};
+use crate::router::accept_all;
+use crate::{
+    EndpointId, EndpointView, Health, Nanos, Observation, Reason, Request, Route, Routing,
+};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -31,6 +34,48 @@ fn with_load(loads: &[u32]) -> Vec<EndpointView> {
             )
         })
         .collect()
+}
+
+/// Asks `policy` about `request` over `views` (every healthy member eligible), with the
+/// overlaps `cache` finds (none without a cache).
+fn select<P: Policy + ?Sized>(
+    policy: &mut P,
+    cache: Option<&PrefixCache>,
+    request: &Request,
+    views: &[EndpointView],
+    now: Nanos,
+    rng: &mut ChaCha8Rng,
+) -> Decision {
+    let overlaps = cache.map(|c| c.overlaps(request, now)).unwrap_or_default();
+    let query = Query {
+        request,
+        fleet: Fleet::of(views),
+        overlaps: &overlaps,
+        now,
+    };
+    policy.select(&query, rng)
+}
+
+/// Records that `request` went to `endpoint`, in the cache and the policy, as a router would.
+fn dispatch<P: Policy + ?Sized>(
+    policy: &mut P,
+    cache: &mut PrefixCache,
+    request: &Request,
+    endpoint: EndpointId,
+    at: Nanos,
+) {
+    let overlaps = cache.overlaps(request, at);
+    cache.dispatched(request, endpoint, at);
+    policy.observe(&Event::Dispatched {
+        request,
+        endpoint,
+        at,
+        overlaps: &overlaps,
+    });
+}
+
+fn cache_for(config: &PolicyConfig) -> PrefixCache {
+    PrefixCache::new(&config.index().expect("the policy uses an index"))
 }
 
 fn inputs(prefill: f64, device: u32, decode: f64) -> CostInputs {
@@ -91,19 +136,23 @@ fn dynamo_tiers_and_decay_reduce_credit() {
 /// Runs the whole kv_cost policy: each worker gets `overlap` of a 10-block prompt through
 /// dispatches of prefixes of it, and reports `decode` used blocks.
 fn chosen_by_kv_cost(workers: &[(usize, u64)]) -> EndpointId {
-    let mut policy = KvCost::new(config::KvCost {
+    let config = config::KvCost {
         block_size: 4,
         ..config::KvCost::default()
-    });
+    };
+    let mut cache = cache_for(&PolicyConfig::KvCost(config.clone()));
+    let mut policy = KvCost::new(config);
     let prompt: Vec<u32> = (0..40).collect();
     for (w, &(overlap, _)) in workers.iter().enumerate() {
         if overlap > 0 {
             let r = Request::from_tokens(100 + w as u64, prompt[..overlap * 4].to_vec());
-            policy.observe(&Event::Dispatched {
-                request: &r,
-                endpoint: EndpointId(w as u32),
-                at: Nanos::ZERO,
-            });
+            dispatch(
+                &mut policy,
+                &mut cache,
+                &r,
+                EndpointId(w as u32),
+                Nanos::ZERO,
+            );
             policy.observe(&Event::Completed {
                 request: r.id,
                 endpoint: EndpointId(w as u32),
@@ -127,7 +176,9 @@ fn chosen_by_kv_cost(workers: &[(usize, u64)]) -> EndpointId {
             )
         })
         .collect();
-    let d = policy.select(
+    let d = select(
+        &mut policy,
+        Some(&cache),
         &Request::from_tokens(1, prompt),
         &fleet,
         Nanos::ZERO,
@@ -150,11 +201,19 @@ fn sglang_imbalance_rule_at_both_thresholds() {
 
 #[test]
 fn cache_aware_follows_the_prefix_until_imbalanced() {
+    let mut cache = cache_for(&PolicyConfig::CacheAware(config::CacheAware::default()));
     let mut p = CacheAware::new(config::CacheAware::default());
     let long = "system: you are a helpful agent. ".repeat(20);
     let first = Request::from_text(1, format!("{long} turn one"));
     let balanced = with_load(&[0, 0, 0]);
-    let d = p.select(&first, &balanced, Nanos::ZERO, &mut rng(3));
+    let d = select(
+        &mut p,
+        Some(&cache),
+        &first,
+        &balanced,
+        Nanos::ZERO,
+        &mut rng(3),
+    );
     let home = d.endpoint().unwrap();
     assert!(matches!(
         d,
@@ -163,14 +222,17 @@ fn cache_aware_follows_the_prefix_until_imbalanced() {
             ..
         })
     ));
-    p.observe(&Event::Dispatched {
-        request: &first,
-        endpoint: home,
-        at: Nanos::ZERO,
-    });
+    dispatch(&mut p, &mut cache, &first, home, Nanos::ZERO);
     let second = Request::from_text(2, format!("{long} turn two"));
     for seed in 0..20 {
-        let d = p.select(&second, &balanced, Nanos(1), &mut rng(seed));
+        let d = select(
+            &mut p,
+            Some(&cache),
+            &second,
+            &balanced,
+            Nanos(1),
+            &mut rng(seed),
+        );
         assert_eq!(d.endpoint(), Some(home));
         assert!(matches!(
             d,
@@ -182,7 +244,14 @@ fn cache_aware_follows_the_prefix_until_imbalanced() {
     }
     let mut loads = [10u32, 10, 10];
     loads[home.0 as usize] = 100;
-    let d = p.select(&second, &with_load(&loads), Nanos(2), &mut rng(4));
+    let d = select(
+        &mut p,
+        Some(&cache),
+        &second,
+        &with_load(&loads),
+        Nanos(2),
+        &mut rng(4),
+    );
     assert_ne!(d.endpoint(), Some(home));
     assert!(matches!(
         d,
@@ -193,7 +262,14 @@ fn cache_aware_follows_the_prefix_until_imbalanced() {
     ));
     // Another tenant's identical prompt earns no affinity.
     let other = Request::from_text(3, format!("{long} turn two")).with_tenant("acme");
-    let d = p.select(&other, &balanced, Nanos(3), &mut rng(5));
+    let d = select(
+        &mut p,
+        Some(&cache),
+        &other,
+        &balanced,
+        Nanos(3),
+        &mut rng(5),
+    );
     assert!(matches!(
         d,
         Decision::Route(Route {
@@ -223,21 +299,34 @@ fn weighted_least_request_with_bias_zero_is_weighted_round_robin() {
     });
     let picks: Vec<u32> = (0..8)
         .map(|_| {
-            p.select(&Request::default(), &fleet, Nanos::ZERO, &mut rng(0))
-                .endpoint()
-                .unwrap()
-                .0
+            select(
+                &mut p,
+                None,
+                &Request::default(),
+                &fleet,
+                Nanos::ZERO,
+                &mut rng(0),
+            )
+            .endpoint()
+            .unwrap()
+            .0
         })
         .collect();
     assert_eq!(picks.iter().filter(|&&e| e == 0).count(), 6);
     let mut biased = WeightedLeastRequest::new(config::WeightedLeastRequest::default());
     let picks: Vec<u32> = (0..8)
         .map(|_| {
-            biased
-                .select(&Request::default(), &fleet, Nanos::ZERO, &mut rng(0))
-                .endpoint()
-                .unwrap()
-                .0
+            select(
+                &mut biased,
+                None,
+                &Request::default(),
+                &fleet,
+                Nanos::ZERO,
+                &mut rng(0),
+            )
+            .endpoint()
+            .unwrap()
+            .0
         })
         .collect();
     assert_eq!(
@@ -254,10 +343,17 @@ fn smooth_weighted_round_robin_interleaves() {
     let mut p = WeightedRoundRobin::new(Default::default());
     let picks: Vec<u32> = (0..7)
         .map(|_| {
-            p.select(&Request::default(), &fleet, Nanos::ZERO, &mut rng(0))
-                .endpoint()
-                .unwrap()
-                .0
+            select(
+                &mut p,
+                None,
+                &Request::default(),
+                &fleet,
+                Nanos::ZERO,
+                &mut rng(0),
+            )
+            .endpoint()
+            .unwrap()
+            .0
         })
         .collect();
     assert_eq!(
@@ -282,40 +378,59 @@ fn least_kv_ignores_waiting_work() {
     });
     let mut kv = LeastKv::new(Default::default());
     assert_eq!(
-        kv.select(&Request::default(), &fleet, Nanos::ZERO, &mut rng(0))
-            .endpoint(),
+        select(
+            &mut kv,
+            None,
+            &Request::default(),
+            &fleet,
+            Nanos::ZERO,
+            &mut rng(0)
+        )
+        .endpoint(),
         Some(EndpointId(0))
     );
     let mut lo = LeastOutstanding::new(Default::default());
     assert_eq!(
-        lo.select(&Request::default(), &fleet, Nanos::ZERO, &mut rng(0))
-            .endpoint(),
+        select(
+            &mut lo,
+            None,
+            &Request::default(),
+            &fleet,
+            Nanos::ZERO,
+            &mut rng(0)
+        )
+        .endpoint(),
         Some(EndpointId(1))
     );
 }
 
 #[test]
 fn every_policy_rejects_an_empty_or_unroutable_fleet() {
-    for name in PolicyConfig::NAMES {
-        let mut p = PolicyConfig::default_for(name).unwrap().build();
+    for &name in PolicyConfig::NAMES {
+        let config = PolicyConfig::default_for(name).unwrap();
+        let mut p = config.build();
+        let cache = config.index().map(|spec| PrefixCache::new(&spec));
+        let cache = cache.as_ref();
         assert_eq!(p.name(), name);
         let r = Request::from_text(1, "x");
         assert_eq!(
-            p.select(&r, &[], Nanos::ZERO, &mut rng(0)),
+            select(&mut *p, cache, &r, &[], Nanos::ZERO, &mut rng(0)),
             Decision::Reject(crate::Rejection::NoEndpoints)
         );
         let mut down = fleet(2);
         down[0].health = Health::Unhealthy;
         down[1].health = Health::Draining;
         assert_eq!(
-            p.select(&r, &down, Nanos::ZERO, &mut rng(0)),
+            select(&mut *p, cache, &r, &down, Nanos::ZERO, &mut rng(0)),
             Decision::Reject(crate::Rejection::NoRoutableEndpoint),
             "{name}"
         );
         let mut half = fleet(3);
         half[1].health = Health::Unhealthy;
         for k in 0..30 {
-            let d = p.select(
+            let d = select(
+                &mut *p,
+                cache,
                 &Request::from_text(k, format!("p{k}")),
                 &half,
                 Nanos::ZERO,
@@ -332,7 +447,7 @@ fn every_policy_rejects_an_empty_or_unroutable_fleet() {
 
 #[test]
 fn configs_round_trip_and_reject_unknown_fields() {
-    for name in PolicyConfig::NAMES {
+    for &name in PolicyConfig::NAMES {
         let c = PolicyConfig::default_for(name).unwrap();
         let json = serde_json::to_string(&c).unwrap();
         let back: PolicyConfig = serde_json::from_str(&json).unwrap();
@@ -351,36 +466,20 @@ fn configs_round_trip_and_reject_unknown_fields() {
     );
 }
 
-/// Replays a trace of requests, dispatches and completions through a policy.
+/// Replays a trace of requests, dispatches and completions through a router.
 fn decision_log(name: &str, seed: u64) -> Vec<String> {
-    let mut p = PolicyConfig::default_for(name).unwrap().build();
-    let mut r = rng(seed);
-    let mut ledger = crate::InflightLedger::new();
+    let mut routing = Routing::new(&PolicyConfig::default_for(name).unwrap(), seed);
+    for e in fleet(5) {
+        routing.router_mut().add(e);
+    }
     let mut log = Vec::new();
     for k in 0..200u64 {
-        let mut fleet = fleet(5);
-        for e in &mut fleet {
-            ledger.annotate(e);
-        }
         let req = Request::from_text(k, format!("tenant prompt {} and more", k % 7))
             .with_session(format!("s{}", k % 11));
-        let d = p.select(&req, &fleet, Nanos(k * 1000), &mut r);
+        let d = routing.route(&req, Nanos(k * 1000), &accept_all);
         if let Some(e) = d.endpoint() {
-            p.observe(&Event::Dispatched {
-                request: &req,
-                endpoint: e,
-                at: Nanos(k * 1000),
-            });
-            ledger.dispatched(e, k, Nanos(k * 1000));
             if k % 3 == 0 {
-                ledger.finished(e, k);
-                p.observe(&Event::Completed {
-                    request: k,
-                    endpoint: e,
-                    at: Nanos(k * 1000 + 1),
-                    latency: Nanos(1),
-                    output_tokens: 1,
-                });
+                routing.completed(k, e, Nanos(k * 1000 + 1), Nanos(1), 1);
             }
         }
         log.push(format!("{d:?}"));
@@ -390,7 +489,7 @@ fn decision_log(name: &str, seed: u64) -> Vec<String> {
 
 #[test]
 fn the_same_seed_gives_the_same_picks() {
-    for name in PolicyConfig::NAMES {
+    for &name in PolicyConfig::NAMES {
         assert_eq!(decision_log(name, 42), decision_log(name, 42), "{name}");
     }
     assert_ne!(decision_log("random", 1), decision_log("random", 2));
@@ -406,7 +505,7 @@ proptest! {
         let mut r = rng(seed);
         for k in 0..m {
             let req = Request { id: k as u64 ^ seed, ..Request::default() };
-            let e = p.select(&req, &fleet, Nanos::ZERO, &mut r).endpoint().unwrap();
+            let e = select(&mut p, None, &req, &fleet, Nanos::ZERO, &mut r).endpoint().unwrap();
             fleet[e.0 as usize].own_since_observation += 1;
             let cap = crate::hashring::bounded_capacity(c, (k + 1) as f64, n as usize);
             for x in &fleet {
@@ -417,7 +516,7 @@ proptest! {
 
     /// Same seed, same picks, for random inputs and every policy.
     #[test]
-    fn same_seed_same_picks(seed in any::<u64>(), k in 0usize..12) {
+    fn same_seed_same_picks(seed in any::<u64>(), k in 0usize..PolicyConfig::NAMES.len()) {
         let name = PolicyConfig::NAMES[k];
         prop_assert_eq!(decision_log(name, seed), decision_log(name, seed));
     }
@@ -428,11 +527,15 @@ proptest! {
 #[test]
 fn kv_cost_follows_engine_kv_events() {
     use crate::index::blocks::{block_hashes, KvEvent, Tier};
-    let mut p = KvCost::new(config::KvCost {
+    let config = PolicyConfig::KvCost(config::KvCost {
         block_size: 4,
         use_kv_events: true,
         ..Default::default()
     });
+    let mut routing = Routing::new(&config, 0);
+    for e in fleet(4) {
+        routing.router_mut().add(e);
+    }
     let prompt: Vec<u32> = (0..32).collect();
     let ext: Vec<u64> = block_hashes(&prompt, 4, 1234);
     let stored = KvEvent::BlockStored {
@@ -442,15 +545,12 @@ fn kv_cost_follows_engine_kv_events() {
         block_size: 4,
         tier: Tier::Device,
     };
-    p.observe(&Event::Kv {
-        endpoint: EndpointId(2),
-        event: &stored,
-        at: Nanos::ZERO,
-    });
+    routing.kv_event(EndpointId(2), &stored, Nanos::ZERO);
     let mut req = Request::from_tokens(1, prompt.clone()).with_tenant("t1");
     req.model = Some("m".into());
-    let d = p.select(&req, &fleet(4), Nanos::ZERO, &mut rng(0));
+    let d = routing.route(&req, Nanos::ZERO, &accept_all);
     assert_eq!(d.endpoint(), Some(EndpointId(2)));
+    routing.completed(req.id, EndpointId(2), Nanos::ZERO, Nanos::ZERO, 1);
     assert!(
         matches!(d, Decision::Route(Route { reason: Reason::LeastCost { cost }, .. }) if cost == 0.0)
     );
@@ -458,12 +558,8 @@ fn kv_cost_follows_engine_kv_events() {
         block_hashes: ext[..1].to_vec(),
         tier: Tier::Device,
     };
-    p.observe(&Event::Kv {
-        endpoint: EndpointId(2),
-        event: &removed,
-        at: Nanos(1),
-    });
-    let d = p.select(&req, &fleet(4), Nanos(1), &mut rng(0));
+    routing.kv_event(EndpointId(2), &removed, Nanos(1));
+    let d = routing.route(&req, Nanos(1), &accept_all);
     assert!(
         matches!(d, Decision::Route(Route { reason: Reason::LeastCost { cost }, .. }) if cost == 8.0)
     );
@@ -478,11 +574,13 @@ fn kv_cost_keeps_a_hedge_winners_blocks_when_the_loser_is_cancelled() {
         ..Default::default()
     });
     let r = Request::from_tokens(7, (0..40).collect());
+    let overlaps = crate::index::Overlaps::default();
     for e in [0, 1] {
         p.observe(&Event::Dispatched {
             request: &r,
             endpoint: EndpointId(e),
             at: Nanos::ZERO,
+            overlaps: &overlaps,
         });
     }
     p.observe(&Event::FirstToken {
@@ -499,7 +597,7 @@ fn kv_cost_keeps_a_hedge_winners_blocks_when_the_loser_is_cancelled() {
     });
     let other = Request::from_tokens(8, (1000..1040).collect());
     for seed in 0..20 {
-        let d = p.select(&other, &fleet(3), Nanos(2), &mut rng(seed));
+        let d = select(&mut p, None, &other, &fleet(3), Nanos(2), &mut rng(seed));
         assert_ne!(
             d.endpoint(),
             Some(EndpointId(0)),

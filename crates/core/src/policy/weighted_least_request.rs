@@ -9,13 +9,13 @@
 
 use super::least::least_of_sample;
 use super::simple::smooth_step;
-use super::{route_or_reject, Policy, PolicyDoc};
-use crate::{Decision, EndpointId, EndpointView, LoadConfig, LoadView, Nanos, Reason, Request};
+use super::{check, route_or_reject, Params, Policy, PolicyDoc, Query};
+use crate::{Decision, EndpointId, LoadConfig, LoadView, Reason};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-pub(super) const DOC: PolicyDoc = PolicyDoc {
+const DOC: PolicyDoc = PolicyDoc {
     name: "weighted_least_request",
     summary: "Envoy: weight / (active + 1)^bias with unequal weights, P2C with equal ones",
     params: &[
@@ -47,6 +47,24 @@ impl Default for Config {
             choice_count: 2,
             load: LoadConfig::default(),
         }
+    }
+}
+
+impl Params for Config {
+    const DOC: PolicyDoc = DOC;
+    fn build(&self) -> Box<dyn Policy> {
+        Box::new(WeightedLeastRequest::new(self.clone()))
+    }
+    fn load(&self) -> Option<&LoadConfig> {
+        Some(&self.load)
+    }
+    fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        check(self.choice_count >= 1, "choice_count", "must be at least 1")?;
+        check(
+            self.active_request_bias >= 0.0,
+            "active_request_bias",
+            "must not be negative",
+        )
     }
 }
 
@@ -85,14 +103,9 @@ impl Policy for WeightedLeastRequest {
         DOC.name
     }
 
-    fn select(
-        &mut self,
-        _request: &Request,
-        fleet: &[EndpointView],
-        now: Nanos,
-        rng: &mut dyn RngCore,
-    ) -> Decision {
-        let view = LoadView::new(fleet, &self.config.load, now);
+    fn select(&mut self, query: &Query<'_>, rng: &mut dyn RngCore) -> Decision {
+        let fleet = query.fleet;
+        let view = LoadView::new(fleet, &self.config.load, query.now);
         let mut weights = view.routable().map(|i| view.effective_weight(i));
         let first = weights.next();
         let equal = weights.all(|w| Some(w) == first);
@@ -110,7 +123,7 @@ impl Policy for WeightedLeastRequest {
             let dynamic = view.routable().map(|i| {
                 (
                     i,
-                    fleet[i].id,
+                    fleet.views()[i].id,
                     envoy_weight(view.effective_weight(i), view.load(i), bias),
                 )
             });

@@ -80,6 +80,42 @@ impl Ticket {
     }
 }
 
+/// A breaker's state at a glance, copied out of it: it reads the state at any later instant
+/// (an open breaker turns half-open by time alone) without the outcome counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BreakerView {
+    open_until: Option<Nanos>,
+    half_open: bool,
+    probes_full: bool,
+}
+
+impl BreakerView {
+    /// The state at `now`.
+    pub fn state(&self, now: Nanos) -> BreakerState {
+        match self.open_until {
+            Some(until) if now < until => BreakerState::Open,
+            Some(_) => BreakerState::HalfOpen,
+            None if self.half_open => BreakerState::HalfOpen,
+            None => BreakerState::Closed,
+        }
+    }
+
+    /// When an open breaker starts letting probes through; `None` unless it is open at `now`.
+    pub fn open_until(&self, now: Nanos) -> Option<Nanos> {
+        self.open_until.filter(|until| now < *until)
+    }
+
+    /// Whether a request may be sent at `now`, without taking a probe slot.
+    pub fn is_available(&self, now: Nanos) -> bool {
+        match self.state(now) {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            // An open breaker past its cool-down has no probes out yet.
+            BreakerState::HalfOpen => self.open_until.is_some() || !self.probes_full,
+        }
+    }
+}
+
 /// One endpoint's breaker.
 #[derive(Clone, Debug)]
 pub struct Breaker {
@@ -108,28 +144,28 @@ impl Breaker {
         }
     }
 
+    /// The breaker's state without its counters: what a lock-free reader needs.
+    pub fn view(&self) -> BreakerView {
+        BreakerView {
+            open_until: self.open_until,
+            half_open: self.half_open,
+            probes_full: self.probes_out >= self.config.half_open_probes.max(1),
+        }
+    }
+
     /// The state at `now` (an open breaker whose cool-down has ended reads as half-open).
     pub fn state(&self, now: Nanos) -> BreakerState {
-        match self.open_until {
-            Some(until) if now < until => BreakerState::Open,
-            Some(_) => BreakerState::HalfOpen,
-            None if self.half_open => BreakerState::HalfOpen,
-            None => BreakerState::Closed,
-        }
+        self.view().state(now)
     }
 
     /// When an open breaker starts letting probes through; `None` unless it is open at `now`.
     pub fn open_until(&self, now: Nanos) -> Option<Nanos> {
-        self.open_until.filter(|until| now < *until)
+        self.view().open_until(now)
     }
 
     /// Whether a request may be sent now, without taking a probe slot.
     pub fn is_available(&self, now: Nanos) -> bool {
-        match self.state(now) {
-            BreakerState::Closed => true,
-            BreakerState::Open => false,
-            BreakerState::HalfOpen => self.probes_out < self.config.half_open_probes.max(1),
-        }
+        self.view().is_available(now)
     }
 
     /// Takes permission to send one request; while half-open this uses up a probe slot and the

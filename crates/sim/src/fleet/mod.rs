@@ -4,9 +4,10 @@
 //! A router sees only what a real one could (DOMAIN.md §5.6): a scrape of each replica's
 //! `running`, `waiting` and KV gauges ([`KvSignal`] says what the KV gauge counts), refreshed
 //! every `scrape_interval` (all routers at the same instants, or staggered evenly across the
-//! interval), its own dispatches through an [`InflightLedger`], and whatever its policy learns
-//! from the events the gateway would send it (`Dispatched`, `FirstToken`, `Completed`, and
-//! optionally engine KV events). Arrivals are dealt to routers in turn.
+//! interval), its own dispatches, and whatever its policy learns from the events the gateway
+//! would send it (`Dispatched`, `FirstToken`, `Completed`, and optionally engine KV events).
+//! Each router is a [`Routing`], the same router and prefix cache the gateway drives. Arrivals
+//! are dealt to routers in turn.
 //!
 //! Time is [`Nanos`]. The cost of the loop is O(log events) per event: an iteration, an arrival,
 //! a scrape or a sample; nothing walks all requests.
@@ -21,11 +22,10 @@ pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, SkewStats};
 
 use crate::model::{EngineConfig, EngineModel, Iteration, SeqEvent, SeqRequest};
 use crate::workload::{Spec, Workload};
+use kvgate_core::router::accept_all;
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Event, InflightLedger, Nanos, Observation, Policy,
-    PolicyConfig, Request,
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing,
 };
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -74,13 +74,6 @@ pub enum KvSignal {
     Uncached,
 }
 
-struct Router {
-    policy: Box<dyn Policy>,
-    ledger: InflightLedger,
-    views: Vec<EndpointView>,
-    rng: ChaCha8Rng,
-}
-
 struct Replica {
     engine: EngineModel,
     speed: f64,
@@ -116,7 +109,7 @@ struct Sim<'c> {
     queue: BinaryHeap<Reverse<(Nanos, Kind, u64, u64)>>,
     seq: u64,
     replicas: Vec<Replica>,
-    routers: Vec<Router>,
+    routers: Vec<Routing>,
     specs: Vec<Option<Spec>>,
     free_specs: Vec<usize>,
     open_pending: bool,
@@ -151,20 +144,17 @@ impl<'c> Sim<'c> {
             })
             .collect();
         let routers = (0..config.routers.max(1))
-            .map(|r| Router {
-                policy: config.policy.build(),
-                ledger: InflightLedger::new(),
+            .map(|r| {
+                let mut routing =
+                    Routing::new(&config.policy, seed ^ (0x726f_7574_6572 + r as u64));
                 // The operator knows each replica's relative speed: it is the static weight.
-                views: config
-                    .replicas
-                    .iter()
-                    .enumerate()
-                    .map(|(i, rc)| EndpointView {
+                for (i, rc) in config.replicas.iter().enumerate() {
+                    routing.router_mut().add(EndpointView {
                         weight: if rc.speed > 0.0 { rc.speed } else { 1.0 },
                         ..EndpointView::new(EndpointId(i as u32))
-                    })
-                    .collect(),
-                rng: ChaCha8Rng::seed_from_u64(seed ^ (0x726f_7574_6572 + r as u64)),
+                    });
+                }
+                routing
             })
             .collect();
         Sim {
@@ -244,7 +234,7 @@ impl<'c> Sim<'c> {
                 }
                 Kind::Maintain => {
                     for r in &mut self.routers {
-                        r.policy.maintain(at);
+                        r.maintain(at);
                     }
                     if self.live() {
                         self.push(at + self.config.maintain_interval, Kind::Maintain, 0);
@@ -287,9 +277,7 @@ impl<'c> Sim<'c> {
                 free_blocks: Some(s.free_blocks),
                 total_blocks: Some(s.total_blocks),
             };
-            r.views[i].observation = Some(obs);
-            r.views[i].observed_at = now;
-            r.ledger.observed(EndpointId(i as u32), now);
+            r.router_mut().observed(EndpointId(i as u32), obs, now);
         }
     }
 
@@ -341,13 +329,7 @@ impl<'c> Sim<'c> {
         if let Some(s) = spec.session {
             request = request.with_session(format!("session-{s}"));
         }
-        let router = &mut self.routers[router_index];
-        for view in &mut router.views {
-            router.ledger.annotate(view);
-        }
-        let decision = router
-            .policy
-            .select(&request, &router.views, now, &mut router.rng);
+        let decision = self.routers[router_index].route(&request, now, &accept_all);
         let (endpoint, reason) = match decision {
             Decision::Route(route) => (route.endpoint, route.reason),
             Decision::Reject(_) => {
@@ -355,12 +337,6 @@ impl<'c> Sim<'c> {
                 return;
             }
         };
-        router.ledger.dispatched(endpoint, id, now);
-        router.policy.observe(&Event::Dispatched {
-            request: &request,
-            endpoint,
-            at: now,
-        });
         self.out.reasons.add(reason.label());
         let i = endpoint.0 as usize;
         let prompt = request.prompt.tokens.take().unwrap_or_default();
@@ -432,11 +408,7 @@ impl<'c> Sim<'c> {
         if self.config.kv_events {
             for event in &it.kv_events {
                 for r in &mut self.routers {
-                    r.policy.observe(&Event::Kv {
-                        endpoint,
-                        event,
-                        at: now,
-                    });
+                    r.kv_event(endpoint, event, now);
                 }
             }
         }
@@ -446,14 +418,13 @@ impl<'c> Sim<'c> {
                     let rec = &mut self.out.records[id as usize];
                     rec.first_token = Some(now);
                     rec.cached_tokens = cached_tokens;
-                    let router = &mut self.routers[rec.router as usize];
                     let dispatched = rec.arrival;
-                    router.policy.observe(&Event::FirstToken {
-                        request: id,
+                    self.routers[rec.router as usize].first_token(
+                        id,
                         endpoint,
-                        at: now,
-                        ttft: now - dispatched,
-                    });
+                        now,
+                        now - dispatched,
+                    );
                 }
                 SeqEvent::Finished { id, output_tokens } => {
                     let rec = &mut self.out.records[id as usize];
@@ -461,15 +432,13 @@ impl<'c> Sim<'c> {
                     rec.output_tokens = output_tokens;
                     let tag = rec.tag;
                     let dispatched = rec.arrival;
-                    let router = &mut self.routers[rec.router as usize];
-                    router.ledger.finished(endpoint, id);
-                    router.policy.observe(&Event::Completed {
-                        request: id,
+                    self.routers[rec.router as usize].completed(
+                        id,
                         endpoint,
-                        at: now,
-                        latency: now - dispatched,
+                        now,
+                        now - dispatched,
                         output_tokens,
-                    });
+                    );
                     self.out.in_flight -= 1;
                     let mut follow = std::mem::take(&mut self.scratch);
                     workload.on_complete(tag, now, rng, &mut follow);

@@ -2,6 +2,7 @@ use super::*;
 use crate::dist::{Arrivals, Lengths};
 use crate::model::{Batching, CostModel, TICK_NANOS};
 use crate::workload::{OpenLoop, OpenLoopConfig, PrefixGroups};
+use rand::SeedableRng;
 
 fn engine() -> EngineConfig {
     EngineConfig {
@@ -146,7 +147,10 @@ fn the_kv_gauge_counts_what_the_kv_signal_says() {
         engine.step().unwrap();
         engine.step().unwrap();
         sim.scrape(0);
-        let usage = sim.routers[0].views[0].observation.unwrap().kv_usage;
+        let usage = sim.routers[0].router().views()[0]
+            .observation
+            .unwrap()
+            .kv_usage;
         assert_eq!(usage, expected / 400.0, "{signal:?}");
     }
 }

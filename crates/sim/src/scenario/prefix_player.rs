@@ -22,11 +22,8 @@ use super::table::{num, Table};
 use super::{policy_names, Error, Options, Params, Report};
 use crate::model::TICK_NANOS;
 use crate::workload::{shared_token, UniqueTokens};
-use kvgate_core::{
-    Decision, EndpointId, EndpointView, Event, InflightLedger, Nanos, PolicyConfig, Request,
-};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use kvgate_core::router::accept_all;
+use kvgate_core::{Decision, EndpointId, EndpointView, Nanos, PolicyConfig, Request, Routing};
 use serde::Serialize;
 use serde_json::json;
 
@@ -77,12 +74,10 @@ struct Setup {
 }
 
 fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult {
-    let mut router = policy.build();
-    let mut ledger = InflightLedger::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut views: Vec<EndpointView> = (0..s.replicas as u32)
-        .map(|i| EndpointView::new(EndpointId(i)))
-        .collect();
+    let mut router = Routing::new(policy, seed);
+    for i in 0..s.replicas as u32 {
+        router.router_mut().add(EndpointView::new(EndpointId(i)));
+    }
     let mut slots: Vec<Option<u32>> = vec![None; s.replicas];
     let mut loads = vec![0u64; s.replicas];
     let mut unique = UniqueTokens::default();
@@ -100,20 +95,11 @@ fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult 
         unique.extend(&mut tokens, s.suffix);
         let total = tokens.len() as u32;
         let request = Request::from_tokens(k as u64, tokens);
-        for v in &mut views {
-            ledger.annotate(v);
-        }
         router.maintain(now);
-        let Decision::Route(route) = router.select(&request, &views, now, &mut rng) else {
+        let Decision::Route(route) = router.route(&request, now, &accept_all) else {
             continue;
         };
         let e = route.endpoint;
-        ledger.dispatched(e, k as u64, now);
-        router.observe(&Event::Dispatched {
-            request: &request,
-            endpoint: e,
-            at: now,
-        });
         let i = e.0 as usize;
         let hit = slots[i] == Some(prefix);
         let cost = if hit { total - head } else { total };

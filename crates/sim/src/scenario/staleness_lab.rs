@@ -6,7 +6,7 @@
 //! requests finish, routers whose scrape is due read every replica's outstanding count, then
 //! the tick's arrivals (2 per tick by default, as the reference's first tick shows; `arrivals=
 //! poisson` draws them instead) are dealt to the routers in turn and each router picks with its
-//! own kvgate-core policy instance, its own [`InflightLedger`] and the snapshot it last took.
+//! own kvgate-core [`Routing`] (policy, ledger, random source) on the snapshot it last took.
 //!
 //! Measures, per tick after the dispatches: skew = max minus min true outstanding across
 //! replicas (its maximum and mean over the run), and concentration = the share of ticks with
@@ -21,9 +21,9 @@
 use super::table::{num, pct, Table};
 use super::{policy_names, Error, Options, Params, Report};
 use crate::model::TICK_NANOS;
+use kvgate_core::router::accept_all;
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Event, InflightLedger, Nanos, Observation, Policy,
-    PolicyConfig, Request,
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -84,27 +84,16 @@ fn poisson(rng: &mut ChaCha8Rng, mean: f64) -> u32 {
     k
 }
 
-/// One router: its policy, its ledger, its snapshot and its random source.
-type RouterState = (
-    Box<dyn Policy>,
-    InflightLedger,
-    Vec<EndpointView>,
-    ChaCha8Rng,
-);
-
 fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
     let tick = |t: u64| Nanos(t * TICK_NANOS);
     let mut arrivals_rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut routers: Vec<RouterState> = (0..v.routers.max(1))
+    let mut routers: Vec<Routing> = (0..v.routers.max(1))
         .map(|r| {
-            (
-                v.policy.build(),
-                InflightLedger::new(),
-                (0..s.replicas as u32)
-                    .map(|i| EndpointView::new(EndpointId(i)))
-                    .collect(),
-                ChaCha8Rng::seed_from_u64(seed ^ (0x0073_7461_6c65 + r as u64)),
-            )
+            let mut routing = Routing::new(&v.policy, seed ^ (0x0073_7461_6c65 + r as u64));
+            for i in 0..s.replicas as u32 {
+                routing.router_mut().add(EndpointView::new(EndpointId(i)));
+            }
+            routing
         })
         .collect();
     let m = routers.len() as u64;
@@ -121,33 +110,24 @@ fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
         while running.front().is_some_and(|f| f.0 <= t) {
             let (_, replica, router, id) = running.pop_front().expect("checked");
             outstanding[replica] -= 1;
-            let (policy, ledger, _, _) = &mut routers[router];
-            ledger.finished(EndpointId(replica as u32), id);
-            policy.observe(&Event::Completed {
-                request: id,
-                endpoint: EndpointId(replica as u32),
-                at: tick(t),
-                latency: tick(s.service),
-                output_tokens: 1,
-            });
+            routers[router].completed(id, EndpointId(replica as u32), tick(t), tick(s.service), 1);
         }
         let interval = v.scrape.max(1);
-        for (r, (_, ledger, views, _)) in routers.iter_mut().enumerate() {
+        for (r, routing) in routers.iter_mut().enumerate() {
             let phase = if v.staggered {
                 interval * r as u64 / m
             } else {
                 0
             };
             if t % interval == phase {
-                for (i, view) in views.iter_mut().enumerate() {
-                    *view = view.clone().observed(
-                        Observation {
-                            running: outstanding[i],
-                            ..Observation::default()
-                        },
-                        tick(t),
-                    );
-                    ledger.observed(EndpointId(i as u32), tick(t));
+                for (i, &running) in outstanding.iter().enumerate() {
+                    let observation = Observation {
+                        running,
+                        ..Observation::default()
+                    };
+                    routing
+                        .router_mut()
+                        .observed(EndpointId(i as u32), observation, tick(t));
                 }
             }
         }
@@ -163,21 +143,11 @@ fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
         for _ in 0..n {
             let r = (dealt % m) as usize;
             dealt += 1;
-            let (policy, ledger, views, rng) = &mut routers[r];
-            for view in views.iter_mut() {
-                ledger.annotate(view);
-            }
             let request = Request::from_text(next_id, "");
-            let Decision::Route(route) = policy.select(&request, views, tick(t), rng) else {
+            let Decision::Route(route) = routers[r].route(&request, tick(t), &accept_all) else {
                 continue;
             };
             let e = route.endpoint;
-            ledger.dispatched(e, next_id, tick(t));
-            policy.observe(&Event::Dispatched {
-                request: &request,
-                endpoint: e,
-                at: tick(t),
-            });
             let i = e.0 as usize;
             outstanding[i] += 1;
             assigned[i] += 1;

@@ -5,13 +5,7 @@ fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<Endpoint
     let mut config = Config::default();
     config.set_policy(policy).unwrap();
     config.breaker.min_requests = 2;
-    let pool = Pool::new(
-        &config.policy,
-        &config,
-        Clock::new(),
-        Arc::new(Metrics::new()),
-        7,
-    );
+    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
     let ids = endpoints
         .iter()
         .map(|(url, model)| {
@@ -42,12 +36,15 @@ fn exclusions_drain_and_models_filter_before_the_policy() {
         ],
     );
     for i in 0..6 {
-        let t = pool.pick(&request(i, Some("m")), &[ids[0]]).unwrap();
+        let t = pool
+            .pick(&request(i, Some("m")), &[ids[0]], Attempt::Hedge)
+            .unwrap();
         assert_eq!(t.id, ids[1], "a is excluded, c serves another model");
     }
     assert!(pool.set_draining(ids[1], true));
     assert_eq!(
-        pool.pick(&request(9, Some("m")), &[ids[0]]).unwrap_err(),
+        pool.pick(&request(9, Some("m")), &[ids[0]], Attempt::Hedge)
+            .unwrap_err(),
         Rejection::NoRoutableEndpoint
     );
     assert!(pool.serves("other") && !pool.serves("nope"));
@@ -57,10 +54,10 @@ fn exclusions_drain_and_models_filter_before_the_policy() {
 #[test]
 fn dispatches_are_in_flight_until_they_end() {
     let (pool, ids) = pool("least_outstanding", &[("http://a:1", None)]);
-    let t = pool.pick(&request(1, None), &[]).unwrap();
-    pool.pick(&request(2, None), &[]).unwrap();
+    let t = pool.pick(&request(1, None), &[], Attempt::First).unwrap();
+    pool.pick(&request(2, None), &[], Attempt::First).unwrap();
     assert_eq!(pool.status()[0].inflight, 2);
-    pool.completed(1, t.id, Nanos(1), 3);
+    pool.completed(1, t.id, Nanos(1), 3, None);
     pool.failed(2, ids[0], Ticket::default(), FailureKind::Cancelled, None);
     assert_eq!(pool.status()[0].inflight, 0);
 }
@@ -76,7 +73,12 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
         Some(Duration::from_secs(60)),
     );
     for i in 1..5 {
-        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+        assert_eq!(
+            pool.pick(&request(i, None), &[], Attempt::First)
+                .unwrap()
+                .id,
+            ids[1]
+        );
     }
     for i in 10..12 {
         pool.failed(i, ids[1], Ticket::default(), FailureKind::ServerError, None);
@@ -85,7 +87,7 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
         pool.status()[1].breaker,
         kvgate_core::resilience::BreakerState::Open
     );
-    assert!(pool.pick(&request(20, None), &[]).is_err());
+    assert!(pool.pick(&request(20, None), &[], Attempt::First).is_err());
     assert!(
         pool.any_healthy(),
         "Retry-After and breakers do not touch readiness"
@@ -107,11 +109,16 @@ fn retry_after_and_an_open_breaker_steer_traffic_away() {
 #[test]
 fn removal_forgets_the_endpoint() {
     let (pool, ids) = pool("cache_aware", &[("http://a:1", None), ("http://b:1", None)]);
-    pool.pick(&request(1, None), &[]).unwrap();
+    pool.pick(&request(1, None), &[], Attempt::First).unwrap();
     assert!(pool.remove(ids[0]));
     assert!(!pool.remove(ids[0]));
     for i in 2..5 {
-        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+        assert_eq!(
+            pool.pick(&request(i, None), &[], Attempt::First)
+                .unwrap()
+                .id,
+            ids[1]
+        );
     }
 }
 
@@ -143,11 +150,20 @@ fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
     pool.reported_health(ids[0], false);
     pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     for i in 2..6 {
-        assert_eq!(pool.pick(&request(i, None), &[]).unwrap().id, ids[1]);
+        assert_eq!(
+            pool.pick(&request(i, None), &[], Attempt::First)
+                .unwrap()
+                .id,
+            ids[1]
+        );
     }
     pool.reported_health(ids[0], true);
     let picked: Vec<_> = (6..8)
-        .map(|i| pool.pick(&request(i, None), &[]).unwrap().id)
+        .map(|i| {
+            pool.pick(&request(i, None), &[], Attempt::First)
+                .unwrap()
+                .id
+        })
         .collect();
     assert!(picked.contains(&ids[0]));
 }
@@ -158,27 +174,21 @@ fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
     config.set_policy("round_robin").unwrap();
     config.breaker.min_requests = 2;
     config.breaker.open_ms = 1;
-    let pool = Pool::new(
-        &config.policy,
-        &config,
-        Clock::new(),
-        Arc::new(Metrics::new()),
-        7,
-    );
+    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
     let id = pool.add(EndpointConfig::from_url("http://a:1"));
-    let straggler = pool.pick(&request(1, None), &[]).unwrap();
+    let straggler = pool.pick(&request(1, None), &[], Attempt::First).unwrap();
     for i in 2..4 {
-        let t = pool.pick(&request(i, None), &[]).unwrap();
+        let t = pool.pick(&request(i, None), &[], Attempt::First).unwrap();
         pool.failed(i, id, t.ticket, FailureKind::ServerError, None);
     }
-    let give_up = Instant::now() + Duration::from_secs(5);
-    let probe = loop {
-        if let Ok(t) = pool.pick(&request(9, None), &[]) {
-            break t;
-        }
-        assert!(Instant::now() < give_up, "the breaker never half-opened");
-        std::thread::yield_now();
-    };
+    assert!(
+        pool.pick(&request(8, None), &[], Attempt::First).is_err(),
+        "open"
+    );
+    pool.clock().advance(Duration::from_millis(1));
+    let probe = pool
+        .pick(&request(9, None), &[], Attempt::First)
+        .expect("half-open after open_ms");
     assert!(probe.ticket.is_probe() && !straggler.ticket.is_probe());
     let breaker = |pool: &Pool| pool.status()[0].breaker;
     pool.failed(1, id, straggler.ticket, FailureKind::ServerError, None);
@@ -187,7 +197,7 @@ fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
         kvgate_core::resilience::BreakerState::HalfOpen
     );
     assert!(
-        pool.pick(&request(10, None), &[]).is_err(),
+        pool.pick(&request(10, None), &[], Attempt::First).is_err(),
         "the probe slot is still taken"
     );
     pool.first_token(9, id, probe.ticket, Nanos(1), true);
@@ -204,8 +214,75 @@ fn a_non_streaming_answer_teaches_the_policy_no_ttft() {
     pool.first_token(1, ids[0], Ticket::default(), Nanos::from_secs(60), false);
     pool.first_token(2, ids[1], Ticket::default(), Nanos::from_secs(1), true);
     for i in 10..14 {
-        let t = pool.pick(&request(i, None), &[]).unwrap();
+        let t = pool.pick(&request(i, None), &[], Attempt::First).unwrap();
         assert_eq!(t.id, ids[0], "a has no TTFT estimate, b's is 1 s");
-        pool.completed(i, t.id, Nanos(1), 1);
+        pool.completed(i, t.id, Nanos(1), 1, None);
     }
+}
+
+#[test]
+fn a_retry_takes_the_next_candidate_of_the_same_ranking_and_falls_back_when_all_were_tried() {
+    let (pool, ids) = pool(
+        "consistent_hash",
+        &[
+            ("http://a:1", None),
+            ("http://b:1", None),
+            ("http://c:1", None),
+        ],
+    );
+    let mut r = request(1, None);
+    r.session = Some("conversation-7".into());
+    // Each attempt ends before the next, so the bounded load never moves the walk.
+    let pick = |r: &Request, tried: &[EndpointId], attempt| {
+        let id = pool.pick(r, tried, attempt).unwrap().id;
+        pool.completed(r.id, id, Nanos(1), 1, None);
+        id
+    };
+    let home = pick(&r, &[], Attempt::First);
+    let second = pick(&r, &[home], Attempt::Retry);
+    let third = pick(&r, &[home, second], Attempt::Retry);
+    assert_eq!(
+        [home, second, third]
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        3
+    );
+    for k in 0..5 {
+        let mut again = request(10 + k, None);
+        again.session = r.session.clone();
+        assert_eq!(
+            pick(&again, &[home], Attempt::Retry),
+            second,
+            "the ring walk is the ranking: the same next candidate every time"
+        );
+    }
+    assert!(
+        pool.pick(&r, &ids, Attempt::Hedge).is_err(),
+        "a hedge never goes back to an endpoint already tried"
+    );
+    assert!(
+        ids.contains(&pool.pick(&r, &ids, Attempt::Retry).unwrap().id),
+        "a retry falls back to one"
+    );
+}
+
+#[test]
+fn readers_see_the_published_snapshot_without_the_lock() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", Some("m"))]);
+    let before = pool.lock_acquisitions();
+    assert_eq!(pool.policy_name(), "round_robin");
+    assert!(pool.serves("m") && pool.any_healthy());
+    assert_eq!(pool.models(), vec!["m".to_string()]);
+    assert_eq!(pool.status()[0].inflight, 0);
+    assert_eq!(pool.base_of(ids[0]).as_deref(), Some("http://a:1"));
+    assert_eq!(pool.lock_acquisitions(), before, "no reader took the lock");
+    let t = pool
+        .pick(&request(1, Some("m")), &[], Attempt::First)
+        .unwrap();
+    assert_eq!(pool.status()[0].inflight, 1);
+    pool.completed(1, t.id, Nanos(1), 1, None);
+    assert_eq!(pool.status()[0].inflight, 0);
+    pool.set_draining(ids[0], true);
+    assert!(!pool.any_healthy(), "a draining endpoint fails readiness");
 }

@@ -1,0 +1,149 @@
+//! One endpoint as the gateway keeps it: what it is (URL, name, models, key), whether its health
+//! checks pass, its breaker and Retry-After window, its last scrape, and the scrape loop's
+//! bookkeeping. The pool's lock guards the live copy; readers get a cheap clone in the
+//! published snapshot ([`super::Snapshot`]).
+
+use crate::config::EndpointConfig;
+use axum::http::HeaderValue;
+use kvgate_core::resilience::{Breaker, BreakerConfig, BreakerView};
+use kvgate_core::{EndpointId, Health, Nanos, Observation};
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+/// What an endpoint is; replaced as a whole when its configuration or models change.
+#[derive(Debug)]
+pub(crate) struct About {
+    pub(crate) name: Arc<str>,
+    pub(crate) base: Arc<str>,
+    pub(crate) config: EndpointConfig,
+    pub(crate) models: Vec<String>,
+    pub(crate) authorization: Option<HeaderValue>,
+}
+
+impl About {
+    pub(crate) fn new(config: EndpointConfig, models: Vec<String>) -> Self {
+        About {
+            name: config.display_name().into(),
+            base: config.base_url().into(),
+            authorization: authorization(&config),
+            models,
+            config,
+        }
+    }
+
+    /// Whether it serves `model` (an endpoint of unknown model serves anything).
+    pub(crate) fn serves(&self, model: Option<&str>) -> bool {
+        match model {
+            Some(m) => self.models.is_empty() || self.models.iter().any(|x| x == m),
+            None => true,
+        }
+    }
+}
+
+fn authorization(config: &EndpointConfig) -> Option<HeaderValue> {
+    let key = config.api_key.as_deref()?;
+    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// The published part of an endpoint: cheap to clone (no allocation).
+#[derive(Clone, Debug)]
+pub(crate) struct EndpointInfo {
+    pub(crate) id: EndpointId,
+    pub(crate) about: Arc<About>,
+    pub(crate) draining: bool,
+    pub(crate) healthy: bool,
+    pub(crate) reports_down: bool,
+    pub(crate) avoid_until: Nanos,
+    pub(crate) breaker: BreakerView,
+    pub(crate) observation: Option<Observation>,
+    /// Requests this gateway has in flight there, kept by the pool under its lock.
+    pub(crate) inflight: Arc<AtomicU32>,
+}
+
+impl EndpointInfo {
+    /// Not draining, answering its health checks and not reporting itself down: what
+    /// readiness looks at, whatever Retry-After window or open breaker keeps it out for now.
+    pub(crate) fn passes_health_checks(&self) -> bool {
+        !self.draining && self.healthy && !self.reports_down
+    }
+
+    /// Health as the router's views carry it: draining, failing checks, or healthy.
+    pub(crate) fn checked_health(&self) -> Health {
+        if self.draining {
+            Health::Draining
+        } else if !self.healthy || self.reports_down {
+            Health::Unhealthy
+        } else {
+            Health::Healthy
+        }
+    }
+
+    /// Whether a Retry-After window or the breaker keeps it out at `now` (health checks aside).
+    pub(crate) fn held_back(&self, now: Nanos) -> bool {
+        now < self.avoid_until || !self.breaker.is_available(now)
+    }
+
+    /// Health at `now` as the admin API reports it.
+    pub(crate) fn health(&self, now: Nanos) -> Health {
+        match self.checked_health() {
+            Health::Healthy if self.held_back(now) => Health::Unhealthy,
+            h => h,
+        }
+    }
+
+    /// When an endpoint that passes its health checks but is kept out by a Retry-After window
+    /// or an open breaker takes traffic again; `None` when it is routable now or when nothing
+    /// but a health check can bring it back.
+    pub(crate) fn routable_again_at(&self, now: Nanos) -> Option<Nanos> {
+        if !self.passes_health_checks() {
+            return None;
+        }
+        let avoid = (now < self.avoid_until).then_some(self.avoid_until);
+        match (avoid, self.breaker.open_until(now)) {
+            (None, None) => None,
+            (a, b) => a.max(b),
+        }
+    }
+}
+
+/// The live endpoint under the pool's lock.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    pub(crate) info: EndpointInfo,
+    pub(crate) breaker: Breaker,
+    pub(crate) scrape_failures: u32,
+    pub(crate) served_since_scrape: bool,
+}
+
+impl Endpoint {
+    pub(crate) fn new(id: EndpointId, config: EndpointConfig, breaker: BreakerConfig) -> Self {
+        let models = config.model.iter().cloned().collect();
+        let breaker = Breaker::new(breaker);
+        Endpoint {
+            info: EndpointInfo {
+                id,
+                about: Arc::new(About::new(config, models)),
+                draining: false,
+                healthy: true,
+                reports_down: false,
+                avoid_until: Nanos::ZERO,
+                breaker: breaker.view(),
+                observation: None,
+                inflight: Arc::new(AtomicU32::new(0)),
+            },
+            breaker,
+            scrape_failures: 0,
+            served_since_scrape: false,
+        }
+    }
+
+    /// Copies the breaker's state into the published part; whether it changed.
+    pub(crate) fn sync_breaker(&mut self) -> bool {
+        let view = self.breaker.view();
+        let changed = view != self.info.breaker;
+        self.info.breaker = view;
+        changed
+    }
+}

@@ -1,0 +1,560 @@
+//! The pool: every endpoint's state, the core [`Router`] (policy, ledger, random source), the
+//! retry budget and the hedging delay behind one lock; the prefix cache behind its own
+//! read-write lock; and a snapshot of the endpoints published lock-free for everything that only
+//! reads (readiness, `/v1/models`, the admin API's status, gauges, metric labels).
+//!
+//! The lock is held for a pick and for event updates only, never across an `.await` and never
+//! for index work: a prompt is looked up in the prefix cache (up to megabytes of text) under
+//! the cache's read lock before the pick takes the pool's lock, and inserted under its write
+//! lock after; periodic eviction also runs under the cache's lock. A streaming request takes the
+//! pool's lock three times: to pick, at its first token, at its end.
+//!
+//! Eligibility lives here, outside the policy: a member is offered to the policy only if its
+//! health checks pass (the router's view), no Retry-After window or open breaker holds it
+//! back, it serves the requested model, and this request has not tried it yet.
+
+mod endpoint;
+mod snapshot;
+
+pub use crate::clock::Clock;
+pub use snapshot::EndpointStatus;
+use snapshot::Snapshot;
+
+use crate::config::EndpointConfig;
+use crate::metrics::{self, Metrics, PickLabels};
+use arc_swap::ArcSwap;
+use axum::http::HeaderValue;
+use endpoint::{About, Endpoint, EndpointInfo};
+use kvgate_core::decision::FailureKind;
+use kvgate_core::index::{Overlaps, PrefixCache};
+use kvgate_core::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget, Ticket};
+use kvgate_core::{
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Rejection, Request,
+    Router, Usage,
+};
+use rand::RngCore;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// Where the policy sent an attempt.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The endpoint.
+    pub id: EndpointId,
+    /// Its display name.
+    pub name: Arc<str>,
+    /// Its base URL.
+    pub base: Arc<str>,
+    /// [`kvgate_core::Reason::label`] of the pick.
+    pub reason: &'static str,
+    /// The endpoint's own `Authorization` value, if it has an API key.
+    pub authorization: Option<HeaderValue>,
+    /// The breaker's permission for this dispatch (a half-open probe or not), handed back
+    /// with its outcome.
+    pub ticket: Ticket,
+    /// For a request's first attempt: how long to wait before hedging, if hedging is on.
+    pub hedge_after: Option<Duration>,
+}
+
+/// Which attempt of a request a pick is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The first: counts towards the retry budget's request total and arms the hedge.
+    First,
+    /// A retry: prefers endpoints not tried yet, else takes any.
+    Retry,
+    /// A hedge: only an endpoint not tried yet.
+    Hedge,
+}
+
+/// Everything under the pool's lock.
+#[derive(Debug)]
+struct Core {
+    router: Router,
+    /// Sorted by id, the same members as the router's views.
+    endpoints: Vec<Endpoint>,
+    next_id: u32,
+    budget: RetryBudget,
+    hedge: HedgeDelay,
+    breaker: BreakerConfig,
+}
+
+impl Core {
+    fn endpoint(&mut self, id: EndpointId) -> Option<&mut Endpoint> {
+        let i = self
+            .endpoints
+            .binary_search_by_key(&id, |e| e.info.id)
+            .ok()?;
+        Some(&mut self.endpoints[i])
+    }
+
+    /// Copies the router's in-flight count of `id` into the published counter.
+    fn sync_inflight(&mut self, id: EndpointId) {
+        let inflight = self.router.view(id).map_or(0, |v| v.own_inflight);
+        if let Some(e) = self.endpoint(id) {
+            e.info.inflight.store(inflight, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets `id`'s health-check state through `edit`; tells the router when it changed.
+    fn set_checks(&mut self, id: EndpointId, edit: impl FnOnce(&mut EndpointInfo)) -> bool {
+        let Some(e) = self.endpoint(id) else {
+            return false;
+        };
+        let before = e.info.checked_health();
+        edit(&mut e.info);
+        let after = e.info.checked_health();
+        if before != after {
+            self.router.set_health(id, after);
+        }
+        before != after
+    }
+}
+
+/// The pool (see the module docs).
+#[derive(Debug)]
+pub struct Pool {
+    core: Mutex<Core>,
+    cache: RwLock<Option<PrefixCache>>,
+    snapshot: ArcSwap<Snapshot>,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    locks: AtomicU64,
+}
+
+impl Pool {
+    /// A pool with no endpoints.
+    pub fn new(config: &crate::Config, clock: Clock, metrics: Arc<Metrics>, seed: u64) -> Self {
+        let core = Core {
+            router: Router::new(&config.policy, seed),
+            endpoints: Vec::new(),
+            next_id: 0,
+            budget: RetryBudget::new(config.retry.budget.clone()),
+            hedge: HedgeDelay::new(config.hedge.clone()),
+            breaker: config.breaker.clone(),
+        };
+        let pool = Pool {
+            cache: RwLock::new(config.policy.index().map(|s| PrefixCache::new(&s))),
+            snapshot: ArcSwap::default(),
+            core: Mutex::new(core),
+            clock,
+            metrics,
+            locks: AtomicU64::new(0),
+        };
+        pool.publish(&pool.lock());
+        pool
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.locks.fetch_add(1, Ordering::Relaxed);
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many times the pool's lock was taken: the request path's contention, for tests and
+    /// diagnostics.
+    pub fn lock_acquisitions(&self) -> u64 {
+        self.locks.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, core: &Core) {
+        self.snapshot.store(Arc::new(Snapshot {
+            policy: core.router.policy_name(),
+            endpoints: core.endpoints.iter().map(|e| e.info.clone()).collect(),
+        }));
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.snapshot.load().policy
+    }
+
+    /// Replaces the policy (what it learned starts over) and the prefix cache it consults.
+    pub fn set_policy(&self, policy: &PolicyConfig) {
+        {
+            let mut core = self.lock();
+            core.router.set_policy(policy);
+            self.publish(&core);
+        }
+        *self.cache.write().unwrap_or_else(|p| p.into_inner()) =
+            policy.index().map(|s| PrefixCache::new(&s));
+    }
+
+    /// Adds an endpoint; it joins now (blackout and slow start count from here).
+    pub fn add(&self, config: EndpointConfig) -> EndpointId {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        let id = EndpointId(core.next_id);
+        core.next_id += 1;
+        let label = metrics::endpoint(&config.display_name());
+        self.metrics.breaker.get_or_create(&label).set(0);
+        self.metrics.endpoint_up.get_or_create(&label).set(1);
+        core.router.add(EndpointView {
+            weight: config.weight,
+            joined_at: now,
+            ..EndpointView::new(id)
+        });
+        let breaker = core.breaker.clone();
+        core.endpoints.push(Endpoint::new(id, config, breaker));
+        self.publish(&core);
+        id
+    }
+
+    /// Removes an endpoint at once; requests already sent there run to completion.
+    pub fn remove(&self, id: EndpointId) -> bool {
+        {
+            let mut core = self.lock();
+            let Ok(i) = core.endpoints.binary_search_by_key(&id, |e| e.info.id) else {
+                return false;
+            };
+            let gone = core.endpoints.remove(i);
+            core.router.remove(id);
+            self.publish(&core);
+            let label = metrics::endpoint(&gone.info.about.name);
+            self.metrics.endpoint_up.remove(&label);
+            self.metrics.breaker.remove(&label);
+            self.metrics.inflight.remove(&label);
+        }
+        if let Some(cache) = self
+            .cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            cache.remove_endpoint(id);
+        }
+        true
+    }
+
+    /// Stops (or resumes) sending new requests to an endpoint.
+    pub fn set_draining(&self, id: EndpointId, draining: bool) -> bool {
+        let mut core = self.lock();
+        if core.endpoint(id).is_none() {
+            return false;
+        }
+        core.set_checks(id, |e| e.draining = draining);
+        self.publish(&core);
+        true
+    }
+
+    /// Applies a reloaded configuration to an endpoint (weight, model, labels, key).
+    pub fn update(&self, id: EndpointId, config: EndpointConfig) {
+        let mut core = self.lock();
+        let weight = config.weight;
+        if let Some(e) = core.endpoint(id) {
+            let models = match &config.model {
+                Some(m) => vec![m.clone()],
+                None => e.info.about.models.clone(),
+            };
+            e.info.about = Arc::new(About::new(config, models));
+        }
+        core.router.set_weight(id, weight);
+        self.publish(&core);
+    }
+
+    /// What the prefix cache holds of `request`; `None` when the policy consults no index.
+    fn lookup(&self, request: &Request, now: Nanos) -> Option<Overlaps> {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().map(|c| c.overlaps(request, now))
+    }
+
+    /// Chooses an endpoint for an attempt of `request` and records the dispatch (ledger,
+    /// breaker ticket, [`kvgate_core::Event::Dispatched`]) in the same critical section; then,
+    /// outside it, tells the prefix cache. Endpoints in `tried` are refused, except that a
+    /// retry falls back to them when nothing else can take it.
+    pub fn pick(
+        &self,
+        request: &Request,
+        tried: &[EndpointId],
+        attempt: Attempt,
+    ) -> Result<Target, Rejection> {
+        let now = self.clock.now();
+        let overlaps = self.lookup(request, now);
+        let target = {
+            let mut guard = self.lock();
+            let core = &mut *guard;
+            if attempt == Attempt::First {
+                core.budget.request(now);
+            }
+            let started = Instant::now();
+            let model = request.model.as_deref();
+            let endpoints = &core.endpoints;
+            let accept = |v: &EndpointView, fresh: bool| {
+                endpoints
+                    .binary_search_by_key(&v.id, |e| e.info.id)
+                    .is_ok_and(|k| {
+                        let e = &endpoints[k].info;
+                        !e.held_back(now) && e.about.serves(model)
+                    })
+                    && !(fresh && tried.contains(&v.id))
+            };
+            let none = Overlaps::default();
+            let overlaps = overlaps.as_ref().unwrap_or(&none);
+            let mut decision = core
+                .router
+                .pick(request, overlaps, now, &|v| accept(v, true));
+            if attempt == Attempt::Retry && matches!(decision, Decision::Reject(_)) {
+                decision = core
+                    .router
+                    .pick(request, overlaps, now, &|v| accept(v, false));
+            }
+            self.metrics
+                .decision
+                .observe(started.elapsed().as_secs_f64());
+            let route = match decision {
+                Decision::Route(route) => route,
+                Decision::Reject(r) => return Err(r),
+            };
+            core.sync_inflight(route.endpoint);
+            let Some(e) = core.endpoint(route.endpoint) else {
+                return Err(Rejection::NoRoutableEndpoint);
+            };
+            // The predicate let only endpoints whose breaker admits traffic through.
+            let ticket = e.breaker.acquire(now).unwrap_or_default();
+            let changed = e.sync_breaker();
+            let target = Target {
+                ticket,
+                id: route.endpoint,
+                name: e.info.about.name.clone(),
+                base: e.info.about.base.clone(),
+                reason: route.reason.label(),
+                authorization: e.info.about.authorization.clone(),
+                hedge_after: if attempt == Attempt::First {
+                    core.hedge.delay().map(|n| Duration::from_nanos(n.0))
+                } else {
+                    None
+                },
+            };
+            self.metrics
+                .picks
+                .get_or_create(&PickLabels {
+                    policy: core.router.policy_name(),
+                    reason: target.reason,
+                })
+                .inc();
+            if changed {
+                self.publish(core);
+            }
+            target
+        };
+        if overlaps.is_some() {
+            if let Some(cache) = self
+                .cache
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+            {
+                cache.dispatched(request, target.id, now);
+            }
+        }
+        Ok(target)
+    }
+
+    /// After a failed attempt: wait, retry after a backoff, or give up (the retry budget is
+    /// shared by every request, so this takes the lock; failures are the rare path).
+    pub fn next_after_failure(&self, attempts: &mut Attempts, rng: &mut dyn RngCore) -> Next {
+        let now = self.clock.now();
+        attempts.failed(now, &mut self.lock().budget, rng)
+    }
+
+    /// Gives back a retry withdrawn at `withdrawn_at` that was never sent.
+    pub fn refund_retry(&self, withdrawn_at: Nanos) {
+        self.lock().budget.refund(withdrawn_at);
+    }
+
+    /// A uniformly random duration in `[0, max)`, for phases.
+    pub fn jitter(&self, max: Duration) -> Duration {
+        use rand::Rng;
+        let max = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Duration::from_nanos(self.lock().router.rng().random_range(0..max))
+    }
+
+    /// The first bytes of a 2xx answer to `request` arrived from `endpoint` after `ttft`.
+    ///
+    /// Only a stream's first bytes are a first token: a non-streaming answer's first bytes come
+    /// when generation ends, so its `ttft` is the end-to-end time, and a policy learning from it
+    /// (peak EWMA) would learn output lengths rather than endpoint speed. For those the policy
+    /// hears only `Completed`/`Failed`, and the hedging delay gets no sample; both kinds count
+    /// as a breaker success and as proof of life.
+    pub fn first_token(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        ttft: Nanos,
+        stream: bool,
+    ) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        // Answering traffic is proof of life (passive health checking).
+        let mut changed = core.set_checks(endpoint, |e| e.healthy = true);
+        if let Some(e) = core.endpoint(endpoint) {
+            e.served_since_scrape = true;
+            e.scrape_failures = 0;
+            e.breaker.record(ticket, true, now);
+            changed |= e.sync_breaker();
+        }
+        if stream {
+            core.hedge.record(ttft);
+            core.router.first_token(request, endpoint, now, ttft);
+        }
+        if changed {
+            self.publish(&core);
+        }
+    }
+
+    /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt
+    /// failures): the answer goes to the client as it is, but it is neither a first token nor
+    /// proof of life. 401, 403, 404 and 408 say the endpoint cannot serve (a wrong key, a model
+    /// or route it lacks, a request it gave up on) and count as breaker failures, as LiteLLM
+    /// cools such deployments down; any other status (400, 413, 422) is the client's own fault
+    /// and only frees a half-open probe slot.
+    pub fn refused(&self, endpoint: EndpointId, ticket: Ticket, status: u16) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        if let Some(e) = core.endpoint(endpoint) {
+            if matches!(status, 401 | 403 | 404 | 408) {
+                e.breaker.record(ticket, false, now);
+            } else {
+                e.breaker.release(ticket);
+            }
+            if e.sync_breaker() {
+                self.publish(&core);
+            }
+        }
+    }
+
+    /// `request` finished normally on `endpoint`; `usage` is the engine's account of it, when
+    /// the answer carried one.
+    pub fn completed(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        latency: Nanos,
+        output_tokens: u32,
+        usage: Option<Usage>,
+    ) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        if let Some(usage) = usage {
+            core.router.usage(request, endpoint, now, usage);
+        }
+        core.router
+            .completed(request, endpoint, now, latency, output_tokens);
+        core.sync_inflight(endpoint);
+    }
+
+    /// `request` failed on `endpoint`. Connection errors, 5xx and timeouts count against the
+    /// breaker; a Retry-After keeps the endpoint out of routing for its duration.
+    pub fn failed(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        kind: FailureKind,
+        retry_after: Option<Duration>,
+    ) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        core.router.failed(request, endpoint, now, kind);
+        core.sync_inflight(endpoint);
+        let Some(e) = core.endpoint(endpoint) else {
+            return;
+        };
+        let mut changed = false;
+        if let Some(wait) = retry_after {
+            let until = now + Nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+            changed |= until > e.info.avoid_until;
+            e.info.avoid_until = e.info.avoid_until.max(until);
+        }
+        if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
+            e.breaker.release(ticket);
+        } else {
+            e.breaker.record(ticket, false, now);
+        }
+        changed |= e.sync_breaker();
+        if changed {
+            self.publish(&core);
+        }
+    }
+
+    /// A scrape of `endpoint` sent at `sent_at` returned `observation` (`None` when the engine
+    /// answered without metrics kvgate reads). The endpoint is healthy again.
+    pub fn observed(&self, endpoint: EndpointId, observation: Option<Observation>, sent_at: Nanos) {
+        let mut core = self.lock();
+        core.set_checks(endpoint, |e| e.healthy = true);
+        let Some(e) = core.endpoint(endpoint) else {
+            return;
+        };
+        e.scrape_failures = 0;
+        e.served_since_scrape = false;
+        if let Some(obs) = observation {
+            e.info.observation = Some(obs);
+            core.router.observed(endpoint, obs, sent_at);
+        }
+        self.publish(&core);
+    }
+
+    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
+    /// does not count while the endpoint answered requests since the previous scrape: an engine
+    /// too busy to answer `/metrics` in time is not a dead engine, and taking the last endpoint
+    /// out of a pool for it would turn load into errors.
+    pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) {
+        let mut core = self.lock();
+        let Some(e) = core.endpoint(endpoint) else {
+            return;
+        };
+        if std::mem::take(&mut e.served_since_scrape) {
+            return;
+        }
+        e.scrape_failures += 1;
+        let down = e.scrape_failures >= threshold;
+        if down && core.set_checks(endpoint, |e| e.healthy = false) {
+            self.publish(&core);
+        }
+    }
+
+    /// Records what the engine's own `/health` said: a 5xx (for example an engine draining for
+    /// shutdown) keeps it out of routing until `/health` is fine again, whatever traffic it
+    /// still answers.
+    pub fn reported_health(&self, endpoint: EndpointId, up: bool) {
+        let mut core = self.lock();
+        if core.set_checks(endpoint, |e| e.reports_down = !up) {
+            self.publish(&core);
+        }
+    }
+
+    /// Records the models an endpoint reported.
+    pub fn set_models(&self, endpoint: EndpointId, models: Vec<String>) {
+        let mut core = self.lock();
+        if let Some(e) = core.endpoint(endpoint) {
+            if e.info.about.config.model.is_none() {
+                e.info.about = Arc::new(About::new(e.info.about.config.clone(), models));
+                self.publish(&core);
+            }
+        }
+    }
+
+    /// Periodic upkeep: the policy's, then the prefix cache's (eviction) under its own lock.
+    pub fn maintain(&self) {
+        let now = self.clock.now();
+        self.lock().router.maintain(now);
+        if let Some(cache) = self
+            .cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            cache.maintain(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! The endpoints as last published, and everything that reads only them: readiness,
+//! `/v1/models`, the admin API's status and the per-endpoint gauges never take the pool's lock.
+
+use super::endpoint::EndpointInfo;
+use super::Pool;
+use crate::config::EndpointConfig;
+use crate::metrics;
+use kvgate_core::resilience::BreakerState;
+use kvgate_core::{EndpointId, Health, Observation};
+use serde::Serialize;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One endpoint as the admin API reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointStatus {
+    /// Identity.
+    pub id: EndpointId,
+    /// Display name.
+    pub name: String,
+    /// Base URL.
+    pub url: String,
+    /// Models it serves (configured or discovered).
+    pub models: Vec<String>,
+    /// Weight.
+    pub weight: f64,
+    /// Labels.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `healthy`, `draining` or `unhealthy` as the policy currently sees it.
+    pub health: Health,
+    /// Breaker state.
+    pub breaker: BreakerState,
+    /// Last scrape.
+    pub observation: Option<Observation>,
+    /// Requests this gateway has in flight there.
+    pub inflight: u32,
+}
+
+/// The endpoints as last published: read without the lock.
+#[derive(Debug, Default)]
+pub(super) struct Snapshot {
+    pub(super) policy: &'static str,
+    pub(super) endpoints: Vec<EndpointInfo>,
+}
+
+impl Snapshot {
+    pub(super) fn get(&self, id: EndpointId) -> Option<&EndpointInfo> {
+        self.endpoints
+            .binary_search_by_key(&id, |e| e.id)
+            .ok()
+            .map(|i| &self.endpoints[i])
+    }
+}
+
+impl Pool {
+    /// Ids and configs of every endpoint.
+    pub fn configs(&self) -> Vec<(EndpointId, EndpointConfig)> {
+        let snapshot = self.snapshot.load();
+        snapshot
+            .endpoints
+            .iter()
+            .map(|e| (e.id, e.about.config.clone()))
+            .collect()
+    }
+
+    /// The base URL of an endpoint still in the pool.
+    pub fn base_of(&self, id: EndpointId) -> Option<Arc<str>> {
+        self.snapshot.load().get(id).map(|e| e.about.base.clone())
+    }
+
+    /// The display name of an endpoint still in the pool.
+    pub fn name_of(&self, id: EndpointId) -> Option<Arc<str>> {
+        self.snapshot.load().get(id).map(|e| e.about.name.clone())
+    }
+
+    /// Whether `endpoint` still lacks a model name.
+    pub fn needs_models(&self, endpoint: EndpointId) -> bool {
+        self.snapshot
+            .load()
+            .get(endpoint)
+            .is_some_and(|e| e.about.models.is_empty())
+    }
+
+    /// Whether some endpoint serves `model` (endpoints of unknown model serve anything).
+    pub fn serves(&self, model: &str) -> bool {
+        let snapshot = self.snapshot.load();
+        snapshot
+            .endpoints
+            .iter()
+            .any(|e| e.about.serves(Some(model)))
+    }
+
+    /// The models of the pool, sorted and deduplicated.
+    pub fn models(&self) -> Vec<String> {
+        let snapshot = self.snapshot.load();
+        let mut models: Vec<String> = snapshot
+            .endpoints
+            .iter()
+            .flat_map(|e| e.about.models.iter().cloned())
+            .collect();
+        models.sort();
+        models.dedup();
+        models
+    }
+
+    /// Whether at least one endpoint passes its health checks (readiness). A Retry-After
+    /// window or an open breaker does not count: they are short, and every gateway replica sees
+    /// them at once, so a readiness probe following them would take all replicas out of a
+    /// Kubernetes Service together.
+    pub fn any_healthy(&self) -> bool {
+        let snapshot = self.snapshot.load();
+        snapshot
+            .endpoints
+            .iter()
+            .any(EndpointInfo::passes_health_checks)
+    }
+
+    /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or
+    /// an open breaker, takes traffic again: the `Retry-After` of a 503 when nothing is
+    /// routable. `None` when no such endpoint exists.
+    pub fn routable_again_in(&self, model: Option<&str>) -> Option<Duration> {
+        let now = self.clock.now();
+        let snapshot = self.snapshot.load();
+        snapshot
+            .endpoints
+            .iter()
+            .filter(|e| e.about.serves(model))
+            .filter_map(|e| e.routable_again_at(now))
+            .min()
+            .map(|at| Duration::from_nanos(at.0.saturating_sub(now.0)))
+    }
+
+    /// Every endpoint's status; also refreshes the per-endpoint gauges.
+    pub fn status(&self) -> Vec<EndpointStatus> {
+        let now = self.clock.now();
+        let snapshot = self.snapshot.load();
+        snapshot
+            .endpoints
+            .iter()
+            .map(|e| {
+                let health = e.health(now);
+                let breaker = e.breaker.state(now);
+                let inflight = e.inflight.load(Ordering::Relaxed);
+                let label = metrics::endpoint(&e.about.name);
+                self.metrics
+                    .endpoint_up
+                    .get_or_create(&label)
+                    .set(i64::from(health == Health::Healthy));
+                self.metrics
+                    .breaker
+                    .get_or_create(&label)
+                    .set(breaker.as_gauge());
+                self.metrics
+                    .inflight
+                    .get_or_create(&label)
+                    .set(i64::from(inflight));
+                EndpointStatus {
+                    id: e.id,
+                    name: e.about.name.to_string(),
+                    url: e.about.base.to_string(),
+                    models: e.about.models.clone(),
+                    weight: e.about.config.weight,
+                    labels: e.about.config.labels.clone(),
+                    health,
+                    breaker,
+                    observation: e.observation,
+                    inflight,
+                }
+            })
+            .collect()
+    }
+}
