@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How urgent a request is; lower values are served first by priority-aware admission.
+/// How urgent a request is. Today admission lets batch work use only the first half of the
+/// queue, so a backlog of it never makes interactive requests bounce; it does not reorder the
+/// queue.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

@@ -227,7 +227,7 @@ impl Default for ScrapeConfig {
 pub enum ConfigError {
     /// The YAML did not parse or had unknown fields.
     #[error("configuration file: {0}")]
-    Yaml(#[source] serde_yaml::Error),
+    Yaml(#[source] yaml_serde::Error),
     /// A policy parameter is out of range.
     #[error(transparent)]
     Policy(#[from] kvgate_core::policy::ConfigError),
@@ -265,7 +265,7 @@ fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
 impl Config {
     /// Parses YAML (unknown fields are errors) and validates.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = serde_yaml::from_str(text).map_err(ConfigError::Yaml)?;
+        let config: Config = yaml_serde::from_str(text).map_err(ConfigError::Yaml)?;
         config.validate()?;
         Ok(config)
     }

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvgate_core::decision::FailureKind;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The pooled keep-alive HTTP/1.1 client shared by every request and scrape.
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -161,7 +161,7 @@ pub(crate) async fn attempt(
         let retry_after = head
             .headers
             .get(header::RETRY_AFTER)
-            .and_then(|v| parse_retry_after(v, max_retry_after));
+            .and_then(|v| parse_retry_after(v, max_retry_after, SystemTime::now()));
         let body = http_body_util::Limited::new(incoming, 64 * 1024)
             .collect()
             .await
@@ -199,11 +199,16 @@ pub(crate) async fn attempt(
     }
 }
 
-/// A `Retry-After` given in seconds, capped at `max`. Negative, NaN and non-numeric values are
-/// ignored; a huge value (say `1e20`, beyond what a [`Duration`] holds) is clamped to `max`
-/// before conversion, since `Duration::from_secs_f64` panics on overflow.
-fn parse_retry_after(value: &HeaderValue, max: Duration) -> Option<Duration> {
-    let secs = value.to_str().ok()?.trim().parse::<f64>().ok()?;
+/// A `Retry-After` capped at `max`, in either form RFC 9110 §10.2.3 allows: delay seconds, or an
+/// HTTP-date (the wait is the date minus `now`, zero when it has passed). Negative, NaN and
+/// unparsable values are ignored; a huge value (say `1e20`, beyond what a [`Duration`] holds) is
+/// clamped to `max` before conversion, since `Duration::from_secs_f64` panics on overflow.
+fn parse_retry_after(value: &HeaderValue, max: Duration, now: SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if let Ok(date) = httpdate::parse_http_date(text) {
+        return Some(date.duration_since(now).unwrap_or(Duration::ZERO).min(max));
+    }
+    let secs = text.parse::<f64>().ok()?;
     if secs.is_nan() || secs < 0.0 {
         return None;
     }
@@ -230,7 +235,8 @@ mod tests {
     #[test]
     fn retry_after_is_clamped_before_conversion_and_junk_is_ignored() {
         let max = Duration::from_secs(60);
-        let parse = |v: &'static str| parse_retry_after(&HeaderValue::from_static(v), max);
+        let now = SystemTime::UNIX_EPOCH;
+        let parse = |v: &'static str| parse_retry_after(&HeaderValue::from_static(v), max, now);
         assert_eq!(parse("1e20"), Some(max), "must not panic on overflow");
         assert_eq!(parse("inf"), Some(max));
         assert_eq!(parse(" 2.5 "), Some(Duration::from_millis(2_500)));
@@ -239,7 +245,24 @@ mod tests {
         assert_eq!(parse("soon"), None);
         let huge = Duration::from_secs(u64::MAX);
         let value = HeaderValue::from_static("1e30");
-        assert_eq!(parse_retry_after(&value, huge), Some(huge));
+        assert_eq!(parse_retry_after(&value, huge, now), Some(huge));
+    }
+
+    #[test]
+    fn retry_after_accepts_an_http_date() {
+        let max = Duration::from_secs(60);
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let parse = |v: &'static str| parse_retry_after(&HeaderValue::from_static(v), max, now);
+        assert_eq!(
+            parse("Sun, 06 Nov 1994 08:50:07 GMT"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(parse("Sun, 06 Nov 1994 08:49:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(parse("Mon, 07 Nov 1994 08:49:37 GMT"), Some(max));
+        assert_eq!(
+            parse("Sunday, 06-Nov-94 08:49:47 GMT"),
+            Some(Duration::from_secs(10))
+        );
     }
 
     #[test]
