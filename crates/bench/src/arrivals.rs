@@ -7,11 +7,12 @@
 //! either over the requests (request `i` of `N` uses `start + (end - start) * i / N`, as vLLM's
 //! `--ramp-up-strategy linear`) or over the run's duration.
 //!
-//! Gamma variates use Marsaglia and Tsang, "A simple method for generating gamma variables"
-//! (ACM TOMS 2000), with the `U^(1/a)` boost for shapes below one. The generator is a seeded
-//! ChaCha8 stream, so a seed reproduces the schedule exactly.
+//! Gaps come from the simulator's arrival process ([`kvgate_sim::dist::Arrivals`]: exponential
+//! for Poisson, Marsaglia and Tsang's gamma otherwise), so the simulator and the benchmark draw
+//! arrivals the same way. The generator is a
+//! seeded ChaCha8 stream, so a seed reproduces the schedule exactly.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// How the offered rate changes during a run.
@@ -122,45 +123,15 @@ impl Iterator for Arrivals {
         } else if rate <= 0.0 {
             f64::INFINITY
         } else {
-            let shape = self.config.burstiness;
-            // Gamma(shape, scale) has mean shape * scale; choose scale so the mean is 1 / rate.
-            sample_gamma(&mut self.rng, shape) / (shape * rate)
+            let process = kvgate_sim::dist::Arrivals {
+                rate,
+                burstiness: self.config.burstiness,
+            };
+            process.gap(&mut self.rng)
         };
         self.now += gap;
         self.index += 1;
         Some(self.now)
-    }
-}
-
-/// A standard normal variate (Box-Muller).
-fn sample_normal<R: Rng>(rng: &mut R) -> f64 {
-    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
-    let u2: f64 = rng.random::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
-/// A Gamma(shape, 1) variate.
-pub fn sample_gamma<R: Rng>(rng: &mut R, shape: f64) -> f64 {
-    if shape < 1.0 {
-        let u: f64 = 1.0 - rng.random::<f64>();
-        return sample_gamma(rng, shape + 1.0) * u.powf(1.0 / shape);
-    }
-    if shape == 1.0 {
-        return -(1.0 - rng.random::<f64>()).ln();
-    }
-    let d = shape - 1.0 / 3.0;
-    let c = 1.0 / (9.0 * d).sqrt();
-    loop {
-        let x = sample_normal(rng);
-        let v = 1.0 + c * x;
-        if v <= 0.0 {
-            continue;
-        }
-        let v = v * v * v;
-        let u: f64 = 1.0 - rng.random::<f64>();
-        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
-            return d * v;
-        }
     }
 }
 
@@ -189,13 +160,18 @@ mod tests {
     }
 
     #[test]
-    fn poisson_mean_rate_within_five_percent_over_2000_arrivals() {
+    fn poisson_mean_rate_within_four_standard_errors_over_2000_arrivals() {
+        // The mean of n exponential gaps has a relative standard error of 1/sqrt(n).
+        let bound = 4.0 / 2000f64.sqrt();
         for seed in [1, 2, 3, 42] {
             let times: Vec<f64> = Arrivals::new(Config::poisson(50.0), seed)
                 .take(2000)
                 .collect();
             let rate = 2000.0 / times[1999];
-            assert!((rate / 50.0 - 1.0).abs() < 0.05, "seed {seed}: rate {rate}");
+            assert!(
+                (rate / 50.0 - 1.0).abs() < bound,
+                "seed {seed}: rate {rate}"
+            );
         }
     }
 

@@ -1,9 +1,7 @@
-//! Percentile summaries.
-//!
-//! Percentiles interpolate linearly between the two nearest ranks (NumPy's default `linear`
-//! method, which vLLM's benchmark reports use): for sorted `x` of length `n`, `p(q)` is read at
-//! fractional index `q * (n - 1)`. An empty sample has no percentiles; they serialise as JSON
-//! `null`.
+//! Percentile summaries, by kvgate's one percentile definition
+//! ([`kvgate_core::stats::percentile`]: linear interpolation between the two nearest ranks,
+//! NumPy's default, which vLLM's benchmark reports use), the same the simulator reports. An empty
+//! sample has no percentiles; they serialise as JSON `null`.
 
 use serde::Serialize;
 
@@ -55,24 +53,9 @@ impl Summary {
     }
 }
 
-/// The `q`-quantile (`0 <= q <= 1`) of `sorted`, interpolated linearly; NaN when empty.
+/// The `q`-quantile (`0 <= q <= 1`) of ascending `sorted`; NaN (JSON `null`) when empty.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    debug_assert!((0.0..=1.0).contains(&q), "quantile out of range");
-    debug_assert!(
-        sorted.windows(2).all(|w| w[0] <= w[1]),
-        "input must be sorted"
-    );
-    match sorted.len() {
-        0 => f64::NAN,
-        1 => sorted[0],
-        n => {
-            let pos = q * (n - 1) as f64;
-            let lo = pos.floor() as usize;
-            let hi = (lo + 1).min(n - 1);
-            let frac = pos - lo as f64;
-            sorted[lo] + (sorted[hi] - sorted[lo]) * frac
-        }
-    }
+    kvgate_core::stats::percentile(sorted, q).unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

@@ -245,7 +245,7 @@ async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
     let g = gateway_with_config(
         &[&stalled, &healthy],
         "ttft-timeout",
-        "policy: {name: round_robin}\nretry: {first_token_timeout_ms: 200}\n",
+        "policy: {name: round_robin}\nretry: {first_token_timeout_ms: 1000}\n",
     )
     .await;
     let http = client();
@@ -260,12 +260,13 @@ async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
         assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
         assert!(r.text().await.unwrap().contains("[DONE]"));
     }
-    // Round robin offers each request to the stalled engine first.
+    // Round robin offers each request to the stalled engine first. The exact count (two) is
+    // checked on paused time in kvgate-gateway's `tests/outcomes.rs`; with real processes on a
+    // busy machine the healthy engine's own answer may in rare cases outlast the timeout too.
     let metrics = get_text(&http, &g.url, "/metrics").await;
     assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
-    assert_eq!(
-        metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}"),
-        Some(2.0),
+    assert!(
+        metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}").is_some_and(|n| n >= 2.0),
         "{metrics}"
     );
 }

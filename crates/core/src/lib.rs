@@ -30,6 +30,7 @@ pub mod policy;
 pub mod request;
 pub mod resilience;
 pub mod router;
+pub mod stats;
 mod time;
 
 pub use decision::{Decision, Event, Reason, Rejection, Route, Usage};

@@ -106,12 +106,14 @@ impl Admission {
     }
 }
 
+/// On paused tokio time: every timeout fires exactly when the test's timeline says, however
+/// busy the machine is.
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::StatusCode;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn full_queue_is_429_and_late_requests_are_504() {
         let gate = Admission::new(
             AdmissionConfig {
@@ -140,7 +142,7 @@ mod tests {
         assert_eq!(gate.metrics.queue_depth.get(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_client_deadline_cannot_outlast_the_queue_timeout() {
         let gate = Admission::new(
             AdmissionConfig {
@@ -161,7 +163,7 @@ mod tests {
         assert_eq!(waited.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn batch_work_only_uses_half_the_queue() {
         let gate = Admission::new(
             AdmissionConfig {

@@ -85,6 +85,12 @@ impl Gateway {
         self.shared.pool.status()
     }
 
+    /// How many times the pool's lock has been taken: a streaming request takes it three
+    /// times (pick, first token, end), readers never. For tests and contention diagnostics.
+    pub fn pool_lock_acquisitions(&self) -> u64 {
+        self.shared.pool.lock_acquisitions()
+    }
+
     /// The Prometheus exposition of the gateway's metrics.
     pub fn metrics_text(&self) -> String {
         self.shared.metrics.encode()

@@ -181,6 +181,11 @@ async fn a_retry_that_found_no_endpoint_goes_back_into_the_budget() {
     until_upstream_saw(&g, &hits, 2).await;
     let text = g.metrics_text();
     assert!(
+        text.contains("kvgate_retries_total{reason=\"5xx\"} 2"),
+        "both requests withdrew their retry from the budget (the second only because the first \
+         was refunded): {text}"
+    );
+    assert!(
         !text.contains("kvgate_retries_denied_total{reason=\"budget\"}"),
         "the unsent retry was not refunded: {text}"
     );
@@ -296,4 +301,51 @@ async fn a_retrys_ttft_starts_after_its_backoff() {
         ttft < backoff / 2.0,
         "TTFT {ttft} s includes the {backoff} s backoff"
     );
+}
+
+/// On paused tokio time (every timer fires exactly when the timeline says, however busy the
+/// machine), a stalled first attempt times out and is retried on the other endpoint.
+#[tokio::test(start_paused = true)]
+async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
+    let (stalled, stalled_hits) = upstream(|_| Answer::ok(Duration::from_secs(3_600))).await;
+    let (healthy, healthy_hits) = upstream(|_| Answer::ok(Duration::ZERO)).await;
+    let g = gateway(&[&stalled, &healthy], |c| {
+        c.set_policy("round_robin").unwrap();
+        c.retry.first_token_timeout_ms = 200;
+    });
+    let healthy_name = healthy.trim_start_matches("http://");
+    for _ in 0..2 {
+        let (status, headers, body) = chat(&g, true).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(headers["x-kvgate-endpoint"], healthy_name);
+    }
+    // Round robin offers each request to the stalled endpoint first.
+    assert_eq!(stalled_hits.load(Ordering::SeqCst), 2);
+    assert_eq!(healthy_hits.load(Ordering::SeqCst), 2);
+    let text = g.metrics_text();
+    assert!(
+        text.contains("kvgate_retries_total{reason=\"timeout\"} 2"),
+        "{text}"
+    );
+    assert!(!text.contains("outcome=\"cancelled\""), "{text}");
+}
+
+/// A streaming request takes the pool's lock three times (pick, first token, end): readers
+/// (metrics labels, model check, readiness) use the lock-free snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_request_takes_the_pool_lock_at_most_three_times() {
+    let (url, _) = upstream(|_| Answer::ok(Duration::ZERO)).await;
+    for policy in ["round_robin", "cache_aware", "kv_cost"] {
+        let g = gateway(&[&url], |c| c.set_policy(policy).unwrap());
+        let (status, _, _) = chat(&g, true).await; // warm the upstream connection
+        assert_eq!(status, StatusCode::OK);
+        let before = g.pool_lock_acquisitions();
+        let (status, _, body) = chat(&g, true).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let taken = g.pool_lock_acquisitions() - before;
+        assert!(
+            taken <= 3,
+            "{policy}: the pool lock was taken {taken} times"
+        );
+    }
 }

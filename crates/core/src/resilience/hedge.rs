@@ -78,11 +78,12 @@ impl HedgeDelay {
 
     fn refresh(&mut self) {
         self.since_refresh = 0;
-        let mut sorted = self.samples.clone();
-        sorted.sort_unstable();
+        let mut sorted: Vec<f64> = self.samples.iter().map(|&n| n as f64).collect();
+        sorted.sort_by(f64::total_cmp);
         let p = self.config.percentile.clamp(0.0, 100.0) / 100.0;
-        let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-        self.cached = Nanos(sorted[rank]).max(Nanos::from_millis(self.config.min_delay_ms));
+        if let Some(at) = crate::stats::percentile(&sorted, p) {
+            self.cached = Nanos(at as u64).max(Nanos::from_millis(self.config.min_delay_ms));
+        }
     }
 
     /// The delay after which a request without a first token is hedged, or `None` when
@@ -112,8 +113,8 @@ mod tests {
         }
         assert_eq!(
             h.delay(),
-            Some(Nanos::from_millis(87)),
-            "refreshed at 96 samples: rank ceil(96 * 0.9)"
+            Some(Nanos(86_500_000)),
+            "refreshed at 96 samples: 1..=96 ms read at index 0.9 * 95 = 85.5"
         );
     }
 

@@ -1,10 +1,12 @@
 //! From a run's records to the numbers a report shows (DOMAIN.md §2): TTFT, TPOT and E2E
-//! percentiles, SLO attainment and goodput, prompt cache hit ratio, assignment gap, per-replica
+//! percentiles (kvgate's one definition, `kvgate_core::stats::percentile`; `null` when nothing
+//! was measured), SLO attainment and goodput, prompt cache hit ratio, assignment gap, per-replica
 //! utilisation, output throughput and sampled load skew. Times are in ticks (1 tick =
 //! [`crate::model::TICK_NANOS`] ns = 1 ms).
 
 use crate::fleet::Outcome;
 use crate::model::TICK_NANOS;
+use kvgate_core::stats::percentile;
 use kvgate_core::Nanos;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -75,13 +77,10 @@ pub struct PolicyResult {
     pub reasons: BTreeMap<String, u64>,
 }
 
-/// The value at quantile `q` (nearest rank) of sorted `xs`; 0 when empty.
+/// The `q`-quantile of sorted `xs` by kvgate's one definition ([`percentile`], NumPy's linear
+/// interpolation as vLLM's benchmark reports it); NaN (JSON `null`) when nothing was measured.
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    percentile(sorted, q).unwrap_or(f64::NAN)
 }
 
 fn ticks(n: Nanos) -> f64 {
@@ -159,8 +158,8 @@ pub fn summarise(
         ttft_p50: round(quantile(&ttft, 0.50), 2),
         ttft_p95: round(quantile(&ttft, 0.95), 2),
         ttft_p99: round(quantile(&ttft, 0.99), 2),
-        ttft_max: round(ttft.last().copied().unwrap_or(0.0), 2),
-        tpot_mean: round(tpot.iter().sum::<f64>() / tpot.len().max(1) as f64, 3),
+        ttft_max: round(ttft.last().copied().unwrap_or(f64::NAN), 2),
+        tpot_mean: round(tpot.iter().sum::<f64>() / tpot.len() as f64, 3),
         tpot_p95: round(quantile(&tpot, 0.95), 3),
         e2e_p50: round(quantile(&e2e, 0.50), 2),
         e2e_p95: round(quantile(&e2e, 0.95), 2),
@@ -194,12 +193,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nearest_rank_quantiles() {
+    fn quantiles_interpolate_and_nothing_measured_is_null() {
         let xs: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&xs, 0.95), 95.0);
-        assert_eq!(quantile(&xs, 0.5), 50.0);
-        assert_eq!(quantile(&xs, 1.0), 100.0);
-        assert_eq!(quantile(&[], 0.5), 0.0);
-        assert_eq!(quantile(&[3.0], 0.01), 3.0);
+        assert!((quantile(&xs, 0.95) - 95.05).abs() < 1e-9);
+        assert_eq!(quantile(&xs, 0.5), 50.5);
+        assert!(quantile(&[], 0.5).is_nan());
+        assert_eq!(serde_json::to_string(&quantile(&[], 0.5)).unwrap(), "null");
     }
 }
