@@ -21,6 +21,7 @@ fn fleet(n: u32, rng: &mut ChaCha8Rng) -> Vec<EndpointView> {
                     kv_usage: rng.random(),
                     free_blocks: Some(rng.random_range(0..1000)),
                     total_blocks: Some(1000),
+                    block_size: Some(16),
                 },
                 Nanos::ZERO,
             )

@@ -113,11 +113,18 @@ pub enum Reason {
         /// The chosen endpoint's cost in milliseconds.
         cost_ms: f64,
     },
+    /// The earliest predicted first token.
+    PredictedTtft {
+        /// The prediction for the chosen endpoint, milliseconds.
+        ttft_ms: f64,
+        /// Prompt tokens it is predicted to hold.
+        cached_tokens: u32,
+    },
 }
 
 impl Reason {
     /// A short stable label for metrics: `affinity`, `balance`, `hash`, `overflow`, `cost`,
-    /// `load`, `turn`, `random` or `latency`.
+    /// `load`, `turn`, `random`, `latency` or `predicted`.
     pub fn label(&self) -> &'static str {
         match self {
             Reason::Random => "random",
@@ -132,6 +139,7 @@ impl Reason {
             Reason::LowMatch { .. } | Reason::BalanceEscape { .. } => "balance",
             Reason::LeastCost { .. } | Reason::SampledCost { .. } => "cost",
             Reason::LowestLatency { .. } => "latency",
+            Reason::PredictedTtft { .. } => "predicted",
         }
     }
 }
@@ -166,6 +174,13 @@ impl fmt::Display for Reason {
                 write!(f, "weighted least request (weight {weight:.3})")
             }
             Reason::LowestLatency { cost_ms } => write!(f, "lowest latency cost ({cost_ms:.2} ms)"),
+            Reason::PredictedTtft {
+                ttft_ms,
+                cached_tokens,
+            } => write!(
+                f,
+                "earliest predicted first token ({ttft_ms:.0} ms, {cached_tokens} tokens cached)"
+            ),
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct Observation {
     pub free_blocks: Option<u64>,
     /// Total KV blocks, if the engine reports them.
     pub total_blocks: Option<u64>,
+    /// Tokens per KV block, if the engine reports it (vLLM's `cache_config_info`).
+    #[serde(default)]
+    pub block_size: Option<u32>,
 }
 
 impl Observation {
@@ -53,6 +56,11 @@ impl Observation {
     /// signal that must count queued requests too, DOMAIN.md §4).
     pub fn outstanding(&self) -> u32 {
         self.running.saturating_add(self.waiting)
+    }
+
+    /// Tokens of KV the engine can hold: its blocks times their size, when it reports both.
+    pub fn capacity_tokens(&self) -> Option<u64> {
+        Some(self.total_blocks? * u64::from(self.block_size?))
     }
 
     /// KV blocks in use, from the block counts when reported, else from the usage ratio.

@@ -14,7 +14,7 @@
 
 use crate::decision::{FailureKind, Usage};
 use crate::index::blocks::KvEvent;
-use crate::index::{Overlaps, PrefixCache};
+use crate::index::{Overlaps, Prediction, PrefixCache};
 use crate::policy::Query;
 use crate::{
     Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos, Observation,
@@ -22,6 +22,7 @@ use crate::{
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
 
 /// A policy, the fleet as it sees it, the in-flight ledger and the random source.
 #[derive(Debug)]
@@ -241,7 +242,12 @@ impl Router {
 pub struct Routing {
     router: Router,
     cache: Option<PrefixCache>,
+    /// What the cache predicted for each dispatch awaiting usage.
+    predictions: HashMap<(u64, EndpointId), Prediction>,
 }
+
+/// Tokens of slack before a predicted hit counts as missed: one KV block of the usual size.
+pub const PREDICTION_SLACK_TOKENS: u32 = 16;
 
 impl Routing {
     /// A router for `config` seeded by `seed`, with the index its policy asks for.
@@ -249,6 +255,7 @@ impl Routing {
         Routing {
             cache: config.index().map(|spec| PrefixCache::new(&spec)),
             router: Router::new(config, seed),
+            predictions: HashMap::new(),
         }
     }
 
@@ -281,9 +288,20 @@ impl Routing {
             .unwrap_or_default();
         let decision = self.router.pick(request, &overlaps, now, accept);
         if let (Some(cache), Some(endpoint)) = (&mut self.cache, decision.endpoint()) {
+            let prediction = cache.prediction(request, endpoint, &overlaps);
+            self.predictions.insert((request.id, endpoint), prediction);
             cache.dispatched(request, endpoint, now);
         }
         decision
+    }
+
+    /// A scrape of `id` taken at `at`: the router's view, and the cache's bound for an engine
+    /// that reports its KV capacity.
+    pub fn observed(&mut self, id: EndpointId, observation: Observation, at: Nanos) {
+        if let (Some(cache), Some(tokens)) = (&mut self.cache, observation.capacity_tokens()) {
+            cache.set_capacity(id, tokens);
+        }
+        self.router.observed(id, observation, at);
     }
 
     /// See [`Router::first_token`].
@@ -291,8 +309,15 @@ impl Routing {
         self.router.first_token(request, endpoint, now, ttft);
     }
 
-    /// See [`Router::usage`].
+    /// See [`Router::usage`]; the cache also learns whether its prediction held.
     pub fn usage(&mut self, request: u64, endpoint: EndpointId, now: Nanos, usage: Usage) {
+        if let (Some(cache), Some(p), Some(cached)) = (
+            &mut self.cache,
+            self.predictions.get(&(request, endpoint)),
+            usage.cached_tokens,
+        ) {
+            cache.correct(p, (usage.prompt_tokens, cached), PREDICTION_SLACK_TOKENS);
+        }
         self.router.usage(request, endpoint, now, usage);
     }
 
@@ -305,12 +330,14 @@ impl Routing {
         latency: Nanos,
         output_tokens: u32,
     ) {
+        self.predictions.remove(&(request, endpoint));
         self.router
             .completed(request, endpoint, now, latency, output_tokens);
     }
 
     /// See [`Router::failed`].
     pub fn failed(&mut self, request: u64, endpoint: EndpointId, now: Nanos, kind: FailureKind) {
+        self.predictions.remove(&(request, endpoint));
         self.router.failed(request, endpoint, now, kind);
     }
 
@@ -327,6 +354,7 @@ impl Routing {
         if let Some(cache) = &mut self.cache {
             cache.remove_endpoint(id);
         }
+        self.predictions.retain(|&(_, e), _| e != id);
         self.router.remove(id)
     }
 

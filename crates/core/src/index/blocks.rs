@@ -12,7 +12,7 @@
 //! router inserts what it dispatched (Dynamo's approximate indexer) and entries expire after
 //! `ttl`.
 
-use super::{Overlap, Overlaps, PrefixIndex, PrefixKey};
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -195,6 +195,8 @@ impl BlockIndex {
             blocks: u32,
             tier: u8,
             counts: [u32; 3],
+            touched: Nanos,
+            block_touched: Nanos,
         }
         let cutoff = self
             .ttl
@@ -220,6 +222,8 @@ impl BlockIndex {
                             blocks: 0,
                             tier: NONE,
                             counts: [0; 3],
+                            touched: Nanos::ZERO,
+                            block_touched: Nanos::ZERO,
                         },
                     );
                 }
@@ -227,8 +231,10 @@ impl BlockIndex {
                 if run.blocks == i {
                     if run.tier == NONE {
                         touched.push(x.endpoint.0);
+                        run.block_touched = x.at;
                     }
                     run.tier = run.tier.min(x.tier as u8);
+                    run.block_touched = run.block_touched.max(x.at);
                 }
             }
             if touched.is_empty() {
@@ -247,6 +253,7 @@ impl BlockIndex {
                 run.counts[usize::from(run.tier.max(floor))] += 1;
                 run.blocks += 1;
                 run.tier = NONE;
+                run.touched = run.block_touched;
                 if i == 0 {
                     started.push(e);
                 }
@@ -256,17 +263,19 @@ impl BlockIndex {
         let endpoints = started
             .into_iter()
             .map(|e| {
-                let c = runs[e as usize].counts;
+                let run = &runs[e as usize];
                 Overlap {
                     endpoint: EndpointId(e),
-                    device: c[0],
-                    host: c[1],
-                    disk: c[2],
+                    device: run.counts[0],
+                    host: run.counts[1],
+                    disk: run.counts[2],
+                    touched: run.touched,
                 }
             })
             .collect();
         Overlaps {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
+            unit: Unit::Blocks(u32::try_from(self.block_size).unwrap_or(u32::MAX)),
             endpoints,
         }
     }
@@ -415,7 +424,8 @@ mod tests {
                 endpoint: EndpointId(1),
                 device: 2,
                 host: 1,
-                disk: 0
+                disk: 0,
+                touched: Nanos(0),
             }
         );
         assert_eq!(o.of(EndpointId(2)).device, 1);

@@ -11,7 +11,7 @@
 
 use super::blocks::{BlockIndex, KvEvent};
 use super::radix::RadixTree;
-use super::{Overlaps, PrefixIndex, PrefixKey};
+use super::{Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos, Request};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +41,10 @@ pub enum IndexSpec {
         eviction_interval: Nanos,
         /// Let tenants share cache affinity.
         share_across_tenants: bool,
+        /// Mirror each engine's cache: bound each endpoint's entries by the KV capacity it
+        /// reports ([`PrefixCache::set_capacity`]) and forget what its LRU must have evicted when
+        /// usage shows a predicted hit missed ([`PrefixCache::correct`]).
+        mirror_engines: bool,
     },
     /// Chained KV-block hashes (Dynamo, vLLM): fed by this router's dispatches with a TTL, or
     /// by engine KV events when `ttl` is `None`.
@@ -61,11 +65,41 @@ enum Index {
         text: Box<RadixTree<u8>>,
         tokens: Box<RadixTree<u32>>,
         interval: Nanos,
+        mirror: bool,
+        /// Text bytes per engine token, learned from usage (four until then).
+        bytes_per_token: f64,
     },
     Blocks {
         index: BlockIndex,
         period: Nanos,
     },
+}
+
+/// What the index predicted one endpoint held of one request, kept until usage says what it
+/// really held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prediction {
+    /// The endpoint.
+    pub endpoint: EndpointId,
+    /// Predicted units held.
+    pub units: u32,
+    /// Units in the prompt.
+    pub total: u32,
+    /// What the units are.
+    pub unit: Unit,
+    /// When the matched prefix was last sent there.
+    pub touched: Nanos,
+    /// The prompt's text length, when keyed by text.
+    pub text_bytes: Option<usize>,
+    /// Whether the token tree (not the text tree) holds it.
+    pub by_tokens: bool,
+}
+
+impl Prediction {
+    /// The predicted cached tokens of a prompt of `prompt_tokens` tokens.
+    pub fn cached_tokens(&self, prompt_tokens: u32) -> u32 {
+        self.unit.tokens(self.units, self.total, prompt_tokens)
+    }
 }
 
 /// An index and its upkeep schedule. See the module documentation.
@@ -85,12 +119,15 @@ impl PrefixCache {
                 max_size,
                 eviction_interval,
                 share_across_tenants,
+                mirror_engines,
             } => PrefixCache {
                 index: Index::Radix {
                     key,
                     text: Box::new(RadixTree::new(max_size)),
                     tokens: Box::new(RadixTree::new(max_size)),
                     interval: eviction_interval,
+                    mirror: mirror_engines,
+                    bytes_per_token: 4.0,
                 },
                 share_across_tenants,
                 last_maintained: None,
@@ -196,6 +233,93 @@ impl PrefixCache {
                 tokens.evict(now);
             }
             Index::Blocks { index, .. } => index.evict(now),
+        }
+    }
+
+    /// `endpoint`'s engine can hold `tokens` of KV (its blocks times their size, as scraped):
+    /// an index that mirrors engines keeps no more than that for it, least recently used first.
+    pub fn set_capacity(&mut self, endpoint: EndpointId, tokens: u64) {
+        if let Index::Radix {
+            text,
+            tokens: tree,
+            mirror: true,
+            bytes_per_token,
+            ..
+        } = &mut self.index
+        {
+            let bound = |k: f64| usize::try_from((tokens as f64 * k) as u64).unwrap_or(usize::MAX);
+            if tree.bound_of(endpoint) != bound(1.0) {
+                tree.set_bound(endpoint, bound(1.0));
+            }
+            let bytes = bound(*bytes_per_token);
+            // Re-trimming the text tree for every small change of the ratio would be waste.
+            let old = text.bound_of(endpoint) as f64;
+            if (old - bytes as f64).abs() > old * 0.05 {
+                text.set_bound(endpoint, bytes);
+            }
+        }
+    }
+
+    /// What this index predicted for `request` on `endpoint`, kept from the pick until the
+    /// engine's usage arrives ([`Self::correct`]).
+    pub fn prediction(
+        &self,
+        request: &Request,
+        endpoint: EndpointId,
+        overlaps: &Overlaps,
+    ) -> Prediction {
+        let key = PrefixKey::of(request, self.share_across_tenants);
+        let by_tokens = match &self.index {
+            Index::Radix { key: by, .. } => {
+                matches!(
+                    (*by, key.tokens.is_some()),
+                    (TreeKey::Tokens, _) | (TreeKey::Auto, true)
+                )
+            }
+            Index::Blocks { .. } => true,
+        };
+        let overlap = overlaps.of(endpoint);
+        Prediction {
+            endpoint,
+            units: overlap.total(),
+            total: overlaps.total,
+            unit: overlaps.unit,
+            touched: overlap.touched,
+            text_bytes: key.text.map(<[u8]>::len),
+            by_tokens,
+        }
+    }
+
+    /// The engine's usage said `cached_tokens` of the prompt's `prompt_tokens` came from its
+    /// cache, where this index predicted `predicted` at the dispatch. When the prediction was
+    /// over by more than `slack` tokens, the engine evicted what this index still listed: an
+    /// index that mirrors engines forgets everything that endpoint was sent at or before the
+    /// missed prefix was (LRU order). Also learns the text's bytes per token.
+    pub fn correct(&mut self, predicted: &Prediction, usage: (u32, u32), slack: u32) {
+        let (prompt_tokens, cached_tokens) = usage;
+        let Index::Radix {
+            text,
+            tokens,
+            mirror: true,
+            bytes_per_token,
+            ..
+        } = &mut self.index
+        else {
+            return;
+        };
+        if let (Some(bytes), true) = (predicted.text_bytes, prompt_tokens > 0) {
+            let ratio = bytes as f64 / f64::from(prompt_tokens);
+            if ratio.is_finite() && ratio > 0.0 {
+                *bytes_per_token += (ratio - *bytes_per_token) * 0.05;
+            }
+        }
+        if predicted.cached_tokens(prompt_tokens) <= cached_tokens.saturating_add(slack) {
+            return;
+        }
+        if predicted.by_tokens {
+            tokens.evict_older(predicted.endpoint, predicted.touched);
+        } else {
+            text.evict_older(predicted.endpoint, predicted.touched);
         }
     }
 

@@ -16,7 +16,7 @@ pub mod blocks;
 pub mod cache;
 pub mod radix;
 
-pub use cache::{IndexSpec, PrefixCache, TreeKey};
+pub use cache::{IndexSpec, Prediction, PrefixCache, TreeKey};
 
 use crate::{EndpointId, Nanos, Request};
 use serde::Serialize;
@@ -65,6 +65,36 @@ pub struct Overlap {
     pub host: u32,
     /// Leading units beyond `device + host` on disk.
     pub disk: u32,
+    /// When the last matched unit was last sent there (or reported stored): the recency an
+    /// engine's LRU cache evicts by.
+    pub touched: Nanos,
+}
+
+impl Unit {
+    /// `units` of a prompt `total` units long, as tokens of its `prompt_tokens` (at most that
+    /// many).
+    pub fn tokens(self, units: u32, total: u32, prompt_tokens: u32) -> u32 {
+        let tokens = match self {
+            Unit::Tokens => u64::from(units),
+            Unit::Blocks(size) => u64::from(units) * u64::from(size),
+            Unit::Bytes if total == 0 => 0,
+            Unit::Bytes => u64::from(units) * u64::from(prompt_tokens) / u64::from(total),
+        };
+        tokens.min(u64::from(prompt_tokens)) as u32
+    }
+}
+
+/// What an index counts in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Token ids.
+    #[default]
+    Tokens,
+    /// Bytes of text (tokens are read in proportion to the prompt's token count).
+    Bytes,
+    /// KV blocks of this many tokens.
+    Blocks(u32),
 }
 
 impl Overlap {
@@ -79,11 +109,24 @@ impl Overlap {
 pub struct Overlaps {
     /// Units in the prompt (characters, tokens or blocks, depending on the index).
     pub total: u32,
+    /// What the units are.
+    pub unit: Unit,
     /// Per endpoint, sorted by endpoint id.
     pub endpoints: Vec<Overlap>,
 }
 
 impl Overlaps {
+    /// `units` of this index as prompt tokens, for a prompt of `prompt_tokens` tokens (at most
+    /// that many).
+    pub fn tokens(&self, units: u32, prompt_tokens: u32) -> u32 {
+        self.unit.tokens(units, self.total, prompt_tokens)
+    }
+
+    /// Prompt tokens `endpoint` holds in any tier.
+    pub fn cached_tokens(&self, endpoint: EndpointId, prompt_tokens: u32) -> u32 {
+        self.tokens(self.of(endpoint).total(), prompt_tokens)
+    }
+
     /// The overlap of `endpoint`, zero when absent.
     pub fn of(&self, endpoint: EndpointId) -> Overlap {
         self.endpoints

@@ -13,7 +13,7 @@
 //! The tree is keyed by bytes (`RadixTree<u8>`, SGLang's raw-text matching) or token ids
 //! (`RadixTree<u32>`). Each key scope (model, tenant) has its own root.
 
-use super::{Overlap, Overlaps, PrefixIndex, PrefixKey};
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -21,18 +21,22 @@ use std::fmt;
 use std::mem::size_of;
 
 /// A symbol the tree can be keyed by, and where to find it in a [`PrefixKey`].
-pub trait Symbol: Copy + Ord + fmt::Debug + Send + 'static {
+pub trait Symbol: Copy + Ord + fmt::Debug + Send + Sync + 'static {
+    /// What one symbol is.
+    const UNIT: Unit;
     /// The key's symbols of this kind, if it has them.
     fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [Self]>;
 }
 
 impl Symbol for u8 {
+    const UNIT: Unit = Unit::Bytes;
     fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [u8]> {
         key.text
     }
 }
 
 impl Symbol for u32 {
+    const UNIT: Unit = Unit::Tokens;
     fn of<'k>(key: &PrefixKey<'k>) -> Option<&'k [u32]> {
         key.tokens
     }
@@ -72,6 +76,7 @@ pub struct RadixTree<K> {
     free: Vec<NodeId>,
     roots: HashMap<u64, NodeId>,
     sizes: HashMap<EndpointId, usize>,
+    bounds: HashMap<EndpointId, usize>,
     stored: usize,
     max_size: usize,
 }
@@ -84,6 +89,7 @@ impl<K: Symbol> RadixTree<K> {
             free: Vec::new(),
             roots: HashMap::new(),
             sizes: HashMap::new(),
+            bounds: HashMap::new(),
             stored: 0,
             max_size: max_size.max(1),
         }
@@ -127,10 +133,19 @@ impl<K: Symbol> RadixTree<K> {
     /// Presence is prefix-closed, so the tenants of each node on the path are a subset of its
     /// parent's: the first matched node fixes the set and deeper nodes only raise its counts.
     pub fn match_prefix(&self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32)> {
+        self.match_touched(scope, key)
+            .into_iter()
+            .map(|(e, m, _)| (e, m))
+            .collect()
+    }
+
+    /// [`Self::match_prefix`] with, per endpoint, when its deepest matched node was last sent
+    /// there.
+    pub fn match_touched(&self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32, Nanos)> {
         let Some(&root) = self.roots.get(&scope) else {
             return Vec::new();
         };
-        let mut out: Vec<(EndpointId, u32)> = Vec::new();
+        let mut out: Vec<(EndpointId, u32, Nanos)> = Vec::new();
         let (mut node, mut pos) = (root, 0usize);
         while pos < key.len() {
             let Some(c) = self.nodes[node as usize].child(key[pos]) else {
@@ -140,12 +155,12 @@ impl<K: Symbol> RadixTree<K> {
             let common = lcp(edge, &key[pos..]);
             let matched = u32::try_from(pos + common).unwrap_or(u32::MAX);
             let first = out.is_empty();
-            for &(t, _) in &self.nodes[c as usize].tenants {
-                match out.binary_search_by_key(&t, |&(e, _)| e) {
-                    Ok(k) => out[k].1 = matched,
+            for &(t, at) in &self.nodes[c as usize].tenants {
+                match out.binary_search_by_key(&t, |&(e, _, _)| e) {
+                    Ok(k) => out[k] = (t, matched, at),
                     Err(k) => {
                         debug_assert!(first, "a deeper node has a tenant its parent lacks");
-                        out.insert(k, (t, matched));
+                        out.insert(k, (t, matched, at));
                     }
                 }
             }
@@ -191,14 +206,26 @@ impl<K: Symbol> RadixTree<K> {
                 }
             }
         }
-        if self.size_of(endpoint) > self.max_size {
-            let target = self.max_size - self.max_size / 10;
-            self.evict_endpoint_to(endpoint, target);
+        let bound = self.bound_of(endpoint);
+        if self.size_of(endpoint) > bound {
+            self.evict_endpoint_to(endpoint, bound - bound / 10);
         }
     }
 
     /// Evicts `endpoint`'s least recently used leaves until its size is at most `target`.
     pub fn evict_endpoint_to(&mut self, endpoint: EndpointId, target: usize) {
+        self.evict_lru(endpoint, |size, _| size > target);
+    }
+
+    /// Forgets everything `endpoint` was last sent at or before `at`: what an LRU cache that
+    /// evicted a prefix last used then has evicted too (recency only grows towards the root,
+    /// so this removes a suffix of the endpoint's LRU order).
+    pub fn evict_older(&mut self, endpoint: EndpointId, at: Nanos) {
+        self.evict_lru(endpoint, |_, oldest| oldest <= at);
+    }
+
+    /// Evicts `endpoint`'s least recently used leaves while `go(size, oldest leaf's time)`.
+    fn evict_lru(&mut self, endpoint: EndpointId, go: impl Fn(usize, Nanos) -> bool) {
         let mut heap: BinaryHeap<Reverse<(Nanos, NodeId)>> = BinaryHeap::new();
         for (id, node) in self.nodes.iter().enumerate() {
             if node.parent == NONE && node.edge.is_empty() {
@@ -210,10 +237,11 @@ impl<K: Symbol> RadixTree<K> {
                 }
             }
         }
-        while self.size_of(endpoint) > target {
-            let Some(Reverse((_, id))) = heap.pop() else {
+        while let Some(&Reverse((at, id))) = heap.peek() {
+            if !go(self.size_of(endpoint), at) {
                 break;
-            };
+            }
+            heap.pop();
             let parent = self.nodes[id as usize].parent;
             self.drop_tenant(id, endpoint);
             let p = &self.nodes[parent as usize];
@@ -225,6 +253,21 @@ impl<K: Symbol> RadixTree<K> {
                 }
             }
         }
+    }
+
+    /// Bounds `endpoint`'s stored size to `max` symbols (instead of the tree-wide bound), for
+    /// an index that mirrors what each engine's cache can hold; trims at once if over.
+    pub fn set_bound(&mut self, endpoint: EndpointId, max: usize) {
+        let max = max.max(1);
+        self.bounds.insert(endpoint, max);
+        if self.size_of(endpoint) > max {
+            self.evict_endpoint_to(endpoint, max - max / 10);
+        }
+    }
+
+    /// The bound of `endpoint`'s stored size.
+    pub fn bound_of(&self, endpoint: EndpointId) -> usize {
+        self.bounds.get(&endpoint).copied().unwrap_or(self.max_size)
     }
 
     fn child_has(&self, id: NodeId, endpoint: EndpointId) -> bool {
@@ -336,17 +379,19 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             return Overlaps::default();
         };
         let endpoints = self
-            .match_prefix(key.scope, symbols)
+            .match_touched(key.scope, symbols)
             .into_iter()
-            .map(|(endpoint, device)| Overlap {
+            .map(|(endpoint, device, touched)| Overlap {
                 endpoint,
                 device,
                 host: 0,
                 disk: 0,
+                touched,
             })
             .collect();
         Overlaps {
             total: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
+            unit: K::UNIT,
             endpoints,
         }
     }
@@ -359,17 +404,19 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
 
     fn remove_endpoint(&mut self, endpoint: EndpointId) {
         self.evict_endpoint_to(endpoint, 0);
+        self.bounds.remove(&endpoint);
     }
 
     fn evict(&mut self, _now: Nanos) {
-        let over: Vec<EndpointId> = self
+        let over: Vec<(EndpointId, usize)> = self
             .sizes
             .iter()
-            .filter(|&(_, &s)| s > self.max_size)
-            .map(|(&e, _)| e)
+            .map(|(&e, &s)| (e, s, self.bound_of(e)))
+            .filter(|&(_, s, bound)| s > bound)
+            .map(|(e, _, bound)| (e, bound))
             .collect();
-        for e in over {
-            self.evict_endpoint_to(e, self.max_size);
+        for (e, bound) in over {
+            self.evict_endpoint_to(e, bound);
         }
     }
 }

@@ -131,6 +131,7 @@ impl Params for Config {
             max_size: self.max_tree_size,
             eviction_interval: Nanos::from_secs(self.eviction_interval_secs),
             share_across_tenants: self.share_across_tenants,
+            mirror_engines: false,
         })
     }
 }

@@ -14,6 +14,7 @@ mod consistent_hash;
 mod kv_cost;
 mod least;
 mod peak_ewma;
+mod predicted_ttft;
 mod prefix_hash;
 mod simple;
 mod weighted_least_request;
@@ -23,6 +24,8 @@ pub use consistent_hash::{ConsistentHash, HashKey};
 pub use kv_cost::{CostInputs, KvCost};
 pub use least::{LeastKv, LeastOutstanding, PowerOfTwo};
 pub use peak_ewma::{Ewma, PeakEwma};
+pub use predicted_ttft::calibration;
+pub use predicted_ttft::PredictedTtft;
 pub use prefix_hash::PrefixHash;
 pub use simple::{RandomPick, RoundRobin, WeightedRoundRobin};
 pub use weighted_least_request::{envoy_weight, WeightedLeastRequest};
@@ -221,6 +224,8 @@ registry! {
     WeightedLeastRequest => weighted_least_request::Config,
     /// Peak EWMA latency (Finagle, linkerd).
     PeakEwma => peak_ewma::Config,
+    /// kvgate's own: the earliest predicted first token.
+    PredictedTtft => predicted_ttft::Config,
 }
 
 impl PolicyConfig {

@@ -24,7 +24,7 @@ use crate::model::{EngineConfig, EngineModel, Iteration, SeqEvent, SeqRequest};
 use crate::workload::{Spec, Workload};
 use kvgate_core::router::accept_all;
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing,
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing, Usage,
 };
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -60,6 +60,22 @@ pub struct FleetConfig {
     pub maintain_interval: Nanos,
     /// What the scraped KV usage gauge counts.
     pub kv_signal: KvSignal,
+    /// Route by the oracle (true queues, cache contents and speeds) instead of the policy.
+    pub oracle: bool,
+    /// Replicas that die during the run.
+    pub failures: Vec<Failure>,
+}
+
+/// A replica dying at an instant: everything it holds is lost. Requests that had no first
+/// token yet are sent again by their router (as the gateway retries before the first token);
+/// those mid-stream fail. Every router forgets the replica at once (the gateway notices a dead
+/// engine by its refused connections within a request or two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// Which replica.
+    pub replica: usize,
+    /// When.
+    pub at: Nanos,
 }
 
 /// What a replica's scraped KV usage counts.
@@ -80,6 +96,9 @@ struct Replica {
     quantum: u64,
     pending: Option<Iteration>,
     stepping: bool,
+    /// When the iteration in progress ends.
+    busy_until: Nanos,
+    alive: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,6 +109,7 @@ enum Kind {
     Maintain,
     Sample,
     Arrival,
+    Fail,
 }
 
 /// Runs `workload` through the fleet. `seed` drives the routers' random choices; the workload
@@ -136,11 +156,14 @@ impl<'c> Sim<'c> {
             .map(|r| Replica {
                 engine: EngineModel::new(r.engine)
                     .with_token_events(false)
-                    .with_kv_events(config.kv_events),
+                    .with_kv_events(config.kv_events)
+                    .with_oracle(config.oracle),
                 speed: if r.speed > 0.0 { r.speed } else { 1.0 },
                 quantum: r.engine.cost.quantum_ns,
                 pending: None,
                 stepping: false,
+                busy_until: Nanos::ZERO,
+                alive: true,
             })
             .collect();
         let routers = (0..config.routers.max(1))
@@ -222,6 +245,9 @@ impl<'c> Sim<'c> {
         if self.config.sample_interval > Nanos::ZERO {
             self.push(Nanos::ZERO, Kind::Sample, 0);
         }
+        for f in self.config.failures.clone() {
+            self.push(f.at, Kind::Fail, f.replica as u64);
+        }
         while let Some(Reverse((at, kind, _, payload))) = self.queue.pop() {
             self.now = at;
             match kind {
@@ -247,6 +273,7 @@ impl<'c> Sim<'c> {
                     }
                 }
                 Kind::Arrival => self.arrive(payload, workload, rng),
+                Kind::Fail => self.fail(payload as usize, workload, rng),
             }
         }
         for (i, r) in self.replicas.iter().enumerate() {
@@ -264,6 +291,9 @@ impl<'c> Sim<'c> {
         let kv_signal = self.config.kv_signal;
         let r = &mut self.routers[router];
         for (i, replica) in self.replicas.iter().enumerate() {
+            if !replica.alive {
+                continue;
+            }
             let s = replica.engine.stats();
             let kv_usage = match kv_signal {
                 KvSignal::Referenced => s.kv_usage,
@@ -276,15 +306,16 @@ impl<'c> Sim<'c> {
                 kv_usage,
                 free_blocks: Some(s.free_blocks),
                 total_blocks: Some(s.total_blocks),
+                block_size: Some(replica.engine.config().block_size as u32),
             };
-            r.router_mut().observed(EndpointId(i as u32), obs, now);
+            r.observed(EndpointId(i as u32), obs, now);
         }
     }
 
     fn sample(&mut self) {
         let mut lo = u32::MAX;
         let mut hi = 0;
-        for r in &self.replicas {
+        for r in self.replicas.iter().filter(|r| r.alive) {
             let s = r.engine.stats();
             let load = s.running + s.waiting;
             lo = lo.min(load);
@@ -316,48 +347,67 @@ impl<'c> Sim<'c> {
     }
 
     fn dispatch(&mut self, spec: Spec) {
-        let now = self.now;
         let id = self.out.records.len() as u64;
-        let router_index = (self.arrivals as usize - 1) % self.routers.len();
-        if self.config.scrape_interval == Nanos::ZERO {
-            self.scrape(router_index);
-        }
-        let mut request = Request::from_tokens(id, spec.tokens);
-        if let Some(t) = spec.tenant {
-            request = request.with_tenant(format!("tenant-{t}"));
-        }
-        if let Some(s) = spec.session {
-            request = request.with_session(format!("session-{s}"));
-        }
-        let decision = self.routers[router_index].route(&request, now, &accept_all);
-        let (endpoint, reason) = match decision {
-            Decision::Route(route) => (route.endpoint, route.reason),
-            Decision::Reject(_) => {
-                self.out.rejected += 1;
-                return;
-            }
-        };
-        self.out.reasons.add(reason.label());
-        let i = endpoint.0 as usize;
-        let prompt = request.prompt.tokens.take().unwrap_or_default();
+        let router = (self.arrivals as usize - 1) % self.routers.len();
         self.out.records.push(RequestRecord {
             arrival: spec.arrival,
             first_token: None,
             finished: None,
-            replica: endpoint.0,
-            router: router_index as u32,
-            prompt_tokens: prompt.len() as u32,
+            replica: 0,
+            router: router as u32,
+            prompt_tokens: spec.tokens.len() as u32,
             cached_tokens: 0,
             output_tokens: 0,
             tag: spec.tag,
+            tenant: spec.tenant,
+            session: spec.session,
+            retries: 0,
+            failed: false,
         });
+        self.route(id, spec.tokens, spec.output);
+    }
+
+    /// Sends request `id` (its record already written) through its router, or the oracle.
+    fn route(&mut self, id: u64, prompt: Vec<u32>, output: u32) {
+        let now = self.now;
+        let rec = self.out.records[id as usize];
+        let router_index = rec.router as usize;
+        let (endpoint, label, prompt) = if self.config.oracle {
+            let i = self.oracle_pick(&prompt);
+            (EndpointId(i as u32), "predicted", prompt)
+        } else {
+            if self.config.scrape_interval == Nanos::ZERO {
+                self.scrape(router_index);
+            }
+            let mut request = Request::from_tokens(id, prompt);
+            if let Some(t) = rec.tenant {
+                request = request.with_tenant(format!("tenant-{t}"));
+            }
+            if let Some(s) = rec.session {
+                request = request.with_session(format!("session-{s}"));
+            }
+            let decision = self.routers[router_index].route(&request, now, &accept_all);
+            let route = match decision {
+                Decision::Route(route) => route,
+                Decision::Reject(_) => {
+                    self.out.rejected += 1;
+                    self.out.records[id as usize].failed = true;
+                    return;
+                }
+            };
+            let prompt = request.prompt.tokens.take().unwrap_or_default();
+            (route.endpoint, route.reason.label(), prompt)
+        };
+        self.out.reasons.add(label);
+        let i = endpoint.0 as usize;
+        self.out.records[id as usize].replica = endpoint.0;
         self.out.in_flight += 1;
         self.out.replicas[i].assigned += 1;
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {
             id,
             prompt,
-            max_output_tokens: spec.output,
+            max_output_tokens: output,
         });
         if !replica.stepping {
             replica.stepping = true;
@@ -367,6 +417,9 @@ impl<'c> Sim<'c> {
     }
 
     fn step(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
+        if !self.replicas[i].alive {
+            return;
+        }
         if let Some(it) = self.replicas[i].pending.take() {
             self.deliver(i, it, workload, rng);
         }
@@ -390,6 +443,7 @@ impl<'c> Sim<'c> {
             / self.config.replicas[i].engine.max_num_seqs.max(1) as f64;
         let next = self.now + it.duration;
         self.out.end = self.out.end.max(next);
+        replica.busy_until = next;
         replica.pending = Some(it);
         self.push(next, Kind::Step, i as u64);
     }
@@ -432,27 +486,35 @@ impl<'c> Sim<'c> {
                     rec.output_tokens = output_tokens;
                     let tag = rec.tag;
                     let dispatched = rec.arrival;
-                    self.routers[rec.router as usize].completed(
-                        id,
-                        endpoint,
-                        now,
-                        now - dispatched,
+                    let usage = Usage {
+                        prompt_tokens: rec.prompt_tokens,
+                        cached_tokens: Some(rec.cached_tokens),
                         output_tokens,
-                    );
+                    };
+                    let router = &mut self.routers[rec.router as usize];
+                    router.usage(id, endpoint, now, usage);
+                    router.completed(id, endpoint, now, now - dispatched, output_tokens);
                     self.out.in_flight -= 1;
-                    let mut follow = std::mem::take(&mut self.scratch);
-                    workload.on_complete(tag, now, rng, &mut follow);
-                    for spec in follow.drain(..) {
-                        self.follow_ups_pending += 1;
-                        self.push_spec(spec, false);
-                    }
-                    self.scratch = follow;
+                    self.follow_up(tag, workload, rng);
                 }
                 SeqEvent::Token { .. } | SeqEvent::Preempted { .. } => {}
             }
         }
     }
+
+    /// Hands a finished (or failed) request back to the workload and queues its follow-ups.
+    fn follow_up(&mut self, tag: u64, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
+        let mut follow = std::mem::take(&mut self.scratch);
+        workload.on_complete(tag, self.now, rng, &mut follow);
+        for spec in follow.drain(..) {
+            self.follow_ups_pending += 1;
+            self.push_spec(spec, false);
+        }
+        self.scratch = follow;
+    }
 }
+
+mod failure;
 
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,14 @@ pub struct RequestRecord {
     pub output_tokens: u32,
     /// The workload's tag.
     pub tag: u64,
+    /// The workload's tenant.
+    pub tenant: Option<u32>,
+    /// The workload's session.
+    pub session: Option<u64>,
+    /// Times it was sent again after its replica died before its first token.
+    pub retries: u32,
+    /// It failed: its replica died mid-stream, or no router could place it.
+    pub failed: bool,
 }
 
 /// Counters of one replica.

@@ -31,6 +31,8 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         sample_interval: Nanos(TICK_NANOS),
         maintain_interval: Nanos::from_secs(1),
         kv_signal: KvSignal::Referenced,
+        oracle: false,
+        failures: Vec::new(),
     }
 }
 

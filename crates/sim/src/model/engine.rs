@@ -48,6 +48,8 @@ struct Seq {
     /// Leading prompt blocks already offered to the cache.
     registered: usize,
     cached_tokens: u32,
+    /// The oracle's guess at submission of the prompt tokens the cache will serve.
+    expected_cached: u32,
 }
 
 impl Seq {
@@ -79,6 +81,8 @@ pub struct EngineModel {
     found: Vec<BlockId>,
     token_events: bool,
     kv_events: bool,
+    /// Prompt-block hashes of every sequence held, counted (kept only for the oracle).
+    pending: Option<IntMap<u64, u32>>,
     prefix_queries_tokens: u64,
     prefix_hits_tokens: u64,
     preemptions: u64,
@@ -102,6 +106,7 @@ impl EngineModel {
             found: Vec::new(),
             token_events: true,
             kv_events: true,
+            pending: None,
             prefix_queries_tokens: 0,
             prefix_hits_tokens: 0,
             preemptions: 0,
@@ -140,6 +145,8 @@ impl EngineModel {
         } else {
             Vec::new()
         };
+        let expected_cached = self.oracle_cached(&hashes, prompt_len);
+        self.hold_hashes(&hashes);
         let seq = Seq {
             prompt: request.prompt,
             hashes,
@@ -150,6 +157,7 @@ impl EngineModel {
             blocks: Vec::new(),
             registered: 0,
             cached_tokens: 0,
+            expected_cached,
         };
         self.seqs.insert(request.id, seq);
         if need > self.pool.total() {
@@ -163,6 +171,7 @@ impl EngineModel {
     /// [`SeqEvent::Finished`], or `None` when the id is unknown.
     pub fn abort(&mut self, id: u64) -> Option<SeqEvent> {
         let seq = self.seqs.remove(&id)?;
+        self.release_hashes(&seq.hashes);
         self.pool.release(&seq.blocks);
         if let Some(i) = self.running.iter().position(|&r| r == id) {
             self.running.remove(i);
@@ -177,6 +186,25 @@ impl EngineModel {
         })
     }
 
+    /// Drops every sequence (the replica died): their blocks are freed and the cache emptied.
+    /// Returns each one's id, prompt, output budget and output tokens so far, in id order.
+    pub fn fail(&mut self) -> Vec<(u64, Vec<u32>, u32, u32)> {
+        let mut out: Vec<(u64, Vec<u32>, u32, u32)> = self
+            .seqs
+            .drain()
+            .map(|(id, s)| (id, s.prompt, s.max_output, s.output))
+            .collect();
+        out.sort_unstable_by_key(|x| x.0);
+        self.waiting.clear();
+        self.running.clear();
+        self.rejected.clear();
+        if let Some(pending) = &mut self.pending {
+            pending.clear();
+        }
+        self.pool = super::pool::BlockPool::new(self.config.kv_blocks, self.config.prefix_caching);
+        out
+    }
+
     /// Whether nothing is running, waiting or pending rejection.
     pub fn is_idle(&self) -> bool {
         self.seqs.is_empty()
@@ -189,7 +217,9 @@ impl EngineModel {
         }
         let mut it = Iteration::default();
         for id in std::mem::take(&mut self.rejected) {
-            self.seqs.remove(&id);
+            if let Some(seq) = self.seqs.remove(&id) {
+                self.release_hashes(&seq.hashes);
+            }
             it.events.push(SeqEvent::Finished {
                 id,
                 output_tokens: 0,
@@ -557,6 +587,7 @@ impl EngineModel {
             return false;
         }
         let seq = self.seqs.remove(&w.id).expect("scheduled");
+        self.release_hashes(&seq.hashes);
         self.pool.release(&seq.blocks);
         it.events.push(SeqEvent::Finished {
             id: w.id,
@@ -565,6 +596,9 @@ impl EngineModel {
         true
     }
 }
+
+#[path = "oracle.rs"]
+mod oracle;
 
 /// `BlockStored` for prompt blocks `from..to` of `seq`.
 fn stored_event(seq: &Seq, from: usize, to: usize, bs: usize) -> KvEvent {

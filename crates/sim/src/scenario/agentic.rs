@@ -71,6 +71,8 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         sample_interval: Nanos::from_millis(100),
         maintain_interval: Nanos::from_secs(10),
         kv_signal: KvSignal::Referenced,
+        oracle: false,
+        failures: Vec::new(),
     };
     let slo = Slo {
         ttft: p.f64("slo_ttft_ms", 2_000.0)?,

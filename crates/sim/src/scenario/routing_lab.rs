@@ -135,6 +135,8 @@ impl Lab {
             sample_interval: Nanos(TICK_NANOS),
             maintain_interval: Nanos::from_secs(10),
             kv_signal,
+            oracle: false,
+            failures: Vec::new(),
         };
         let workload = OpenLoopConfig {
             arrivals: Arrivals { rate, burstiness },

@@ -103,3 +103,28 @@ fn split_and_branch_report_partial_matches() {
     );
     assert_eq!(tree.stored(), "hello there".len());
 }
+
+#[test]
+fn evicting_older_entries_drops_an_lru_suffix_and_keeps_shared_recent_prefixes() {
+    let mut tree = RadixTree::<u8>::new(usize::MAX);
+    let e = EndpointId(0);
+    tree.insert_key(0, b"system prompt: old question", e, Nanos(1));
+    tree.insert_key(0, b"system prompt: new question", e, Nanos(5));
+    tree.insert_key(0, b"other tenant text", e, Nanos(2));
+    tree.insert_key(0, b"system prompt: old question", EndpointId(1), Nanos(1));
+    tree.evict_older(e, Nanos(2));
+    // The shared head was refreshed at 5 by the newer prompt and stays; the old branch and
+    // the other text (last used at 1 and 2) are gone, for endpoint 0 only.
+    assert_eq!(
+        tree.match_prefix(0, b"system prompt: old question"),
+        vec![(e, 15), (EndpointId(1), 27)]
+    );
+    assert!(tree.match_prefix(0, b"other tenant text").is_empty());
+    assert_eq!(
+        tree.match_prefix(0, b"system prompt: new question"),
+        vec![(e, 27), (EndpointId(1), 15)]
+    );
+    tree.set_bound(e, 10);
+    assert!(tree.size_of(e) <= 10);
+    assert_eq!(tree.bound_of(e), 10);
+}

@@ -1,0 +1,98 @@
+use super::*;
+use crate::decision::Usage;
+use crate::router::accept_all;
+use crate::{EndpointView, PolicyConfig, Request, Routing};
+
+fn routing(endpoints: u32) -> Routing {
+    let mut r = Routing::new(&PolicyConfig::PredictedTtft(Config::default()), 1);
+    for i in 0..endpoints {
+        r.router_mut().add(EndpointView::new(EndpointId(i)));
+    }
+    r
+}
+
+/// `tokens` tokens of which the first `prefix` are shared by every such request.
+fn request(id: u64, prefix: u32, tokens: u32) -> Request {
+    let unique = |i: u32| 1_000_000 + (id as u32) * 10_000 + i;
+    Request::from_tokens(
+        id,
+        (0..tokens)
+            .map(|i| if i < prefix { i } else { unique(i) })
+            .collect(),
+    )
+}
+
+/// Serves `r` on `e` at `at` with the given TTFT: first token, usage, completion.
+fn serve(routing: &mut Routing, r: &Request, e: EndpointId, at: Nanos, ttft: Nanos, cached: u32) {
+    routing.first_token(r.id, e, at + ttft, ttft);
+    let usage = Usage {
+        prompt_tokens: r.prompt_tokens,
+        cached_tokens: Some(cached),
+        output_tokens: 10,
+    };
+    routing.usage(r.id, e, at + ttft, usage);
+    routing.completed(r.id, e, at + ttft, ttft, 10);
+}
+
+#[test]
+fn a_burst_sharing_a_prefix_follows_the_first_call_until_queueing_costs_more_than_recomputing() {
+    let mut r = routing(4);
+    let now = Nanos::ZERO;
+    let mut homes = Vec::new();
+    // Eight calls at once, each a 4,000-token shared prompt and 200 tokens of its own.
+    for k in 0..8 {
+        let d = r.route(&request(k, 4_000, 4_200), now, &accept_all);
+        homes.push(d.endpoint().unwrap());
+    }
+    let first = homes[0];
+    let at_home = homes.iter().filter(|&&e| e == first).count();
+    assert!(
+        at_home >= 2,
+        "siblings follow the first call while its queue is short: {homes:?}"
+    );
+    assert!(
+        homes.iter().any(|&e| e != first),
+        "and spread once queueing at home costs more than a recompute: {homes:?}"
+    );
+}
+
+#[test]
+fn a_slow_replica_is_learned_and_gets_less_work() {
+    let mut r = routing(2);
+    // Endpoint 1 is four times slower; teach both with ordinary traffic.
+    for k in 0..200u64 {
+        let at = Nanos::from_millis(k * 100);
+        for e in [0u32, 1] {
+            let req = request(
+                10_000 + k * 2 + u64::from(e),
+                0,
+                1_000 + (k as u32 % 7) * 300,
+            );
+            let only = |v: &EndpointView| v.id == EndpointId(e);
+            assert_eq!(r.route(&req, at, &only).endpoint(), Some(EndpointId(e)));
+            let speed = if e == 0 { 8_000.0 } else { 2_000.0 };
+            let ttft = Nanos::from_secs_f64(0.01 + f64::from(req.prompt_tokens) / speed);
+            serve(&mut r, &req, EndpointId(e), at, ttft, 0);
+        }
+    }
+    let at = Nanos::from_secs(30);
+    let picks: Vec<EndpointId> = (0..4)
+        .map(|k| {
+            r.route(&request(90_000 + k, 0, 2_000), at, &accept_all)
+                .endpoint()
+                .unwrap()
+        })
+        .collect();
+    let slow = picks.iter().filter(|&&e| e == EndpointId(1)).count();
+    assert!(
+        slow <= 1,
+        "the slow replica takes work only when the fast one queues: {picks:?}"
+    );
+    assert!(
+        matches!(
+            r.route(&request(99_999, 0, 2_000), at, &|v: &EndpointView| v.id == EndpointId(1)),
+            Decision::Route(Route { reason: Reason::PredictedTtft { ttft_ms, .. }, .. }) if ttft_ms > 900.0
+        ),
+        "2,000 tokens at 2,000 tokens/s predict about a second"
+    );
+}

@@ -1,0 +1,66 @@
+//! Replica loss and the oracle router: the two ways the fleet departs from "every router runs
+//! its policy on healthy replicas".
+
+use super::Sim;
+use crate::workload::Workload;
+use kvgate_core::decision::FailureKind;
+use kvgate_core::EndpointId;
+use rand_chacha::ChaCha8Rng;
+
+impl Sim<'_> {
+    /// Replica `i` dies now: every router forgets it, requests without a first token are sent
+    /// again through their router, those mid-stream fail (and their sessions go on, as an agent
+    /// whose call errored does).
+    pub(super) fn fail(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
+        let now = self.now;
+        let endpoint = EndpointId(i as u32);
+        let replica = &mut self.replicas[i];
+        if !replica.alive {
+            return;
+        }
+        replica.alive = false;
+        replica.pending = None;
+        replica.stepping = false;
+        let lost = replica.engine.fail();
+        for (id, _, _, _) in &lost {
+            let router = self.out.records[*id as usize].router as usize;
+            self.routers[router].failed(*id, endpoint, now, FailureKind::Connect);
+        }
+        for r in &mut self.routers {
+            r.remove(endpoint);
+        }
+        for (id, prompt, max_output, output) in lost {
+            self.out.in_flight -= 1;
+            let rec = &mut self.out.records[id as usize];
+            if output == 0 {
+                rec.retries += 1;
+                self.route(id, prompt, max_output);
+            } else {
+                rec.failed = true;
+                rec.finished = Some(now);
+                rec.output_tokens = output;
+                let tag = rec.tag;
+                self.follow_up(tag, workload, rng);
+            }
+        }
+    }
+
+    /// The oracle's pick: the live replica where the true queue, the true cache and the true
+    /// speed put the first token earliest (the iteration in progress included); ties go to
+    /// the lowest index.
+    pub(super) fn oracle_pick(&self, prompt: &[u32]) -> usize {
+        let now = self.now;
+        let mut best: Option<(usize, u64)> = None;
+        for (i, r) in self.replicas.iter().enumerate() {
+            if !r.alive {
+                continue;
+            }
+            let residual = r.busy_until.saturating_since(now).0;
+            let ttft = residual + (r.engine.oracle_ttft(prompt).0 as f64 / r.speed) as u64;
+            if best.is_none_or(|(_, b)| ttft < b) {
+                best = Some((i, ttft));
+            }
+        }
+        best.map_or(0, |(i, _)| i)
+    }
+}
