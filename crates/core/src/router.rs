@@ -304,8 +304,11 @@ impl Routing {
         self.router.observed(id, observation, at);
     }
 
-    /// See [`Router::first_token`].
+    /// See [`Router::first_token`]; an index mirroring engines now lists the prompt as cached.
     pub fn first_token(&mut self, request: u64, endpoint: EndpointId, now: Nanos, ttft: Nanos) {
+        if let Some(cache) = &mut self.cache {
+            cache.first_token(request, endpoint, now);
+        }
         self.router.first_token(request, endpoint, now, ttft);
     }
 
@@ -331,6 +334,9 @@ impl Routing {
         output_tokens: u32,
     ) {
         self.predictions.remove(&(request, endpoint));
+        if let Some(cache) = &mut self.cache {
+            cache.finished(request, endpoint);
+        }
         self.router
             .completed(request, endpoint, now, latency, output_tokens);
     }
@@ -338,6 +344,9 @@ impl Routing {
     /// See [`Router::failed`].
     pub fn failed(&mut self, request: u64, endpoint: EndpointId, now: Nanos, kind: FailureKind) {
         self.predictions.remove(&(request, endpoint));
+        if let Some(cache) = &mut self.cache {
+            cache.finished(request, endpoint);
+        }
         self.router.failed(request, endpoint, now, kind);
     }
 

@@ -22,6 +22,10 @@ fn small(scenario: &str) -> Vec<(&'static str, &'static str)> {
         "sweep" => vec![("requests", "150"), ("rates", "0.1,0.3")],
         "agentic" => vec![("requests", "400"), ("replicas", "2")],
         "staleness-lab" => vec![("ticks", "300")],
+        "fanout" => vec![("requests", "200"), ("rates", "0.5,1")],
+        "heterogeneous" | "tenants" | "replica-loss" | "mix" => {
+            vec![("requests", "200"), ("rates", "1,2")]
+        }
         _ => vec![],
     }
 }

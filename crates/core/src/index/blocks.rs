@@ -270,6 +270,7 @@ impl BlockIndex {
                     host: run.counts[1],
                     disk: run.counts[2],
                     touched: run.touched,
+                    pending: 0,
                 }
             })
             .collect();
@@ -426,6 +427,7 @@ mod tests {
                 host: 1,
                 disk: 0,
                 touched: Nanos(0),
+                pending: 0,
             }
         );
         assert_eq!(o.of(EndpointId(2)).device, 1);

@@ -10,8 +10,9 @@
 //! tree bounds each endpoint's size on insert (amortised LRU, see [`super::radix`]).
 
 use super::blocks::{BlockIndex, KvEvent};
+use super::pending::{self, PendingPrompts, BLOCK_TOKENS};
 use super::radix::RadixTree;
-use super::{Overlaps, PrefixIndex, PrefixKey, Unit};
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos, Request};
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +69,9 @@ enum Index {
         mirror: bool,
         /// Text bytes per engine token, learned from usage (four until then).
         bytes_per_token: f64,
+        /// Prompts sent and not yet prefilled (mirroring only: they enter the tree at their
+        /// first token, when the engine has cached them).
+        pending: Box<PendingPrompts>,
     },
     Blocks {
         index: BlockIndex,
@@ -128,6 +132,7 @@ impl PrefixCache {
                     interval: eviction_interval,
                     mirror: mirror_engines,
                     bytes_per_token: 4.0,
+                    pending: Box::default(),
                 },
                 share_across_tenants,
                 last_maintained: None,
@@ -162,11 +167,32 @@ impl PrefixCache {
                 key: by,
                 text,
                 tokens,
+                pending,
                 ..
-            } => match (by, key.tokens.is_some()) {
-                (TreeKey::Tokens, _) | (TreeKey::Auto, true) => tokens.overlaps(&key, now),
-                _ => text.overlaps(&key, now),
-            },
+            } => {
+                let by_tokens = matches!(
+                    (by, key.tokens.is_some()),
+                    (TreeKey::Tokens, _) | (TreeKey::Auto, true)
+                );
+                let mut out = if by_tokens {
+                    tokens.overlaps(&key, now)
+                } else {
+                    text.overlaps(&key, now)
+                };
+                if !pending.is_empty() {
+                    let per_block = if by_tokens {
+                        BLOCK_TOKENS
+                    } else {
+                        4 * BLOCK_TOKENS
+                    };
+                    merge_pending(
+                        &mut out,
+                        pending.overlaps(&pending::hashes(&key)),
+                        per_block as u32,
+                    );
+                }
+                out
+            }
             Index::Blocks { index, .. } => index.overlaps(&key, now),
         }
     }
@@ -176,6 +202,11 @@ impl PrefixCache {
     pub fn dispatched(&mut self, request: &Request, endpoint: EndpointId, now: Nanos) {
         let key = PrefixKey::of(request, self.share_across_tenants);
         match &mut self.index {
+            Index::Radix {
+                mirror: true,
+                pending,
+                ..
+            } => pending.add(request.id, endpoint, &key),
             Index::Radix {
                 key: by,
                 text,
@@ -193,6 +224,37 @@ impl PrefixCache {
         }
     }
 
+    /// Request `id`'s first token came from `endpoint`: an index mirroring engines now knows
+    /// the engine has its prompt cached.
+    pub fn first_token(&mut self, id: u64, endpoint: EndpointId, now: Nanos) {
+        if let Index::Radix {
+            key: by,
+            text,
+            tokens,
+            mirror: true,
+            pending,
+            ..
+        } = &mut self.index
+        {
+            if let Some(owned) = pending.take(id, endpoint) {
+                let key = owned.key();
+                match (*by, key.tokens.is_some()) {
+                    (TreeKey::Tokens, _) | (TreeKey::Auto, true) => {
+                        tokens.insert(&key, endpoint, now)
+                    }
+                    _ => text.insert(&key, endpoint, now),
+                }
+            }
+        }
+    }
+
+    /// Request `id` ended on `endpoint` (without a first token, its prompt never got cached).
+    pub fn finished(&mut self, id: u64, endpoint: EndpointId) {
+        if let Index::Radix { pending, .. } = &mut self.index {
+            pending.take(id, endpoint);
+        }
+    }
+
     /// An engine reported KV cache changes; only an event-fed block index uses them.
     pub fn kv_event(&mut self, endpoint: EndpointId, event: &KvEvent, now: Nanos) {
         if let Index::Blocks { index, .. } = &mut self.index {
@@ -205,9 +267,15 @@ impl PrefixCache {
     /// The endpoint left the pool: forget what it held.
     pub fn remove_endpoint(&mut self, endpoint: EndpointId) {
         match &mut self.index {
-            Index::Radix { text, tokens, .. } => {
+            Index::Radix {
+                text,
+                tokens,
+                pending,
+                ..
+            } => {
                 text.remove_endpoint(endpoint);
                 tokens.remove_endpoint(endpoint);
+                pending.remove_endpoint(endpoint);
             }
             Index::Blocks { index, .. } => index.remove_endpoint(endpoint),
         }
@@ -328,6 +396,28 @@ impl PrefixCache {
         match &self.index {
             Index::Radix { text, .. } => Some(text),
             Index::Blocks { .. } => None,
+        }
+    }
+}
+
+/// Adds the in-flight overlaps (`blocks` of `per_block` units each) to `out`, capped at the
+/// prompt's length; endpoints with only in-flight overlap join with nothing cached.
+fn merge_pending(out: &mut Overlaps, pending: Vec<(EndpointId, u32)>, per_block: u32) {
+    for (endpoint, blocks) in pending {
+        let units = blocks.saturating_mul(per_block).min(out.total);
+        match out
+            .endpoints
+            .binary_search_by_key(&endpoint, |o| o.endpoint)
+        {
+            Ok(i) => out.endpoints[i].pending = units,
+            Err(i) => out.endpoints.insert(
+                i,
+                Overlap {
+                    endpoint,
+                    pending: units,
+                    ..Overlap::default()
+                },
+            ),
         }
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod blocks;
 pub mod cache;
+mod pending;
 pub mod radix;
 
 pub use cache::{IndexSpec, Prediction, PrefixCache, TreeKey};
@@ -68,6 +69,9 @@ pub struct Overlap {
     /// When the last matched unit was last sent there (or reported stored): the recency an
     /// engine's LRU cache evicts by.
     pub touched: Nanos,
+    /// Leading units held by prompts sent there whose prefill has not finished (an index
+    /// mirroring engines only): computed before this request is admitted, or not yet.
+    pub pending: u32,
 }
 
 impl Unit {

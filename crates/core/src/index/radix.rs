@@ -387,6 +387,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
                 host: 0,
                 disk: 0,
                 touched,
+                pending: 0,
             })
             .collect();
         Overlaps {

@@ -4,7 +4,7 @@
 use super::Sim;
 use crate::workload::Workload;
 use kvgate_core::decision::FailureKind;
-use kvgate_core::EndpointId;
+use kvgate_core::{EndpointId, Nanos};
 use rand_chacha::ChaCha8Rng;
 
 impl Sim<'_> {
@@ -46,9 +46,9 @@ impl Sim<'_> {
     }
 
     /// The oracle's pick: the live replica where the true queue, the true cache and the true
-    /// speed put the first token earliest (the iteration in progress included); ties go to
-    /// the lowest index.
-    pub(super) fn oracle_pick(&self, prompt: &[u32]) -> usize {
+    /// speed put the first token earliest (the iteration in progress included), with that
+    /// prediction; ties go to the lowest index.
+    pub(super) fn oracle_pick(&self, prompt: &[u32]) -> (usize, Nanos) {
         let now = self.now;
         let mut best: Option<(usize, u64)> = None;
         for (i, r) in self.replicas.iter().enumerate() {
@@ -61,6 +61,6 @@ impl Sim<'_> {
                 best = Some((i, ttft));
             }
         }
-        best.map_or(0, |(i, _)| i)
+        best.map_or((0, Nanos::ZERO), |(i, t)| (i, Nanos(t)))
     }
 }

@@ -24,7 +24,8 @@ use crate::model::{EngineConfig, EngineModel, Iteration, SeqEvent, SeqRequest};
 use crate::workload::{Spec, Workload};
 use kvgate_core::router::accept_all;
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing, Usage,
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Request, Routing,
+    Usage,
 };
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -64,6 +65,10 @@ pub struct FleetConfig {
     pub oracle: bool,
     /// Replicas that die during the run.
     pub failures: Vec<Failure>,
+    /// Simulated time after which the run stops; what has not finished by then never does
+    /// (an overloaded fleet's queue would take hours of simulated time to drain, and its
+    /// answer is already known).
+    pub horizon: Option<Nanos>,
 }
 
 /// A replica dying at an instant: everything it holds is lost. Requests that had no first
@@ -249,6 +254,9 @@ impl<'c> Sim<'c> {
             self.push(f.at, Kind::Fail, f.replica as u64);
         }
         while let Some(Reverse((at, kind, _, payload))) = self.queue.pop() {
+            if self.config.horizon.is_some_and(|h| at > h) {
+                break;
+            }
             self.now = at;
             match kind {
                 Kind::Step => self.step(payload as usize, workload, rng),
@@ -363,6 +371,8 @@ impl<'c> Sim<'c> {
             session: spec.session,
             retries: 0,
             failed: false,
+            predicted_ttft_ms: None,
+            predicted_cached: None,
         });
         self.route(id, spec.tokens, spec.output);
     }
@@ -373,7 +383,8 @@ impl<'c> Sim<'c> {
         let rec = self.out.records[id as usize];
         let router_index = rec.router as usize;
         let (endpoint, label, prompt) = if self.config.oracle {
-            let i = self.oracle_pick(&prompt);
+            let (i, ttft) = self.oracle_pick(&prompt);
+            self.out.records[id as usize].predicted_ttft_ms = Some(ttft.as_millis_f64() as f32);
             (EndpointId(i as u32), "predicted", prompt)
         } else {
             if self.config.scrape_interval == Nanos::ZERO {
@@ -395,6 +406,15 @@ impl<'c> Sim<'c> {
                     return;
                 }
             };
+            if let Reason::PredictedTtft {
+                ttft_ms,
+                cached_tokens,
+            } = route.reason
+            {
+                let rec = &mut self.out.records[id as usize];
+                rec.predicted_ttft_ms = Some(ttft_ms as f32);
+                rec.predicted_cached = Some(cached_tokens);
+            }
             let prompt = request.prompt.tokens.take().unwrap_or_default();
             (route.endpoint, route.reason.label(), prompt)
         };

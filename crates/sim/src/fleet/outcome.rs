@@ -4,7 +4,7 @@ use kvgate_core::Nanos;
 use std::collections::BTreeMap;
 
 /// One request's life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RequestRecord {
     /// Arrival (and dispatch) time.
     pub arrival: Nanos,
@@ -32,6 +32,11 @@ pub struct RequestRecord {
     pub retries: u32,
     /// It failed: its replica died mid-stream, or no router could place it.
     pub failed: bool,
+    /// The time to first token its router predicted, milliseconds (`predicted_ttft` and the
+    /// oracle say; other policies do not predict).
+    pub predicted_ttft_ms: Option<f32>,
+    /// The prompt tokens its router predicted the replica had cached (`predicted_ttft` says).
+    pub predicted_cached: Option<u32>,
 }
 
 /// Counters of one replica.

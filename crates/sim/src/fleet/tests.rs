@@ -33,6 +33,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        horizon: None,
     }
 }
 

@@ -73,6 +73,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        horizon: None,
     };
     let slo = Slo {
         ttft: p.f64("slo_ttft_ms", 2_000.0)?,

@@ -8,6 +8,7 @@
 //! | `batching` | §7.2: static, continuous and chunked-prefill batching |
 //! | `agentic` | §13: sessions with growing context and fan-out on a realistic cost model |
 //! | `sweep` | §14: goodput versus arrival rate; each policy's capacity under the SLO |
+//! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes of issue 10, against the oracle router |
 //!
 //! Every scenario returns a [`Report`]: parameters, one result object per policy or variant,
 //! notes, and a rendered table. Reports are deterministic: the same seed and settings give
@@ -15,6 +16,8 @@
 
 mod agentic;
 mod batching;
+mod capacity;
+mod failure_modes;
 pub mod metrics;
 mod params;
 mod prefix_player;
@@ -32,13 +35,18 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The scenario names, in the order `kvgate sim` lists them.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 11] = [
     "routing-lab",
     "staleness-lab",
     "prefix-player",
     "batching",
     "agentic",
     "sweep",
+    "fanout",
+    "heterogeneous",
+    "tenants",
+    "replica-loss",
+    "mix",
 ];
 
 /// What the user asked for.
@@ -138,7 +146,10 @@ pub fn run(name: &str, options: &Options) -> Result<Report, Error> {
         "batching" => batching::run(options),
         "agentic" => agentic::run(options),
         "sweep" => sweep::run(options),
-        _ => Err(Error::UnknownScenario(name.to_string())),
+        _ => match failure_modes::NAMES.iter().find(|n| **n == name) {
+            Some(n) => failure_modes::run(n, options),
+            None => Err(Error::UnknownScenario(name.to_string())),
+        },
     }
 }
 

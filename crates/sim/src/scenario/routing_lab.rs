@@ -137,6 +137,7 @@ impl Lab {
             kv_signal,
             oracle: false,
             failures: Vec::new(),
+            horizon: None,
         };
         let workload = OpenLoopConfig {
             arrivals: Arrivals { rate, burstiness },

@@ -10,9 +10,11 @@
 //! prefix caches and the routers' prefix indexes see real sharing; everything else is unique.
 
 mod agentic;
+mod bursts;
 mod open;
 
 pub use agentic::{Agentic, AgenticConfig};
+pub use bursts::{Bursts, BurstsConfig};
 pub use open::{OpenLoop, OpenLoopConfig, PrefixGroups};
 
 use kvgate_core::Nanos;

@@ -6,17 +6,23 @@
 //! The model, per endpoint, in seconds:
 //!
 //! ```text
-//! ttft = fixed + work * (per_token + interference * decodes)
+//! ttft = fixed + per_decode * decodes + work * (per_token + interference * decodes)
 //! ```
 //! `work` is the prefill tokens queued ahead plus the request's own uncached tokens; `decodes`
-//! the sequences decoding beside it (with chunked prefill every iteration carries them, so they
-//! slow each prefill token, DOMAIN.md §7). The three coefficients come from a ridge regression
-//! over exponentially time-decayed samples: recent behaviour dominates, an endpoint that stops
-//! getting traffic drifts back to the prior, and the prior is the fleet's pooled fit, so a new
-//! replica starts from what the others do. Samples far from the current prediction are clipped
-//! to three mean absolute deviations before they count (a Huber-style guard against a stalled
-//! request or a preemption teaching the model nonsense). Memory is a fixed 3x3 system per
-//! endpoint.
+//! the sequences decoding beside it (with chunked prefill every iteration carries them: they
+//! lengthen each iteration, the first token's too, and slow each prefill token, DOMAIN.md §7).
+//!
+//! The four coefficients are the fleet's, from a ridge regression over every endpoint's
+//! exponentially time-decayed samples (recent behaviour dominates; with no samples, the
+//! configured prior). Each endpoint then has one factor of its own: how much slower or faster
+//! than the fleet's prediction its first tokens come, the decayed mean of the log of measured
+//! over predicted, pulled towards 1 by `strength` pseudo-samples. One robust number per endpoint
+//! is learned from a few dozen requests and does not wander on noise the way four would (a
+//! homogeneous fleet stays homogeneous), while a replica 2.5x slower shows as one within
+//! seconds; an endpoint that stops getting traffic drifts back to the fleet. Samples far from
+//! the current prediction are clipped (three mean absolute deviations for the fit, a factor of
+//! e^1.5 for the ratio) before they count: a stalled request or a preemption does not teach
+//! nonsense. Memory: a 4x4 system per endpoint (pooled for the fleet) and two numbers.
 
 use crate::Nanos;
 
@@ -25,6 +31,9 @@ use crate::Nanos;
 pub struct Coefficients {
     /// Seconds before any work (scheduling, the iteration in progress, the network).
     pub fixed: f64,
+    /// Extra seconds per decoding sequence: every iteration, the first token's included, carries
+    /// the decode batch, so a large batch lengthens even a fully cached request's wait.
+    pub per_decode: f64,
     /// Seconds per prefill token on an idle engine.
     pub per_token: f64,
     /// Extra seconds per prefill token per decoding sequence.
@@ -34,39 +43,52 @@ pub struct Coefficients {
 impl Coefficients {
     /// The predicted TTFT in seconds.
     pub fn predict(&self, work: f64, decodes: f64) -> f64 {
-        self.fixed + work * (self.per_token + self.interference * decodes)
+        self.fixed + self.per_decode * decodes + work * self.seconds_per_token(decodes)
     }
 
-    fn as_array(&self) -> [f64; 3] {
-        [self.fixed, self.per_token, self.interference]
+    /// The prefill time per token beside `decodes` decoding sequences.
+    pub fn seconds_per_token(&self, decodes: f64) -> f64 {
+        self.per_token + self.interference * decodes
     }
 
-    fn from_array(a: [f64; 3]) -> Self {
+    fn scaled(&self) -> [f64; N] {
+        [
+            self.fixed,
+            self.per_decode / DECODE_SCALE,
+            self.per_token / WORK_SCALE,
+            self.interference / (WORK_SCALE * DECODE_SCALE),
+        ]
+    }
+
+    fn from_scaled(t: [f64; N]) -> Self {
         Coefficients {
-            fixed: a[0].max(0.0),
-            per_token: a[1].max(1e-9),
-            interference: a[2].max(0.0),
+            fixed: t[0].max(0.0),
+            per_decode: (t[1] * DECODE_SCALE).max(0.0),
+            per_token: (t[2] * WORK_SCALE).max(1e-9),
+            interference: (t[3] * WORK_SCALE * DECODE_SCALE).max(0.0),
         }
     }
 }
 
-/// Scale of the features, so the ridge penalties are comparable: work in thousands of tokens,
-/// decodes in tens.
+/// Features of the linear fit; the coefficients are scaled so the ridge penalties are
+/// comparable: work in thousands of tokens, decodes in tens.
+const N: usize = 4;
 const WORK_SCALE: f64 = 1e-3;
 const DECODE_SCALE: f64 = 0.1;
 
-fn features(work: f64, decodes: f64) -> [f64; 3] {
+fn features(work: f64, decodes: f64) -> [f64; N] {
     let w = work * WORK_SCALE;
-    [1.0, w, w * decodes * DECODE_SCALE]
+    let d = decodes * DECODE_SCALE;
+    [1.0, d, w, w * d]
 }
 
-/// Decayed sufficient statistics of a least-squares fit on three features.
+/// Decayed sufficient statistics of a least-squares fit.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Fit {
-    /// Upper triangle of Σ w f fᵀ: (0,0) (0,1) (0,2) (1,1) (1,2) (2,2).
-    a: [f64; 6],
+    /// Σ w f fᵀ.
+    a: [[f64; N]; N],
     /// Σ w y f.
-    v: [f64; 3],
+    v: [f64; N],
     /// Σ w (the effective sample count).
     n: f64,
     /// Decayed mean absolute residual, seconds.
@@ -81,17 +103,10 @@ impl Fit {
             return;
         }
         let k = (-(now - self.at).as_secs_f64() / tau.as_secs_f64().max(1e-9)).exp();
-        self.a.iter_mut().for_each(|x| *x *= k);
+        self.a.iter_mut().flatten().for_each(|x| *x *= k);
         self.v.iter_mut().for_each(|x| *x *= k);
         self.n *= k;
         self.at = now;
-    }
-
-    /// Effective number of samples at `now`.
-    pub fn samples(&self, now: Nanos, tau: Nanos) -> f64 {
-        let mut f = *self;
-        f.decay(now, tau);
-        f.n
     }
 
     /// Adds one observation, clipped towards `current`'s prediction.
@@ -105,11 +120,9 @@ impl Fit {
         };
         let y = predicted + residual.clamp(-guard, guard);
         let f = features(work, decodes);
-        let mut k = 0;
-        for i in 0..3 {
-            for j in i..3 {
-                self.a[k] += f[i] * f[j];
-                k += 1;
+        for i in 0..N {
+            for j in 0..N {
+                self.a[i][j] += f[i] * f[j];
             }
             self.v[i] += y * f[i];
         }
@@ -122,7 +135,7 @@ impl Fit {
     }
 
     fn merge(&mut self, other: &Fit) {
-        for (x, y) in self.a.iter_mut().zip(&other.a) {
+        for (x, y) in self.a.iter_mut().flatten().zip(other.a.iter().flatten()) {
             *x += y;
         }
         for (x, y) in self.v.iter_mut().zip(&other.v) {
@@ -133,41 +146,26 @@ impl Fit {
 
     /// The ridge solution pulled towards `prior` with `strength` pseudo-samples per coefficient.
     fn solve(&self, prior: &Coefficients, strength: f64) -> Coefficients {
-        // Work in scaled units: θ = [fixed, per_token / WORK_SCALE, interference / (WORK_SCALE
-        // * DECODE_SCALE)], so the features above are linear in θ.
-        let p = prior.as_array();
-        let prior_scaled = [p[0], p[1] / WORK_SCALE, p[2] / (WORK_SCALE * DECODE_SCALE)];
-        let mut m = [
-            [self.a[0], self.a[1], self.a[2]],
-            [self.a[1], self.a[3], self.a[4]],
-            [self.a[2], self.a[4], self.a[5]],
-        ];
-        let mut b = self.v;
-        for i in 0..3 {
+        let p = prior.scaled();
+        let (mut m, mut b) = (self.a, self.v);
+        for i in 0..N {
             m[i][i] += strength;
-            b[i] += strength * prior_scaled[i];
+            b[i] += strength * p[i];
         }
-        match solve3(m, b) {
-            Some(t) => Coefficients::from_array([
-                t[0],
-                t[1] * WORK_SCALE,
-                t[2] * WORK_SCALE * DECODE_SCALE,
-            ]),
-            None => *prior,
-        }
+        solve(m, b).map_or(*prior, Coefficients::from_scaled)
     }
 }
 
 /// Gaussian elimination with partial pivoting; `None` when singular.
-fn solve3(mut m: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&x, &y| m[x][col].abs().total_cmp(&m[y][col].abs()))?;
+fn solve(mut m: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&x, &y| m[x][col].abs().total_cmp(&m[y][col].abs()))?;
         if m[pivot][col].abs() < 1e-12 {
             return None;
         }
         m.swap(col, pivot);
         b.swap(col, pivot);
-        for row in col + 1..3 {
+        for row in col + 1..N {
             let k = m[row][col] / m[col][col];
             let pivot_row = m[col];
             for (x, p) in m[row].iter_mut().zip(pivot_row).skip(col) {
@@ -176,12 +174,36 @@ fn solve3(mut m: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
             b[row] -= k * b[col];
         }
     }
-    let mut x = [0.0; 3];
-    for row in (0..3).rev() {
-        let s: f64 = (row + 1..3).map(|c| m[row][c] * x[c]).sum();
+    let mut x = [0.0; N];
+    for row in (0..N).rev() {
+        let s: f64 = (row + 1..N).map(|c| m[row][c] * x[c]).sum();
         x[row] = (b[row] - s) / m[row][row];
     }
     x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// One endpoint's decayed mean log ratio of measured to fleet-predicted TTFT.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Ratio {
+    weight: f64,
+    sum: f64,
+    at: Nanos,
+}
+
+impl Ratio {
+    fn decay(&mut self, now: Nanos, tau: Nanos) {
+        if now > self.at {
+            let k = (-(now - self.at).as_secs_f64() / tau.as_secs_f64().max(1e-9)).exp();
+            self.weight *= k;
+            self.sum *= k;
+            self.at = now;
+        }
+    }
+
+    /// The factor, pulled towards 1 by `strength` pseudo-samples.
+    fn factor(&self, strength: f64) -> f64 {
+        (self.sum / (self.weight + strength)).exp()
+    }
 }
 
 /// The calibration of every endpoint. See the module documentation.
@@ -191,6 +213,7 @@ pub struct Calibration {
     tau: Nanos,
     strength: f64,
     fits: Vec<(u32, Fit)>,
+    ratios: Vec<(u32, Ratio)>,
     pooled: Option<(Nanos, Coefficients)>,
 }
 
@@ -203,6 +226,7 @@ impl Calibration {
             tau,
             strength,
             fits: Vec::new(),
+            ratios: Vec::new(),
             pooled: None,
         }
     }
@@ -235,40 +259,73 @@ impl Calibration {
         c
     }
 
-    /// `endpoint`'s coefficients at `now`: its own samples, pulled towards the fleet's.
+    /// `endpoint`'s coefficients at `now`: the fleet's times its own factor.
     pub fn coefficients(&mut self, endpoint: u32, now: Nanos) -> Coefficients {
         let fleet = self.fleet(now);
-        match self.fits.binary_search_by_key(&endpoint, |&(e, _)| e) {
-            Ok(i) => {
-                let (tau, strength) = (self.tau, self.strength);
-                let f = &mut self.fits[i].1;
-                f.decay(now, tau);
-                f.solve(&fleet, strength)
-            }
-            Err(_) => fleet,
+        let factor = self.factor(endpoint, now);
+        Coefficients {
+            fixed: fleet.fixed * factor,
+            per_decode: fleet.per_decode * factor,
+            per_token: fleet.per_token * factor,
+            interference: fleet.interference * factor,
         }
     }
 
-    /// Records one observed first token on `endpoint`.
+    /// How much slower (above 1) or faster than the fleet `endpoint` is at `now`.
+    pub fn factor(&mut self, endpoint: u32, now: Nanos) -> f64 {
+        let (tau, strength) = (self.tau, self.strength);
+        match self.ratios.binary_search_by_key(&endpoint, |&(e, _)| e) {
+            Ok(i) => {
+                let r = &mut self.ratios[i].1;
+                r.decay(now, tau);
+                r.factor(strength)
+            }
+            Err(_) => 1.0,
+        }
+    }
+
+    /// Records one observed first token on `endpoint`: `work` prefill tokens (queued ahead
+    /// plus its own uncached), `decodes` beside it, `ttft` seconds.
     pub fn observe(&mut self, endpoint: u32, now: Nanos, work: f64, decodes: f64, ttft: f64) {
-        let current = self.coefficients(endpoint, now);
-        let tau = self.tau;
+        let fleet = self.fleet(now);
+        let predicted = fleet.predict(work, decodes).max(1e-6);
+        let (tau, strength) = (self.tau, self.strength);
+        let i = match self.ratios.binary_search_by_key(&endpoint, |&(e, _)| e) {
+            Ok(i) => i,
+            Err(i) => {
+                self.ratios.insert(i, (endpoint, Ratio::default()));
+                i
+            }
+        };
+        let r = &mut self.ratios[i].1;
+        r.decay(now, tau);
+        r.weight += 1.0;
+        r.sum += (ttft.max(1e-6) / predicted).ln().clamp(-1.5, 1.5);
+        let factor = r.factor(strength);
+        // The fleet's fit learns the endpoint's sample at fleet speed.
         let fit = self.fit_mut(endpoint);
         fit.decay(now, tau);
-        fit.add(work, decodes, ttft, &current);
+        fit.add(work, decodes, ttft / factor, &fleet);
     }
 
     /// `endpoint`'s effective sample count at `now`.
     pub fn samples(&self, endpoint: u32, now: Nanos) -> f64 {
-        self.fits
+        self.ratios
             .binary_search_by_key(&endpoint, |&(e, _)| e)
-            .map_or(0.0, |i| self.fits[i].1.samples(now, self.tau))
+            .map_or(0.0, |i| {
+                let mut r = self.ratios[i].1;
+                r.decay(now, self.tau);
+                r.weight
+            })
     }
 
     /// Forgets an endpoint that left.
     pub fn remove(&mut self, endpoint: u32) {
         if let Ok(i) = self.fits.binary_search_by_key(&endpoint, |&(e, _)| e) {
             self.fits.remove(i);
+        }
+        if let Ok(i) = self.ratios.binary_search_by_key(&endpoint, |&(e, _)| e) {
+            self.ratios.remove(i);
         }
     }
 }
@@ -280,6 +337,7 @@ mod tests {
     fn prior() -> Coefficients {
         Coefficients {
             fixed: 0.02,
+            per_decode: 0.0,
             per_token: 1.0 / 10_000.0,
             interference: 0.0,
         }
@@ -290,7 +348,7 @@ mod tests {
         let mut c = Calibration::new(prior(), Nanos::from_secs(60), 1.0);
         let truth = |e: u32, work: f64, decodes: f64| {
             let per_token = if e == 0 { 1.0 / 8_000.0 } else { 1.0 / 3_000.0 };
-            0.015 + work * (per_token + 2e-7 * decodes)
+            0.015 + 0.001 * decodes + work * (per_token + 2e-7 * decodes)
         };
         for k in 0..400u64 {
             let now = Nanos::from_millis(k * 50);

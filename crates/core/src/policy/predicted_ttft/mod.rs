@@ -3,12 +3,14 @@
 //! For every eligible endpoint:
 //!
 //! ```text
-//! cached   = what the prefix index believes it holds of this prompt (in-flight dispatches
-//!            included: a fan-out's siblings see the first call's prefix as soon-cached)
+//! cached   = what the prefix index knows it holds of this prompt, plus the part of a prefix an
+//!            earlier dispatch there is still prefilling that will be computed before this one
+//!            is admitted: an engine caches blocks as it computes them, so a fan-out's sibling
+//!            queued behind the first call finds its prefix cached but for the chunk computed
+//!            in the iteration that admits it
 //! own      = prompt tokens - cached
-//! queued   = uncached prefill work this router sent there that has not produced a first token,
-//!            drained at the endpoint's learned rate since it was sent
-//! ttft     = fixed + (queued + own) * (per_token + interference * decodes)
+//! queued   = uncached prefill work this router sent there that has not produced a first token
+//! ttft     = fixed + per_decode * decodes + (queued + own) * (per_token + interference * decodes)
 //! ```
 //! and the minimum wins (ties at random). `fixed`, `per_token` and `interference` are learned
 //! per endpoint from every first token and the engine's usage ([`calibration`]), starting from
@@ -25,7 +27,7 @@
 pub mod calibration;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
-use crate::index::{IndexSpec, TreeKey};
+use crate::index::{IndexSpec, Overlaps, TreeKey};
 use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
 use rand::RngCore;
@@ -77,7 +79,8 @@ pub struct Config {
     pub prior_fixed_ms: f64,
     /// Time constant over which calibration samples fade.
     pub calibration_secs: f64,
-    /// Pseudo-samples pulling each endpoint's fit towards the fleet's.
+    /// Pseudo-samples pulling each endpoint's speed factor towards the fleet (and the fleet's
+    /// fit towards the prior).
     pub prior_strength: f64,
     /// Text or token keys for the index.
     pub key: TreeKey,
@@ -85,6 +88,9 @@ pub struct Config {
     pub max_tree_size: usize,
     /// Bound the index by each engine's KV capacity and correct it from usage.
     pub mirror_engines: bool,
+    /// The engines' prefill budget per iteration (vLLM `max_num_batched_tokens`): of a prefix
+    /// an earlier dispatch is still prefilling, all but this many tokens count as cached.
+    pub chunk_tokens: u32,
     /// Let tenants share cache affinity.
     pub share_across_tenants: bool,
     /// Stale-signal handling.
@@ -97,10 +103,11 @@ impl Default for Config {
             prior_prefill_tokens_per_second: 8_000.0,
             prior_fixed_ms: 20.0,
             calibration_secs: 60.0,
-            prior_strength: 4.0,
+            prior_strength: 20.0,
             key: TreeKey::Auto,
             max_tree_size: 67_108_864,
             mirror_engines: true,
+            chunk_tokens: 2_048,
             share_across_tenants: false,
             load: LoadConfig::default(),
         }
@@ -171,6 +178,11 @@ struct Pending {
 }
 
 /// What this router has queued at one endpoint.
+///
+/// The queued work is every uncached token of dispatches without a first token, whole: part of
+/// the oldest may be computed already, but the same measure is used when the calibration learns
+/// and when it predicts, so the learned rate absorbs the average progress (a drained estimate
+/// would depend on the rate it is meant to teach, and drift with it).
 #[derive(Clone, Copy, Debug, Default)]
 struct Queue {
     /// Predicted uncached tokens of dispatches without a first token.
@@ -179,20 +191,50 @@ struct Queue {
     waiting: u32,
     /// Dispatches past their first token, not finished.
     decoding: u32,
-    /// The fluid estimate of what is still to prefill, at most `pending`.
-    backlog: f64,
-    as_of: Nanos,
     /// Decoding sequences as the last prediction counted them (own, or scraped when more).
     decodes: f64,
+    /// Prefill utilisation.
+    busy: Busy,
 }
 
-impl Queue {
-    /// Drains the backlog at `seconds_per_token` up to `now`.
-    fn advance(&mut self, now: Nanos, seconds_per_token: f64) {
-        let dt = now.saturating_since(self.as_of).as_secs_f64();
-        self.as_of = self.as_of.max(now);
-        self.backlog =
-            (self.backlog - dt / seconds_per_token.max(1e-12)).clamp(0.0, self.pending.max(0.0));
+/// One endpoint's prediction for one request.
+#[derive(Clone, Copy, Debug)]
+struct Prediction {
+    /// Seconds to the first token.
+    ttft: f64,
+    /// The request's own uncached tokens there.
+    own: f64,
+    /// Uncached tokens queued ahead of it.
+    ahead: f64,
+    /// Sequences decoding beside it.
+    decodes: f64,
+    /// The endpoint's prefill time per token now.
+    seconds_per_token: f64,
+}
+
+/// The share of recent time an endpoint had prefill queued (some dispatch of this router
+/// without its first token), exponentially decayed over `TAU_SECS`: its prefill utilisation as
+/// the router can measure it, whatever slows it (decodes, other routers, a slow GPU).
+#[derive(Clone, Copy, Debug, Default)]
+struct Busy {
+    share: f64,
+    at: Nanos,
+    busy: bool,
+}
+
+impl Busy {
+    const TAU_SECS: f64 = 10.0;
+
+    fn at(&self, now: Nanos) -> f64 {
+        let k = (-now.saturating_since(self.at).as_secs_f64() / Self::TAU_SECS).exp();
+        let target = if self.busy { 1.0 } else { 0.0 };
+        target + (self.share - target) * k
+    }
+
+    fn set(&mut self, busy: bool, now: Nanos) {
+        self.share = self.at(now);
+        self.at = self.at.max(now);
+        self.busy = busy;
     }
 }
 
@@ -205,7 +247,7 @@ pub struct PredictedTtft {
     pending: HashMap<(u64, EndpointId), Pending>,
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
-    scores: Vec<f64>,
+    predictions: Vec<Option<Prediction>>,
 }
 
 impl PredictedTtft {
@@ -213,6 +255,7 @@ impl PredictedTtft {
     pub fn new(config: Config) -> Self {
         let prior = Coefficients {
             fixed: config.prior_fixed_ms / 1e3,
+            per_decode: 0.0,
             per_token: 1.0 / config.prior_prefill_tokens_per_second,
             interference: 0.0,
         };
@@ -226,7 +269,7 @@ impl PredictedTtft {
             queues: HashMap::new(),
             pending: HashMap::new(),
             token_ratio: 1.0,
-            scores: Vec::new(),
+            predictions: Vec::new(),
         }
     }
 
@@ -234,25 +277,47 @@ impl PredictedTtft {
         (f64::from(estimate) * self.token_ratio).max(1.0)
     }
 
-    /// The prediction for one endpoint: (ttft seconds, own uncached tokens, backlog, decodes).
+    /// Prompt tokens `endpoint` will have cached for this prompt when it is admitted: what the
+    /// index knows is cached, plus the part of a prefix an earlier dispatch there is still
+    /// prefilling that will be computed by then. With `ahead` tokens queued in front (that
+    /// dispatch's last), the engine admits this one in the iteration that finishes them, and
+    /// the tokens computed in that same iteration, `ahead mod chunk_tokens`, are not cached yet.
+    fn cached(&self, overlaps: &Overlaps, endpoint: EndpointId, prompt: f64, ahead: f64) -> f64 {
+        let o = overlaps.of(endpoint);
+        let tokens = |units| f64::from(overlaps.tokens(units, prompt as u32));
+        let known = tokens(o.total());
+        let in_flight = (tokens(o.pending) - known).max(0.0);
+        let chunk = f64::from(self.config.chunk_tokens.max(1));
+        let miss = in_flight.min(ahead % chunk);
+        (known + in_flight - miss).min(prompt - 1.0).max(0.0)
+    }
+
+    /// The prediction for one endpoint.
     fn predict(
         &mut self,
         endpoint: EndpointId,
-        cached: f64,
+        overlaps: &Overlaps,
         prompt: f64,
         observed_running: Option<u32>,
         now: Nanos,
-    ) -> (f64, f64, f64, f64) {
+    ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
+        let ahead = self.queues.get(&endpoint).map_or(0.0, |q| q.pending);
+        let cached = self.cached(overlaps, endpoint, prompt, ahead);
         let q = self.queues.entry(endpoint).or_default();
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
             None => q.decodes.max(f64::from(q.decoding)),
         };
         q.decodes = decodes;
-        q.advance(now, c.per_token + c.interference * decodes);
         let own = (prompt - cached).max(1.0);
-        (c.predict(q.backlog + own, decodes), own, q.backlog, decodes)
+        Prediction {
+            ttft: c.predict(q.pending + own, decodes),
+            own,
+            ahead: q.pending,
+            decodes,
+            seconds_per_token: c.seconds_per_token(decodes),
+        }
     }
 
     /// Teaches the calibration one first token, once: with the engine's cached tokens when
@@ -274,19 +339,37 @@ impl PredictedTtft {
         }
     }
 
-    /// The dispatch without a first token ended: its work leaves the queue.
-    fn unqueue(&mut self, endpoint: EndpointId, own: f64) {
+    /// What one more uncached token at `endpoint` costs the requests that come after it
+    /// there, in units of its own prefill time: with prefill utilisation `rho`, work added now
+    /// delays the queue it joins by `rho / (1 - rho)` of its length on average (the M/M/1
+    /// busy-period factor; `rho` capped at 0.9). Greedy TTFT alone would recompute a hot prefix
+    /// on a second replica whenever queueing behind it at home costs as much as the recompute,
+    /// and on a loaded fleet that duplicated prefill is what runs it out of capacity; on an idle
+    /// one it costs nothing and the recompute is free to win.
+    fn externality(&self, endpoint: EndpointId, now: Nanos) -> f64 {
+        let rho = self
+            .queues
+            .get(&endpoint)
+            .map_or(0.0, |q| q.busy.at(now))
+            .clamp(0.0, 0.9);
+        rho / (1.0 - rho)
+    }
+
+    /// The dispatch without a first token ended at `now`: its work leaves the queue.
+    fn unqueue(&mut self, endpoint: EndpointId, own: f64, now: Nanos) {
         if let Some(q) = self.queues.get_mut(&endpoint) {
             q.pending = (q.pending - own).max(0.0);
             q.waiting = q.waiting.saturating_sub(1);
-            q.backlog = q.backlog.min(q.pending);
+            if q.waiting == 0 {
+                q.busy.set(false, now);
+            }
         }
     }
 
-    fn finish(&mut self, request: u64, endpoint: EndpointId) {
+    fn finish(&mut self, request: u64, endpoint: EndpointId, now: Nanos) {
         if let Some(p) = self.pending.remove(&(request, endpoint)) {
             if p.ttft.is_none() {
-                self.unqueue(endpoint, p.own);
+                self.unqueue(endpoint, p.own, now);
             } else if let Some(q) = self.queues.get_mut(&endpoint) {
                 q.decoding = q.decoding.saturating_sub(1);
             }
@@ -304,33 +387,40 @@ impl Policy for PredictedTtft {
         let load = self.config.load.clone();
         let view = LoadView::new(fleet, &load, now);
         let prompt = self.prompt_tokens(query.request.prompt_tokens);
-        self.scores.clear();
-        self.scores.resize(fleet.len(), f64::INFINITY);
-        for i in view.routable().collect::<Vec<_>>() {
+        let mut predictions = std::mem::take(&mut self.predictions);
+        predictions.clear();
+        predictions.resize(fleet.len(), None);
+        for i in view.routable() {
             let e = &fleet.views()[i];
-            let cached = f64::from(query.overlaps.cached_tokens(e.id, prompt as u32));
             let running = view
                 .is_fresh(i)
                 .then(|| e.observation.map_or(0, |o| o.running));
-            let (ttft, ..) = self.predict(e.id, cached, prompt, running, now);
-            self.scores[i] = ttft / view.slow_start_factor(i);
+            let p = self.predict(e.id, query.overlaps, prompt, running, now);
+            predictions[i] = Some(p);
         }
-        let scores = std::mem::take(&mut self.scores);
-        let picked = view.argmin_by(rng, |i| scores[i]);
-        self.scores = scores;
-        match picked {
-            Some((i, ttft)) => {
+        let picked = view.argmin_by(rng, |i| {
+            predictions[i].map_or(f64::INFINITY, |p| {
+                let e = fleet.views()[i].id;
+                let cost = p.ttft + self.externality(e, now) * p.own * p.seconds_per_token;
+                cost / view.slow_start_factor(i)
+            })
+        });
+        let decision = match picked {
+            Some((i, _)) => {
                 let id = fleet.views()[i].id;
+                let p = predictions[i].expect("eligible endpoints are predicted");
                 Decision::Route(Route {
                     endpoint: id,
                     reason: Reason::PredictedTtft {
-                        ttft_ms: ttft * 1e3,
-                        cached_tokens: query.overlaps.cached_tokens(id, prompt as u32),
+                        ttft_ms: p.ttft / view.slow_start_factor(i) * 1e3,
+                        cached_tokens: (prompt - p.own).max(0.0) as u32,
                     },
                 })
             }
             None => no_route(fleet),
-        }
+        };
+        self.predictions = predictions;
+        decision
     }
 
     fn observe(&mut self, event: &Event<'_>) {
@@ -342,13 +432,17 @@ impl Policy for PredictedTtft {
                 overlaps,
             } => {
                 let prompt = self.prompt_tokens(request.prompt_tokens);
-                let cached = f64::from(overlaps.cached_tokens(endpoint, prompt as u32));
-                let (_, own, ahead, decodes) = self.predict(endpoint, cached, prompt, None, at);
-                self.finish(request.id, endpoint);
+                let Prediction {
+                    own,
+                    ahead,
+                    decodes,
+                    ..
+                } = self.predict(endpoint, overlaps, prompt, None, at);
+                self.finish(request.id, endpoint, at);
                 let q = self.queues.entry(endpoint).or_default();
                 q.pending += own;
-                q.backlog += own;
                 q.waiting += 1;
+                q.busy.set(true, at);
                 self.pending.insert(
                     (request.id, endpoint),
                     Pending {
@@ -365,7 +459,7 @@ impl Policy for PredictedTtft {
                 request,
                 endpoint,
                 ttft,
-                ..
+                at,
             } => {
                 let Some(p) = self.pending.get_mut(&(request, endpoint)) else {
                     return;
@@ -375,7 +469,7 @@ impl Policy for PredictedTtft {
                 }
                 p.ttft = Some(ttft);
                 let own = p.own;
-                self.unqueue(endpoint, own);
+                self.unqueue(endpoint, own, at);
                 self.queues.entry(endpoint).or_default().decoding += 1;
             }
             Event::Usage {
@@ -399,11 +493,14 @@ impl Policy for PredictedTtft {
                 ..
             } => {
                 self.settle(request, endpoint, at, None);
-                self.finish(request, endpoint);
+                self.finish(request, endpoint, at);
             }
             Event::Failed {
-                request, endpoint, ..
-            } => self.finish(request, endpoint),
+                request,
+                endpoint,
+                at,
+                ..
+            } => self.finish(request, endpoint, at),
             Event::EndpointRemoved { endpoint } => {
                 self.queues.remove(&endpoint);
                 self.calibration.remove(endpoint.0);

@@ -1,0 +1,163 @@
+//! Prompts sent to each endpoint whose prefill has not finished yet.
+//!
+//! An engine caches a prompt's blocks as it computes them (vLLM registers each full block once
+//! computed). A request that arrives behind one still prefilling the same prefix finds the
+//! blocks computed before it is admitted, and recomputes the rest: with chunked prefill, a
+//! sibling admitted in the same iteration as the first call's last chunk recomputes up to one
+//! iteration's budget of it. So an index that mirrors engines keeps these prompts apart from
+//! what is known to be cached, and the policy decides how much of them to count.
+//!
+//! Each held prompt is cut into chained block hashes (16 tokens, or 64 bytes of text when only
+//! text is known); an endpoint's overlap is the run of a query's leading blocks that some held
+//! prompt there has. Memory: the prompts in flight, and a refcount per distinct held block.
+
+use super::blocks::{block_hashes, text_block_hashes};
+use super::PrefixKey;
+use crate::EndpointId;
+use std::collections::HashMap;
+
+/// Tokens per block of the held prompts' hashes.
+pub(crate) const BLOCK_TOKENS: usize = 16;
+
+/// A prompt's key, owned.
+#[derive(Clone, Debug)]
+pub(crate) struct OwnedKey {
+    pub(crate) scope: u64,
+    pub(crate) text: Option<Vec<u8>>,
+    pub(crate) tokens: Option<Vec<u32>>,
+}
+
+impl OwnedKey {
+    pub(crate) fn of(key: &PrefixKey<'_>) -> Self {
+        OwnedKey {
+            scope: key.scope,
+            text: key.text.map(<[u8]>::to_vec),
+            tokens: key.tokens.map(<[u32]>::to_vec),
+        }
+    }
+
+    pub(crate) fn key(&self) -> PrefixKey<'_> {
+        PrefixKey {
+            scope: self.scope,
+            text: self.text.as_deref(),
+            tokens: self.tokens.as_deref(),
+        }
+    }
+}
+
+/// The chained block hashes of `key`: tokens when it has them, else text.
+pub(crate) fn hashes(key: &PrefixKey<'_>) -> Vec<u64> {
+    match (key.tokens, key.text) {
+        (Some(t), _) => block_hashes(t, BLOCK_TOKENS, key.scope),
+        (None, Some(t)) => text_block_hashes(t, BLOCK_TOKENS, key.scope),
+        (None, None) => Vec::new(),
+    }
+}
+
+#[derive(Debug)]
+struct Held {
+    key: OwnedKey,
+    hashes: Vec<u64>,
+}
+
+/// The prompts in flight per endpoint. See the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct PendingPrompts {
+    blocks: HashMap<EndpointId, HashMap<u64, u32>>,
+    held: HashMap<(u64, EndpointId), Held>,
+}
+
+impl PendingPrompts {
+    /// Request `id` with `key` was sent to `endpoint`.
+    pub(crate) fn add(&mut self, id: u64, endpoint: EndpointId, key: &PrefixKey<'_>) {
+        self.take(id, endpoint);
+        let hashes = hashes(key);
+        let counts = self.blocks.entry(endpoint).or_default();
+        for &h in &hashes {
+            *counts.entry(h).or_insert(0) += 1;
+        }
+        self.held.insert(
+            (id, endpoint),
+            Held {
+                key: OwnedKey::of(key),
+                hashes,
+            },
+        );
+    }
+
+    /// Request `id`'s prefill on `endpoint` ended (first token, failure or cancellation):
+    /// returns its key.
+    pub(crate) fn take(&mut self, id: u64, endpoint: EndpointId) -> Option<OwnedKey> {
+        let held = self.held.remove(&(id, endpoint))?;
+        if let Some(counts) = self.blocks.get_mut(&endpoint) {
+            for h in &held.hashes {
+                if let Some(n) = counts.get_mut(h) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(h);
+                    }
+                }
+            }
+            if counts.is_empty() {
+                self.blocks.remove(&endpoint);
+            }
+        }
+        Some(held.key)
+    }
+
+    /// Per endpoint holding any, the leading blocks of `query` (its chained hashes) held there.
+    pub(crate) fn overlaps(&self, query: &[u64]) -> Vec<(EndpointId, u32)> {
+        let mut out: Vec<(EndpointId, u32)> = self
+            .blocks
+            .iter()
+            .map(|(&e, counts)| {
+                let run = query.iter().take_while(|h| counts.contains_key(h)).count();
+                (e, u32::try_from(run).unwrap_or(u32::MAX))
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Forgets an endpoint.
+    pub(crate) fn remove_endpoint(&mut self, endpoint: EndpointId) {
+        self.blocks.remove(&endpoint);
+        self.held.retain(|&(_, e), _| e != endpoint);
+    }
+
+    /// Whether nothing is in flight anywhere.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_prefix_overlaps_until_it_is_taken() {
+        let mut p = PendingPrompts::default();
+        let prompt: Vec<u32> = (0..100).collect();
+        let key = PrefixKey {
+            scope: 1,
+            text: None,
+            tokens: Some(&prompt),
+        };
+        p.add(7, EndpointId(2), &key);
+        p.add(8, EndpointId(2), &key);
+        let query: Vec<u32> = (0..64).chain(500..600).collect();
+        let q = hashes(&PrefixKey {
+            scope: 1,
+            text: None,
+            tokens: Some(&query),
+        });
+        assert_eq!(p.overlaps(&q), vec![(EndpointId(2), 4)]);
+        assert!(p.take(7, EndpointId(2)).is_some());
+        assert_eq!(p.overlaps(&q), vec![(EndpointId(2), 4)], "8 still holds it");
+        let back = p.take(8, EndpointId(2)).unwrap();
+        assert_eq!(back.tokens.as_deref(), Some(&prompt[..]));
+        assert!(p.overlaps(&q).is_empty() && p.is_empty());
+    }
+}

@@ -1,0 +1,283 @@
+//! Capacity under an SLO (DOMAIN.md §14): sweep the open-loop arrival rate of one workload on
+//! one fleet, and report for each policy, and for the oracle router, the largest request rate
+//! whose TTFT P95 meets the SLO with fewer than 1% failed requests.
+//!
+//! Capacity is interpolated: between the last passing rate and the first failing one, the rate
+//! where TTFT P95 crosses the SLO (linearly), or the last passing rate when errors failed it.
+//! Rates above the first failure are not consulted, so a lucky point past the knee cannot raise
+//! a capacity. `capacity` is in requests per second; the sweep's own unit (sessions or bursts
+//! per second) is `rate`.
+
+use super::metrics::{summarise, PolicyResult, Slo, Window};
+use super::table::{num, pct, Table};
+use super::{par_map, Report};
+use crate::fleet::{self, FleetConfig, Outcome};
+use crate::workload::Workload;
+use kvgate_core::{Nanos, PolicyConfig};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The oracle's row name.
+pub(super) const ORACLE: &str = "oracle";
+
+/// Failed requests tolerated at a passing rate.
+pub(super) const MAX_ERROR_RATE: f64 = 0.01;
+
+/// One experiment: a fleet, a workload family and an SLO.
+pub(super) struct Experiment<'a> {
+    /// The scenario's name.
+    pub name: &'static str,
+    /// The fleet (its policy is replaced per row).
+    pub fleet: FleetConfig,
+    /// The SLO (ticks).
+    pub slo: Slo,
+    /// The workload at an open-loop rate.
+    pub workload: &'a (dyn Fn(f64) -> Box<dyn Workload> + Sync),
+    /// Rates to sweep, ascending.
+    pub rates: Vec<f64>,
+    /// Requests the workload issues.
+    pub requests: u64,
+    /// What one rate unit is ("sessions/s", "bursts/s").
+    pub rate_unit: &'static str,
+    /// Requests per unit of rate (a session's turns, a burst's calls), for the run's horizon.
+    pub per_unit: f64,
+    /// Extra numbers per run (for example TTFT P95 before and after a replica died).
+    pub extra: &'a (dyn Fn(&Outcome) -> BTreeMap<String, Value> + Sync),
+}
+
+/// One swept rate.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Point {
+    pub rate: f64,
+    pub request_rate: f64,
+    pub ttft_p95: f64,
+    pub error_rate: f64,
+    pub cache_hit_ratio: f64,
+    pub slo_attainment: f64,
+    pub assigned: Vec<u64>,
+    /// Share of requests whose measured TTFT was within 20% of the router's prediction (null
+    /// for policies that do not predict).
+    pub predicted_within_20pct: Option<f64>,
+    /// Shares of predicted requests whose predicted cached tokens were within one block of the
+    /// engine's (exact), above (over) or below (under): how good the router's index is.
+    pub cache_prediction: Option<BTreeMap<&'static str, f64>>,
+    pub passed: bool,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// One row.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct CapacityResult {
+    /// Requests per second at the SLO; 0 when the lowest rate fails.
+    pub capacity: f64,
+    /// Whether even the highest swept rate passed (the capacity is at least this).
+    pub saturated: bool,
+    /// This row's capacity over the oracle's.
+    pub vs_oracle: Option<f64>,
+    /// The full summary at the last passing rate (the lowest when none passed), with the
+    /// policy's name.
+    #[serde(flatten)]
+    pub at_capacity: PolicyResult,
+    pub points: Vec<Point>,
+}
+
+fn passes(r: &PolicyResult, failed: u64, slo: Slo) -> (bool, f64) {
+    let error_rate = failed as f64 / r.requests.max(1) as f64;
+    (
+        r.ttft_p95 <= slo.ttft && error_rate < MAX_ERROR_RATE,
+        error_rate,
+    )
+}
+
+/// Runs every (row, rate) and assembles the report.
+pub(super) fn sweep(
+    exp: &Experiment<'_>,
+    rows: &[(String, Option<PolicyConfig>)],
+    seed: u64,
+    params: BTreeMap<String, Value>,
+) -> Report {
+    let jobs: Vec<(usize, f64)> = (0..rows.len())
+        .flat_map(|r| exp.rates.iter().map(move |&rate| (r, rate)))
+        .collect();
+    let runs = par_map(&jobs, |&(r, rate)| {
+        let (name, config) = &rows[r];
+        let mut fleet = exp.fleet.clone();
+        match config {
+            Some(c) => fleet.policy = c.clone(),
+            None => fleet.oracle = true,
+        }
+        // Long enough for every arrival at this rate, twice over, plus ten minutes to drain;
+        // what is still queued after that is a failure (the SLO is long lost).
+        let arrivals_s = exp.requests as f64 / (rate * exp.per_unit).max(1e-9);
+        fleet.horizon = Some(Nanos::from_secs_f64(2.0 * arrivals_s + 600.0));
+        let mut workload = (exp.workload)(rate);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let outcome = fleet::run(&fleet, workload.as_mut(), &mut rng, seed);
+        let summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
+        let failed = outcome
+            .records
+            .iter()
+            .filter(|r| r.failed || r.finished.is_none())
+            .count() as u64;
+        let span = outcome.last_arrival.as_secs_f64().max(1e-9);
+        let (passed, error_rate) = passes(&summary, failed, exp.slo);
+        let point = Point {
+            rate,
+            request_rate: round(outcome.records.len() as f64 / span, 3),
+            ttft_p95: summary.ttft_p95,
+            error_rate: round(error_rate, 4),
+            cache_hit_ratio: summary.cache_hit_ratio,
+            slo_attainment: summary.slo_attainment,
+            assigned: summary.assigned.clone(),
+            predicted_within_20pct: prediction_accuracy(&outcome),
+            cache_prediction: cache_prediction(&outcome),
+            passed,
+            extra: (exp.extra)(&outcome),
+        };
+        (point, summary)
+    });
+    let mut results: Vec<CapacityResult> = Vec::new();
+    let mut runs = runs.into_iter();
+    for _ in rows {
+        let (points, summaries): (Vec<Point>, Vec<PolicyResult>) = exp
+            .rates
+            .iter()
+            .map(|_| runs.next().expect("one run per job"))
+            .unzip();
+        let first_fail = points.iter().position(|p| !p.passed);
+        let capacity = match first_fail {
+            None => points.last().map_or(0.0, |p| p.request_rate),
+            Some(0) => 0.0,
+            Some(f) => {
+                let (ok, bad) = (&points[f - 1], &points[f]);
+                let by_ttft = bad.error_rate < MAX_ERROR_RATE && bad.ttft_p95 > ok.ttft_p95;
+                if by_ttft {
+                    let t = (exp.slo.ttft - ok.ttft_p95) / (bad.ttft_p95 - ok.ttft_p95);
+                    ok.request_rate + t.clamp(0.0, 1.0) * (bad.request_rate - ok.request_rate)
+                } else {
+                    ok.request_rate
+                }
+            }
+        };
+        let at = first_fail.map_or(points.len() - 1, |f| f.saturating_sub(1));
+        results.push(CapacityResult {
+            capacity: round(capacity, 3),
+            saturated: first_fail.is_none(),
+            vs_oracle: None,
+            at_capacity: summaries[at].clone(),
+            points,
+        });
+    }
+    let oracle = results
+        .iter()
+        .find(|r| r.at_capacity.policy == ORACLE)
+        .map(|r| r.capacity);
+    for r in &mut results {
+        r.vs_oracle = oracle
+            .filter(|&o| o > 0.0)
+            .map(|o| round(r.capacity / o, 3));
+    }
+    Report {
+        scenario: exp.name.to_string(),
+        seed,
+        table: render(exp, &results),
+        params,
+        results: results
+            .iter()
+            .map(|r| serde_json::to_value(r).expect("serialises"))
+            .collect(),
+        notes: vec![
+            format!(
+                "capacity: requests/s at which TTFT P95 meets {} ms with under {:.0}% failed \
+                 (interpolated between the last passing and first failing {}); '>=' when the \
+                 highest rate passed. Cells: TTFT P95 ms at each rate, * past the SLO.",
+                exp.slo.ttft,
+                MAX_ERROR_RATE * 100.0,
+                exp.rate_unit
+            ),
+            "oracle: routes each request where the true queue, the true cache contents and the \
+             true replica speed put its first token earliest (greedy, with perfect information)."
+                .into(),
+        ],
+    }
+}
+
+fn render(exp: &Experiment<'_>, results: &[CapacityResult]) -> String {
+    let mut header = vec![
+        "policy".to_string(),
+        "capacity req/s".into(),
+        "vs oracle".into(),
+        "hit @cap".into(),
+    ];
+    header.extend(exp.rates.iter().map(|r| format!("@{r}")));
+    let refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut table = Table::new(&refs);
+    for r in results {
+        let mut row = vec![
+            r.at_capacity.policy.clone(),
+            format!(
+                "{}{}",
+                if r.saturated { ">=" } else { "" },
+                num(r.capacity, 2)
+            ),
+            r.vs_oracle.map_or("-".into(), |v| format!("{v:.2}")),
+            pct(r.at_capacity.cache_hit_ratio),
+        ];
+        row.extend(
+            r.points
+                .iter()
+                .map(|p| format!("{}{}", num(p.ttft_p95, 0), if p.passed { "" } else { "*" })),
+        );
+        table.row(row);
+    }
+    table.render()
+}
+
+/// Share of predicted requests (after the first tenth, the warm-up) whose measured TTFT was
+/// within 20% of the prediction.
+pub(super) fn prediction_accuracy(outcome: &Outcome) -> Option<f64> {
+    let skip = outcome.records.len() / 10;
+    let (mut n, mut ok) = (0u64, 0u64);
+    for r in outcome.records.iter().skip(skip) {
+        if let (Some(p), Some(first)) = (r.predicted_ttft_ms, r.first_token) {
+            let measured = (first - r.arrival).as_millis_f64();
+            n += 1;
+            ok += u64::from((measured - f64::from(p)).abs() <= 0.2 * measured);
+        }
+    }
+    (n > 0).then(|| round(ok as f64 / n as f64, 4))
+}
+
+/// Exact (within 16 tokens), over and under shares of the predicted cached tokens.
+pub(super) fn cache_prediction(outcome: &Outcome) -> Option<BTreeMap<&'static str, f64>> {
+    let mut counts = [0u64; 3];
+    for r in &outcome.records {
+        if let (Some(p), Some(_)) = (r.predicted_cached, r.first_token) {
+            let k = if p.abs_diff(r.cached_tokens) <= 16 {
+                0
+            } else if p > r.cached_tokens {
+                1
+            } else {
+                2
+            };
+            counts[k] += 1;
+        }
+    }
+    let n: u64 = counts.iter().sum();
+    (n > 0).then(|| {
+        ["exact", "over", "under"]
+            .into_iter()
+            .zip(counts)
+            .map(|(k, c)| (k, round(c as f64 / n as f64, 4)))
+            .collect()
+    })
+}
+
+fn round(x: f64, d: i32) -> f64 {
+    let f = 10f64.powi(d);
+    (x * f).round() / f
+}

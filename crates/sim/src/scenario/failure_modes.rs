@@ -1,0 +1,262 @@
+//! The failure modes measured against SGLang's router, vllm-router and LiteLLM (issue 10), each
+//! as a capacity sweep ([`super::capacity`]) over the same policies and the oracle:
+//!
+//! | scenario | what breaks the peers |
+//! |---|---|
+//! | `fanout` | a few shared prompts fanning out in parallel bursts: affinity parks each on one replica and the imbalance threshold never trips |
+//! | `heterogeneous` | two of four replicas 2.5x slower: a speed-blind rule sends them the hottest prefixes |
+//! | `tenants` | many tenants whose prompts do not fit in one replica's cache: an index that believes everything it ever sent is still cached |
+//! | `replica-loss` | a replica dies mid-run: its queue must go elsewhere without failing anyone |
+//! | `mix` | the agentic mix (sessions, growing context, fan-out) on four replicas |
+//!
+//! Every fleet: four replicas of [`CostModel::default`] (an ~8B model on one H100: ~8,300
+//! prefill tokens/s, 12 ms per step), chunked prefill with a 2,048-token budget, 128 slots,
+//! 16-token blocks; one router (as one gateway) scraping every 500 ms (the gateway's default);
+//! the SLO is TTFT P95 within 1 s and under 1% failed requests. Each sweep's rates bracket the
+//! peers' knees; `rates=` overrides them.
+
+use super::capacity::{sweep, Experiment, ORACLE};
+use super::metrics::Slo;
+use super::{policy_names, Error, Options, Params, Report};
+use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig};
+use crate::model::{Batching, CostModel, EngineConfig};
+use crate::workload::{Agentic, AgenticConfig, Bursts, BurstsConfig, Workload};
+use kvgate_core::{Nanos, PolicyConfig};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The rows every failure-mode sweep compares, then the oracle.
+pub(super) const DEFAULT_POLICIES: [&str; 6] = [
+    "predicted_ttft",
+    "cache_aware",
+    "consistent_hash",
+    "prefix_hash",
+    "least_outstanding",
+    "kv_cost",
+];
+
+/// The scenario names this module runs.
+pub(super) const NAMES: [&str; 5] = ["fanout", "heterogeneous", "tenants", "replica-loss", "mix"];
+
+fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConfig, Error> {
+    let replicas = p.u64("replicas", 4)?.max(1) as usize;
+    let speeds = p.list_f64("speeds", speeds)?;
+    let engine = EngineConfig {
+        max_num_seqs: p.u64("slots", 128)? as usize,
+        kv_blocks: p.u64("kv_blocks", kv_blocks)? as usize,
+        block_size: 16,
+        batching: Batching::Chunked {
+            max_num_batched_tokens: 2_048,
+        },
+        prefix_caching: true,
+        cost: CostModel::default(),
+    };
+    Ok(FleetConfig {
+        replicas: (0..replicas)
+            .map(|i| ReplicaConfig {
+                engine,
+                speed: speeds[i % speeds.len()],
+            })
+            .collect(),
+        routers: p.u64("routers", 1)?.max(1) as usize,
+        scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 500)?),
+        staggered: true,
+        policy: PolicyConfig::default_for("random").expect("known"),
+        kv_events: false,
+        sample_interval: Nanos::ZERO,
+        maintain_interval: Nanos::from_secs(10),
+        kv_signal: KvSignal::Referenced,
+        oracle: false,
+        failures: Vec::new(),
+        horizon: None,
+    })
+}
+
+fn agentic(p: &mut Params<'_>, base: AgenticConfig) -> Result<AgenticConfig, Error> {
+    Ok(AgenticConfig {
+        requests: p.u64("requests", base.requests)?,
+        tenants: p.u64("tenants", u64::from(base.tenants))? as u32,
+        system_tokens: p.u64("system_tokens", u64::from(base.system_tokens))? as u32,
+        turns: p.f64("turns", base.turns)?,
+        think_time_s: p.f64("think_time_s", base.think_time_s)?,
+        fanout_prob: p.f64("fanout_prob", base.fanout_prob)?,
+        fanout: p.u64("fanout", u64::from(base.fanout))? as u32,
+        max_context: p.u64("max_context", u64::from(base.max_context))? as u32,
+        ..base
+    })
+}
+
+fn rates(p: &mut Params<'_>, default: &[f64]) -> Result<Vec<f64>, Error> {
+    let mut r = p.list_f64("rates", default)?;
+    r.sort_by(f64::total_cmp);
+    Ok(r)
+}
+
+fn no_extra(_: &Outcome) -> BTreeMap<String, Value> {
+    BTreeMap::new()
+}
+
+/// TTFT P95 (ms) of the requests that arrived in the 30 s before `at` and in the 30 s after.
+fn before_and_after(outcome: &Outcome, at: Nanos) -> BTreeMap<String, Value> {
+    let window = Nanos::from_secs(30);
+    let p95 = |lo: Nanos, hi: Nanos| {
+        let mut v: Vec<f64> = outcome
+            .records
+            .iter()
+            .filter(|r| r.arrival >= lo && r.arrival < hi)
+            .filter_map(|r| r.first_token.map(|f| (f - r.arrival).as_millis_f64()))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        kvgate_core::stats::percentile(&v, 0.95).map(|x| (x * 10.0).round() / 10.0)
+    };
+    let after = outcome
+        .records
+        .iter()
+        .filter(|r| r.arrival >= at && r.arrival < at + window)
+        .count();
+    let failed_before_first_token = outcome
+        .records
+        .iter()
+        .filter(|r| r.failed && r.output_tokens == 0)
+        .count();
+    BTreeMap::from([
+        ("ttft_p95_30s_before".into(), json!(p95(at - window, at))),
+        ("ttft_p95_30s_after".into(), json!(p95(at, at + window))),
+        ("requests_30s_after".into(), json!(after)),
+        (
+            "failed_before_first_token".into(),
+            json!(failed_before_first_token),
+        ),
+        (
+            "retried".into(),
+            json!(outcome.records.iter().filter(|r| r.retries > 0).count()),
+        ),
+    ])
+}
+
+/// Runs the failure-mode scenario `name`.
+pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error> {
+    let mut p = Params::new(&options.sets);
+    let slo = Slo {
+        ttft: p.f64("slo_ttft_ms", 1_000.0)?,
+        tpot: f64::INFINITY,
+    };
+    let mut rows = Vec::new();
+    for policy in policy_names(options, &DEFAULT_POLICIES) {
+        let config = p.policy(&policy, &[])?;
+        rows.push((policy, Some(config)));
+    }
+    if p.bool("oracle", true)? {
+        rows.push((ORACLE.to_string(), None));
+    }
+    let seed = options.seed;
+    match name {
+        "fanout" => {
+            let base = BurstsConfig::default();
+            let lengths = |p: &mut Params<'_>, key: &str, base: crate::dist::Lengths| {
+                p.f64(key, base.mean)
+                    .map(|mean| crate::dist::Lengths { mean, ..base })
+            };
+            let bursts = BurstsConfig {
+                requests: p.u64("requests", base.requests)?,
+                prompts: p.u64("prompts", u64::from(base.prompts))? as u32,
+                prompt_tokens: p.u64("prompt_tokens", u64::from(base.prompt_tokens))? as u32,
+                fanout: p.u64("fanout", u64::from(base.fanout))? as u32,
+                context: lengths(&mut p, "context_tokens", base.context)?,
+                task: lengths(&mut p, "task_tokens", base.task)?,
+                ..base
+            };
+            let fleet = fleet(&mut p, &[1.0], 16_384)?;
+            let rates = rates(&mut p, &[0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0])?;
+            let make = move |rate: f64| -> Box<dyn Workload> {
+                Box::new(Bursts::new(BurstsConfig { rate, ..bursts }))
+            };
+            let exp = Experiment {
+                name,
+                fleet,
+                slo,
+                workload: &make,
+                rates,
+                requests: bursts.requests,
+                per_unit: f64::from(bursts.fanout.max(1)),
+                rate_unit: "bursts/s",
+                extra: &no_extra,
+            };
+            Ok(sweep(&exp, &rows, seed, p.finish()?))
+        }
+        _ => {
+            let (speeds, kv_blocks, base, default_rates): (&[f64], u64, AgenticConfig, &[f64]) =
+                match name {
+                    "heterogeneous" => (
+                        &[1.0, 1.0, 0.4, 0.4],
+                        16_384,
+                        AgenticConfig {
+                            requests: 6_000,
+                            max_context: 16_000,
+                            ..AgenticConfig::default()
+                        },
+                        &[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
+                    ),
+                    "tenants" => (
+                        &[1.0],
+                        4_096,
+                        AgenticConfig {
+                            requests: 6_000,
+                            tenants: 32,
+                            system_tokens: 6_000,
+                            turns: 4.0,
+                            max_context: 12_000,
+                            ..AgenticConfig::default()
+                        },
+                        &[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
+                    ),
+                    _ => (
+                        &[1.0],
+                        16_384,
+                        AgenticConfig {
+                            requests: 6_000,
+                            max_context: 16_000,
+                            ..AgenticConfig::default()
+                        },
+                        &[2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+                    ),
+                };
+            let mut fleet = fleet(&mut p, speeds, kv_blocks)?;
+            let workload = agentic(&mut p, base)?;
+            let rates = rates(&mut p, default_rates)?;
+            let fail_at = if name == "replica-loss" {
+                let at = Nanos::from_secs_f64(p.f64("fail_at_s", 120.0)?);
+                fleet.failures.push(Failure {
+                    replica: fleet.replicas.len() - 1,
+                    at,
+                });
+                Some(at)
+            } else {
+                None
+            };
+            let make = move |rate: f64| -> Box<dyn Workload> {
+                Box::new(Agentic::new(AgenticConfig {
+                    session_rate: rate,
+                    ..workload
+                }))
+            };
+            let extra = move |o: &Outcome| match fail_at {
+                Some(at) => before_and_after(o, at),
+                None => BTreeMap::new(),
+            };
+            let exp = Experiment {
+                name,
+                fleet,
+                slo,
+                workload: &make,
+                rates,
+                requests: workload.requests,
+                per_unit: workload.turns
+                    * (1.0 + workload.fanout_prob * f64::from(workload.fanout)),
+                rate_unit: "sessions/s",
+                extra: &extra,
+            };
+            Ok(sweep(&exp, &rows, seed, p.finish()?))
+        }
+    }
+}
