@@ -234,6 +234,14 @@ impl Router {
     pub fn maintain(&mut self, now: Nanos) {
         self.policy.maintain(now);
     }
+
+    /// What the policy learned about each member, for those that learn one.
+    pub fn models(&mut self, now: Nanos) -> Vec<(EndpointId, crate::policy::EndpointModel)> {
+        let ids: Vec<EndpointId> = self.views.iter().map(|v| v.id).collect();
+        ids.into_iter()
+            .filter_map(|id| self.policy.model(id, now).map(|m| (id, m)))
+            .collect()
+    }
 }
 
 /// A router and the prefix cache its policy asked for, owned together: the single-threaded

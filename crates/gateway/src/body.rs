@@ -10,6 +10,7 @@ use crate::admission::Permit;
 use crate::dispatch::Dispatch;
 use crate::ending::Ending;
 use crate::upstream::error_chain;
+use crate::usage::{UsageStripper, UsageTail};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -31,7 +32,9 @@ pub(crate) struct Tracked {
     sse: bool,
     ok: bool,
     events: SseEvents,
-    usage_tokens: Option<u32>,
+    usage: UsageTail,
+    /// Removes the usage chunk the gateway asked for on the client's behalf.
+    strip: Option<UsageStripper>,
 }
 
 impl Tracked {
@@ -43,7 +46,7 @@ impl Tracked {
         dispatch: Dispatch,
         (permit, mut ending): (Permit, Ending),
         sse: bool,
-        ok: bool,
+        (ok, strip_usage): (bool, bool),
     ) -> Self {
         ending.at(dispatch.target.name.clone());
         let mut body = Tracked {
@@ -55,22 +58,30 @@ impl Tracked {
             sse,
             ok,
             events: SseEvents::default(),
-            usage_tokens: None,
+            usage: UsageTail::default(),
+            strip: (sse && strip_usage).then(UsageStripper::default),
         };
-        if let Some(first) = &first {
-            body.inspect(first);
-        }
-        body.first = first;
+        body.first = first.map(|f| body.pass(&f));
         body.finish_if_ended();
+        if body.rest.is_none() {
+            if let Some(tail) = body.strip.as_mut().map(UsageStripper::finish) {
+                let mut all = bytes::BytesMut::from(body.first.as_deref().unwrap_or_default());
+                all.extend_from_slice(&tail);
+                body.first = Some(all.freeze());
+            }
+        }
         body
     }
 
-    fn inspect(&mut self, data: &[u8]) {
+    /// Reads `data` (events, usage) and returns what the client gets of it.
+    fn pass(&mut self, data: &Bytes) -> Bytes {
         if self.sse {
             self.events.feed(data);
         }
-        if let Some(n) = completion_tokens(data) {
-            self.usage_tokens = Some(n);
+        self.usage.feed(data);
+        match &mut self.strip {
+            Some(s) => s.filter(data),
+            None => data.clone(),
         }
     }
 
@@ -85,8 +96,12 @@ impl Tracked {
 
     fn finish(&mut self) {
         if let Some(d) = self.dispatch.take() {
-            let tokens = self.usage_tokens.unwrap_or_else(|| self.events.finish());
-            d.complete(tokens, None);
+            let usage = self.usage.usage();
+            let tokens = match usage {
+                Some(u) => u.output_tokens,
+                None => self.events.finish(),
+            };
+            d.complete(tokens, usage);
             self.ending.set(if self.ok {
                 Outcome::Ok
             } else {
@@ -114,17 +129,34 @@ impl Body for Tracked {
         match Pin::new(rest).poll_frame(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let data = data.clone();
-                    self.inspect(&data);
-                }
+                let frame = match frame.into_data() {
+                    Ok(data) => Frame::data(self.pass(&data)),
+                    Err(frame) => frame,
+                };
                 self.finish_if_ended();
-                Poll::Ready(Some(Ok(frame)))
+                let ended = self.rest.is_none();
+                let tail = match (&mut self.strip, ended) {
+                    (Some(s), true) => s.finish(),
+                    _ => Bytes::new(),
+                };
+                match frame.into_data() {
+                    Ok(mut data) if !tail.is_empty() => {
+                        let mut joined = bytes::BytesMut::from(&data[..]);
+                        joined.extend_from_slice(&tail);
+                        data = joined.freeze();
+                        Poll::Ready(Some(Ok(Frame::data(data))))
+                    }
+                    Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                }
             }
             Poll::Ready(None) => {
                 self.rest = None;
                 self.finish();
-                Poll::Ready(None)
+                match self.strip.as_mut().map(UsageStripper::finish) {
+                    Some(tail) if !tail.is_empty() => Poll::Ready(Some(Ok(Frame::data(tail)))),
+                    _ => Poll::Ready(None),
+                }
             }
             Poll::Ready(Some(Err(e))) => {
                 self.rest = None;
@@ -219,27 +251,12 @@ impl SseEvents {
     }
 }
 
-/// The `"completion_tokens": N` of a usage object in `data`, if present.
-fn completion_tokens(data: &[u8]) -> Option<u32> {
-    const KEY: &[u8] = b"\"completion_tokens\"";
-    let at = data.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    let rest = &data[at..];
-    let rest = &rest[rest.iter().position(|b| !matches!(b, b' ' | b':'))?..];
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn reads_usage_and_counts_events() {
-        assert_eq!(
-            completion_tokens(br#"{"usage":{"prompt_tokens":3,"completion_tokens": 17}}"#),
-            Some(17)
-        );
-        assert_eq!(completion_tokens(b"{}"), None);
+    fn counts_events() {
         let mut events = SseEvents::default();
         events.feed(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n");
         assert_eq!(events.finish(), 2);

@@ -126,6 +126,16 @@ pub struct RequestConfig {
     pub tenant_header: String,
     /// Header naming the session.
     pub session_header: String,
+    /// Further headers read as the session when `session_header` is absent, in order (the
+    /// conventions of other gateways and SDKs).
+    pub session_fallback_headers: Vec<String>,
+    /// Top-level body fields read as the session when no header names one (OpenAI's `user`
+    /// identifies the end user, whose conversations share a prefix).
+    pub session_body_fields: Vec<String>,
+    /// Ask streaming upstreams for a final usage chunk (`stream_options.include_usage`) when the
+    /// client did not, and strip that chunk from what the client receives: usage's
+    /// `cached_tokens` is how kvgate learns whether its cache prediction held.
+    pub stream_usage: bool,
     /// Header carrying the request's deadline in milliseconds from arrival.
     pub deadline_header: String,
     /// Header carrying the priority (`interactive` or `batch`).
@@ -139,6 +149,9 @@ impl Default for RequestConfig {
             max_tokens_limit: 1 << 20,
             tenant_header: "x-kvgate-tenant".into(),
             session_header: "x-kvgate-session".into(),
+            session_fallback_headers: vec!["x-session-id".into(), "session_id".into()],
+            session_body_fields: vec!["user".into()],
+            stream_usage: true,
             deadline_header: "x-kvgate-deadline-ms".into(),
             priority_header: "x-kvgate-priority".into(),
         }

@@ -46,6 +46,15 @@ impl Dispatch {
     pub(crate) fn first_token(&mut self) {
         let now = self.shared.pool.clock().now();
         self.first = Some(now);
+        if let (true, Some(predicted)) = (self.stream, self.target.predicted_ttft) {
+            let measured = (now - self.sent).as_secs_f64();
+            if predicted > 0.0 {
+                self.shared
+                    .metrics
+                    .ttft_prediction_ratio
+                    .observe(measured / predicted);
+            }
+        }
         // A non-streaming response's first bytes are its end: not a first token (see
         // `Pool::first_token`).
         self.shared.pool.first_token(
@@ -71,9 +80,13 @@ impl Dispatch {
         self.done = true;
         let now = self.shared.pool.clock().now();
         let e2e = now - self.sent;
-        self.shared
-            .pool
-            .completed(self.request, self.target.id, e2e, output_tokens, usage);
+        self.shared.pool.completed(
+            self.request,
+            self.target.id,
+            e2e,
+            output_tokens,
+            (usage, self.target.prediction),
+        );
         let m = &self.shared.metrics;
         let label = PolicyLabel {
             policy: self.shared.pool.policy_name(),

@@ -36,6 +36,7 @@ mod reload;
 mod server;
 mod state;
 mod upstream;
+mod usage;
 
 pub use config::{Config, ConfigError, EndpointConfig};
 pub use error::ApiError;

@@ -3,7 +3,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+pub use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
@@ -49,6 +49,16 @@ pub struct PolicyLabel {
     /// Its name.
     pub policy: &'static str,
 }
+
+/// How a cache prediction compared with the engine's usage.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `exact` (within one block), `over` or `under`.
+    pub result: &'static str,
+}
+
+/// A gauge of floats.
+pub type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// Scrape result per endpoint.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,6 +115,17 @@ pub struct Metrics {
     pub pending: Gauge,
     /// Engine metric scrapes.
     pub scrapes: Family<ScrapeLabels, Counter>,
+    /// Cached-token predictions scored against the engine's usage.
+    pub cache_prediction: Family<ResultLabel, Counter>,
+    /// Learned prefill speed per endpoint (`predicted_ttft`).
+    pub prefill_rate: Family<EndpointLabel, FloatGauge>,
+    /// Learned fixed time to first token per endpoint (`predicted_ttft`).
+    pub ttft_fixed: Family<EndpointLabel, FloatGauge>,
+    /// Learned speed relative to the fleet per endpoint (`predicted_ttft`).
+    pub speed_factor: Family<EndpointLabel, FloatGauge>,
+    /// Measured over predicted time to first token, streaming requests of a policy that
+    /// predicts it.
+    pub ttft_prediction_ratio: Histogram,
 }
 
 impl Default for Metrics {
@@ -210,7 +231,43 @@ impl Metrics {
             "Engine metric scrapes by result",
             scrapes.clone(),
         );
+        let cache_prediction = Family::default();
+        registry.register(
+            "cache_prediction",
+            "Predicted cached prompt tokens against the engine's usage: exact (within one block), over or under",
+            cache_prediction.clone(),
+        );
+        let prefill_rate = Family::default();
+        registry.register(
+            "endpoint_prefill_tokens_per_second",
+            "Learned prefill speed per endpoint (predicted_ttft)",
+            prefill_rate.clone(),
+        );
+        let ttft_fixed = Family::default();
+        registry.register_with_unit(
+            "endpoint_ttft_fixed",
+            "Learned fixed time to first token per endpoint (predicted_ttft)",
+            Unit::Seconds,
+            ttft_fixed.clone(),
+        );
+        let speed_factor = Family::default();
+        registry.register(
+            "endpoint_speed_factor",
+            "Learned slowness relative to the fleet per endpoint, 1 = fleet speed (predicted_ttft)",
+            speed_factor.clone(),
+        );
+        let ttft_prediction_ratio = Histogram::new(exponential_buckets(0.25, 1.25, 13));
+        registry.register(
+            "ttft_prediction_ratio",
+            "Measured over predicted time to first token (streams, predicted_ttft)",
+            ttft_prediction_ratio.clone(),
+        );
         Metrics {
+            cache_prediction,
+            prefill_rate,
+            ttft_fixed,
+            speed_factor,
+            ttft_prediction_ratio,
             registry,
             requests,
             ttft,

@@ -49,6 +49,9 @@ pub struct Inference {
     pub request: Request,
     /// How long the request may wait in the gateway's queue, if the client said.
     pub deadline: Option<Duration>,
+    /// The gateway added `stream_options.include_usage` to the body: the usage chunk is for
+    /// kvgate and is stripped from the client's stream.
+    pub strip_usage: bool,
 }
 
 /// Validates `body` and `headers` for `api`.
@@ -70,7 +73,7 @@ pub fn parse(
     let value: Value = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}"))
     })?;
-    let Value::Object(fields) = value else {
+    let Value::Object(mut fields) = value else {
         return Err(ApiError::invalid(
             "invalid_type",
             "the body must be a JSON object",
@@ -88,10 +91,15 @@ pub fn parse(
         Api::Completions => completion_prefix(&fields)?,
     };
     let prompt_tokens = estimate_tokens(&text);
+    let session = session(headers, &fields, limits);
+    let (body, strip_usage) = match stream && limits.stream_usage {
+        true => with_stream_usage(body, &mut fields)?,
+        false => (body, false),
+    };
     let request = Request {
         id: 0,
         tenant: tenant(headers, &limits.tenant_header),
-        session: header_str(headers, &limits.session_header).map(str::to_string),
+        session,
         model,
         prompt: Prompt {
             text: Some(text),
@@ -123,7 +131,63 @@ pub fn parse(
         stream,
         request,
         deadline,
+        strip_usage,
     })
+}
+
+/// The session: the first of the session headers present, else the first body field that is
+/// a non-empty string.
+fn session(
+    headers: &HeaderMap,
+    fields: &Map<String, Value>,
+    limits: &RequestConfig,
+) -> Option<String> {
+    std::iter::once(&limits.session_header)
+        .chain(&limits.session_fallback_headers)
+        .find_map(|h| header_str(headers, h))
+        .or_else(|| {
+            limits
+                .session_body_fields
+                .iter()
+                .find_map(|f| match fields.get(f) {
+                    Some(Value::String(s)) if !s.is_empty() => Some(s.as_str()),
+                    _ => None,
+                })
+        })
+        .map(str::to_string)
+}
+
+/// A streaming body that does not ask for usage gets `stream_options.include_usage: true`
+/// (re-serialised; the fields are otherwise unchanged) and is marked for the usage chunk to be
+/// stripped; one that asks for it is forwarded as it was.
+fn with_stream_usage(
+    body: Bytes,
+    fields: &mut Map<String, Value>,
+) -> Result<(Bytes, bool), ApiError> {
+    let options = match fields.get_mut("stream_options") {
+        None | Some(Value::Null) => {
+            fields.insert("stream_options".into(), Value::Object(Map::new()));
+            fields.get_mut("stream_options").expect("just inserted")
+        }
+        Some(v @ Value::Object(_)) => v,
+        Some(_) => return Err(type_error("stream_options", "an object")),
+    };
+    let Value::Object(options) = options else {
+        unreachable!("checked above")
+    };
+    match options.get("include_usage") {
+        Some(Value::Bool(true)) => return Ok((body, false)),
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(_) => return Err(type_error("stream_options.include_usage", "a boolean")),
+    }
+    options.insert("include_usage".into(), Value::Bool(true));
+    let rewritten = serde_json::to_vec(fields).map_err(|e| {
+        ApiError::invalid(
+            "invalid_json",
+            format!("the body could not be re-encoded: {e}"),
+        )
+    })?;
+    Ok((Bytes::from(rewritten), true))
 }
 
 fn type_error(param: &str, expected: &str) -> ApiError {

@@ -109,7 +109,8 @@ pub(crate) async fn handle(
                     }
                     drop(std::mem::take(&mut run.running)); // cancels a losing hedge
                     ending.at(dispatch.target.name.clone());
-                    return Ok(respond(ready, dispatch, (permit, ending.take()), run.stream));
+                    let owners = (permit, ending.take());
+                    return Ok(respond(ready, dispatch, owners, (run.stream, run.strip_usage)));
                 }
                 Err(error) => {
                     if let Some((outcome, answer)) = run.failed(dispatch, error, &mut attempts).await {
@@ -143,6 +144,7 @@ struct Run {
     api: Api,
     body: Bytes,
     stream: bool,
+    strip_usage: bool,
     forwarded: Arc<HeaderMap>,
     first_token_timeout: Option<Duration>,
     rng: ChaCha8Rng,
@@ -167,6 +169,7 @@ impl Run {
             api: inference.api,
             body: inference.body,
             stream: inference.stream,
+            strip_usage: inference.strip_usage,
             forwarded: Arc::new(upstream::forwarded_headers(headers)),
             first_token_timeout,
             tried: Vec::with_capacity(2),
@@ -284,7 +287,7 @@ fn respond(
     ready: Ready,
     dispatch: Dispatch,
     owners: (crate::admission::Permit, Ending),
-    stream: bool,
+    (stream, strip_usage): (bool, bool),
 ) -> Response<Body> {
     let Ready {
         mut head,
@@ -303,7 +306,7 @@ fn respond(
         head.headers.insert(ENDPOINT_HEADER, v);
     }
     let ok = head.status.is_success();
-    let body = Tracked::new(first, rest, dispatch, owners, sse, ok);
+    let body = Tracked::new(first, rest, dispatch, owners, sse, (ok, strip_usage));
     Response::from_parts(head, Body::new(body))
 }
 

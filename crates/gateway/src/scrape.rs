@@ -9,7 +9,7 @@
 //! - vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //!   `vllm:kv_cache_usage_perc` (older `vllm:gpu_cache_usage_perc`), block counts
 //!   `vllm:num_gpu_blocks` / `vllm:num_free_gpu_blocks` or the `num_gpu_blocks` label of
-//!   `vllm:cache_config_info`;
+//!   `vllm:cache_config_info` (whose `block_size` label sizes the engine's cache in tokens);
 //! - SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`.
 
 use crate::state::Shared;
@@ -26,6 +26,7 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
     let mut seen = false;
     let mut free: Option<u64> = None;
     let mut total: Option<u64> = None;
+    let mut block_size: Option<u32> = None;
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -68,6 +69,9 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
                 if let Some(blocks) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
                     total.get_or_insert(blocks);
                 }
+                if let Some(size) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
+                    block_size.get_or_insert(size);
+                }
                 continue;
             }
             _ => continue,
@@ -76,6 +80,7 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
     }
     obs.total_blocks = total;
     obs.free_blocks = free;
+    obs.block_size = block_size;
     (seen || total.is_some()).then_some(obs)
 }
 
@@ -226,6 +231,8 @@ mod tests {
         assert_eq!(obs.kv_usage, 0.25);
         assert_eq!(obs.total_blocks, Some(1000));
         assert_eq!(obs.used_blocks(), Some(250));
+        assert_eq!(obs.block_size, Some(16));
+        assert_eq!(obs.capacity_tokens(), Some(16_000));
     }
 
     #[test]

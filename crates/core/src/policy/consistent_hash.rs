@@ -29,6 +29,10 @@ const DOC: PolicyDoc = PolicyDoc {
             "what to hash: session, tenant, prefix or request (falls back down that list)",
         ),
         ("balance_factor", "c in ceil(c*m/n); 0 disables the bound"),
+        (
+            "min_capacity",
+            "outstanding requests below which no endpoint is over capacity",
+        ),
         ("vnodes", "ring points per unit weight"),
         (
             "prefix_chars",
@@ -65,6 +69,13 @@ pub struct Config {
     pub vnodes: u32,
     /// Bytes of prompt text hashed for the prefix key.
     pub prefix_chars: usize,
+    /// No endpoint counts as over capacity below this many outstanding requests: with a few
+    /// requests in flight `ceil(c * m / n)` is 1 or 2, and the bound moves a session off its
+    /// home (and its cached prefix) at the second concurrent request. 0 keeps the published
+    /// rule: in `kvgate sim` (closed-loop sessions, one router) a floor of 8 or 16 did not
+    /// raise capacity in any failure-mode scenario and lowered it in `fanout` and
+    /// `replica-loss`, so it is an option, not the default.
+    pub min_capacity: f64,
     /// Stale-signal handling.
     pub load: LoadConfig,
 }
@@ -76,6 +87,7 @@ impl Default for Config {
             balance_factor: 1.25,
             vnodes: DEFAULT_VNODES,
             prefix_chars: 1024,
+            min_capacity: 0.0,
             load: LoadConfig::default(),
         }
     }
@@ -208,7 +220,8 @@ impl Policy for ConsistentHash {
                 None => no_route(fleet),
             };
         }
-        let capacity = bounded_capacity(self.config.balance_factor, total + 1.0, n);
+        let capacity = bounded_capacity(self.config.balance_factor, total + 1.0, n)
+            .max(self.config.min_capacity);
         for (hops, (id, i)) in eligible_walk(ring, fleet, hash).enumerate() {
             if view.ranked_load(i) + 1.0 <= capacity {
                 let reason = if hops == 0 {

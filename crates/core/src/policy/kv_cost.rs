@@ -12,9 +12,14 @@
 //! Where the reference leaves details open, kvgate's reading is:
 //! - `prefill_blocks` are the request's blocks (the larger of its full-block count and
 //!   `ceil(prompt_tokens / block_size)`);
-//! - `potential_decode_blocks` are the larger of the blocks held by the requests this router
-//!   has in flight on the endpoint (Dynamo's active-sequence tracking) and the used blocks the
-//!   endpoint last reported;
+//! - `potential_decode_blocks` are the blocks the requests this router has in flight on the
+//!   endpoint add there, as Dynamo's router tracks its active sequences itself: a request's
+//!   prefix already held there is not counted again (Dynamo counts unique blocks). Neither
+//!   every in-flight prompt's full length nor the scraped KV usage is used: both count the
+//!   shared prefix of a hot conversation once per request (or count cached and long-decoding
+//!   context that costs no prefill), which made the home of a hot prefix look busiest in
+//!   proportion to its hits and sent its requests away (in `kvgate sim --scenario mix` that cut
+//!   the prefix hit ratio from ~90% to 78%);
 //! - `normalized_excess_prefill` is the endpoint's pending prefill (blocks of its dispatched
 //!   requests that have not produced a first token) above the fleet minimum, divided by this
 //!   request's prefill blocks: a cache hit behind a deep prefill queue earns less credit.
@@ -228,15 +233,10 @@ impl Policy for KvCost {
         for i in view.routable() {
             let e = &views[i];
             let own = pending[i];
-            let observed_used = if view.is_fresh(i) {
-                e.observation.and_then(|o| o.used_blocks()).unwrap_or(0) as f64
-            } else {
-                0.0
-            };
             let inputs = CostInputs {
                 prefill_blocks,
                 overlap: overlaps.of(e.id),
-                decode_blocks: own.active.max(observed_used),
+                decode_blocks: own.active,
                 active_requests: view.load(i),
                 normalized_excess_prefill: (own.prefill - min_pending) / prefill_blocks.max(1.0),
             };
@@ -267,7 +267,12 @@ impl Policy for KvCost {
                 overlaps,
                 ..
             } => {
-                let blocks = self.request_blocks(request, overlaps.total);
+                // The blocks this request adds there: a prefix it shares with what the
+                // endpoint holds is counted once, as Dynamo's active-block tracking counts
+                // unique blocks. Counting every request's whole prompt made the home of a hot
+                // prefix look loaded in proportion to its hits, and pushed its requests away.
+                let shared = f64::from(overlaps.of(endpoint).total());
+                let blocks = (self.request_blocks(request, overlaps.total) - shared).max(1.0);
                 self.finish(request.id, endpoint);
                 self.active.insert(
                     (request.id, endpoint),

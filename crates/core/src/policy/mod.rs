@@ -63,6 +63,25 @@ pub trait Policy: fmt::Debug + Send {
 
     /// Periodic upkeep on the owner's clock.
     fn maintain(&mut self, _now: Nanos) {}
+
+    /// What the policy has learned about `endpoint` by `now`, for policies that learn a model
+    /// of each endpoint (`predicted_ttft`); exported as gauges.
+    fn model(&mut self, _endpoint: crate::EndpointId, _now: Nanos) -> Option<EndpointModel> {
+        None
+    }
+}
+
+/// A learned model of one endpoint's speed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct EndpointModel {
+    /// Prefill tokens per second beside an empty decode batch.
+    pub prefill_tokens_per_second: f64,
+    /// Fixed time to first token, seconds.
+    pub fixed_seconds: f64,
+    /// How much slower (above 1) than the fleet it is.
+    pub speed_factor: f64,
+    /// Effective (decayed) samples behind the factor.
+    pub samples: f64,
 }
 
 /// The rejection for a fleet with no eligible endpoint.

@@ -133,8 +133,9 @@ fn dynamo_tiers_and_decay_reduce_credit() {
     assert_eq!(c.cost(&x), 10.0 - 2.0 - 3.0 - 0.5);
 }
 
-/// Runs the whole kv_cost policy: each worker gets `overlap` of a 10-block prompt through
-/// dispatches of prefixes of it, and reports `decode` used blocks.
+/// Runs the whole kv_cost policy: each worker gets `overlap` of a 10-block prompt through a
+/// finished dispatch of a prefix of it, and `decode` blocks of its own through an unrelated
+/// request still in flight there (the active blocks Dynamo's router tracks).
 fn chosen_by_kv_cost(workers: &[(usize, u64)]) -> EndpointId {
     let config = config::KvCost {
         block_size: 4,
@@ -143,38 +144,25 @@ fn chosen_by_kv_cost(workers: &[(usize, u64)]) -> EndpointId {
     let mut cache = cache_for(&PolicyConfig::KvCost(config.clone()));
     let mut policy = KvCost::new(config);
     let prompt: Vec<u32> = (0..40).collect();
-    for (w, &(overlap, _)) in workers.iter().enumerate() {
+    for (w, &(overlap, decode)) in workers.iter().enumerate() {
+        let e = EndpointId(w as u32);
         if overlap > 0 {
             let r = Request::from_tokens(100 + w as u64, prompt[..overlap * 4].to_vec());
-            dispatch(
-                &mut policy,
-                &mut cache,
-                &r,
-                EndpointId(w as u32),
-                Nanos::ZERO,
-            );
+            dispatch(&mut policy, &mut cache, &r, e, Nanos::ZERO);
             policy.observe(&Event::Completed {
                 request: r.id,
-                endpoint: EndpointId(w as u32),
+                endpoint: e,
                 at: Nanos::ZERO,
                 latency: Nanos::ZERO,
                 output_tokens: 1,
             });
         }
+        let base = 10_000 * (w as u32 + 1);
+        let busy = Request::from_tokens(200 + w as u64, (base..base + decode as u32 * 4).collect());
+        dispatch(&mut policy, &mut cache, &busy, e, Nanos::ZERO);
     }
-    let fleet: Vec<EndpointView> = workers
-        .iter()
-        .enumerate()
-        .map(|(w, &(_, decode))| {
-            EndpointView::new(EndpointId(w as u32)).observed(
-                Observation {
-                    free_blocks: Some(1000 - decode),
-                    total_blocks: Some(1000),
-                    ..Observation::default()
-                },
-                Nanos::ZERO,
-            )
-        })
+    let fleet: Vec<EndpointView> = (0..workers.len() as u32)
+        .map(|w| EndpointView::new(EndpointId(w)))
         .collect();
     let d = select(
         &mut policy,

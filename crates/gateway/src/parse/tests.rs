@@ -212,3 +212,47 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn the_session_comes_from_the_usual_headers_then_the_body_user() {
+    let body = Bytes::from_static(br#"{"user":"u7","messages":[{"role":"user","content":"x"}]}"#);
+    let limits = RequestConfig::default();
+    let session = |h: &HeaderMap| {
+        parse(Api::Chat, h, body.clone(), &limits)
+            .unwrap()
+            .request
+            .session
+    };
+    let mut h = HeaderMap::new();
+    assert_eq!(session(&h).as_deref(), Some("u7"));
+    h.insert("session_id", HeaderValue::from_static("s-under"));
+    assert_eq!(session(&h).as_deref(), Some("s-under"));
+    h.insert("x-session-id", HeaderValue::from_static("s-dash"));
+    assert_eq!(session(&h).as_deref(), Some("s-dash"));
+    h.insert("x-kvgate-session", HeaderValue::from_static("s-own"));
+    assert_eq!(session(&h).as_deref(), Some("s-own"));
+}
+
+#[test]
+fn a_stream_without_usage_asks_for_it_and_is_marked_for_stripping() {
+    let r = chat(r#"{"stream":true,"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert!(r.strip_usage);
+    let sent: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert_eq!(sent["messages"][0]["content"], "x");
+    let asked = r#"{"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}"#;
+    let r = chat(asked).unwrap();
+    assert!(!r.strip_usage);
+    assert_eq!(&r.body[..], asked.as_bytes(), "forwarded byte for byte");
+    let plain = chat(r#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert!(
+        !plain.strip_usage,
+        "a non-streaming answer carries its usage anyway"
+    );
+    assert_eq!(
+        chat(r#"{"stream":true,"stream_options":3,"messages":[{"role":"user","content":"x"}]}"#)
+            .unwrap_err()
+            .code,
+        "invalid_type"
+    );
+}

@@ -26,11 +26,11 @@ use arc_swap::ArcSwap;
 use axum::http::HeaderValue;
 use endpoint::{About, Endpoint, EndpointInfo};
 use kvgate_core::decision::FailureKind;
-use kvgate_core::index::{Overlaps, PrefixCache};
+use kvgate_core::index::{IndexSpec, Overlaps, Prediction, PrefixCache, TreeKey};
 use kvgate_core::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget, Ticket};
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Rejection, Request,
-    Router, Usage,
+    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Rejection,
+    Request, Router, Usage,
 };
 use rand::RngCore;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +55,10 @@ pub struct Target {
     pub ticket: Ticket,
     /// For a request's first attempt: how long to wait before hedging, if hedging is on.
     pub hedge_after: Option<Duration>,
+    /// What the prefix cache predicted this endpoint held of the request.
+    pub prediction: Option<Prediction>,
+    /// The policy's predicted time to first token, seconds, when it predicts one.
+    pub predicted_ttft: Option<f64>,
 }
 
 /// Which attempt of a request a pick is for.
@@ -66,6 +70,20 @@ pub enum Attempt {
     Retry,
     /// A hedge: only an endpoint not tried yet.
     Hedge,
+}
+
+/// The prefix cache for `policy`: its own index, or, for a policy that consults none, one
+/// mirroring the engines, so every request's cached tokens are predicted and scored
+/// (`kvgate_cache_prediction_total`) whatever the policy.
+fn cache_for(policy: &PolicyConfig) -> PrefixCache {
+    let spec = policy.index().unwrap_or(IndexSpec::Radix {
+        key: TreeKey::Auto,
+        max_size: 67_108_864,
+        eviction_interval: Nanos::from_secs(60),
+        share_across_tenants: false,
+        mirror_engines: true,
+    });
+    PrefixCache::new(&spec)
 }
 
 /// Everything under the pool's lock.
@@ -116,7 +134,7 @@ impl Core {
 #[derive(Debug)]
 pub struct Pool {
     core: Mutex<Core>,
-    cache: RwLock<Option<PrefixCache>>,
+    cache: RwLock<PrefixCache>,
     snapshot: ArcSwap<Snapshot>,
     clock: Clock,
     metrics: Arc<Metrics>,
@@ -135,7 +153,7 @@ impl Pool {
             breaker: config.breaker.clone(),
         };
         let pool = Pool {
-            cache: RwLock::new(config.policy.index().map(|s| PrefixCache::new(&s))),
+            cache: RwLock::new(cache_for(&config.policy)),
             snapshot: ArcSwap::default(),
             core: Mutex::new(core),
             clock,
@@ -182,8 +200,7 @@ impl Pool {
             core.router.set_policy(policy);
             self.publish(&core);
         }
-        *self.cache.write().unwrap_or_else(|p| p.into_inner()) =
-            policy.index().map(|s| PrefixCache::new(&s));
+        *self.cache_mut() = cache_for(policy);
     }
 
     /// Adds an endpoint; it joins now (blackout and slow start count from here).
@@ -221,14 +238,7 @@ impl Pool {
             self.metrics.breaker.remove(&label);
             self.metrics.inflight.remove(&label);
         }
-        if let Some(cache) = self
-            .cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            cache.remove_endpoint(id);
-        }
+        self.cache_mut().remove_endpoint(id);
         true
     }
 
@@ -258,10 +268,16 @@ impl Pool {
         self.publish(&core);
     }
 
-    /// What the prefix cache holds of `request`; `None` when the policy consults no index.
-    fn lookup(&self, request: &Request, now: Nanos) -> Option<Overlaps> {
-        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
-        cache.as_ref().map(|c| c.overlaps(request, now))
+    /// What the prefix cache holds of `request`.
+    fn lookup(&self, request: &Request, now: Nanos) -> Overlaps {
+        self.cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .overlaps(request, now)
+    }
+
+    fn cache_mut(&self) -> std::sync::RwLockWriteGuard<'_, PrefixCache> {
+        self.cache.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Chooses an endpoint for an attempt of `request` and records the dispatch (ledger,
@@ -294,8 +310,7 @@ impl Pool {
                     })
                     && !(fresh && tried.contains(&v.id))
             };
-            let none = Overlaps::default();
-            let overlaps = overlaps.as_ref().unwrap_or(&none);
+            let overlaps = &overlaps;
             let mut decision = core
                 .router
                 .pick(request, overlaps, now, &|v| accept(v, true));
@@ -330,6 +345,11 @@ impl Pool {
                 } else {
                     None
                 },
+                prediction: None,
+                predicted_ttft: match route.reason {
+                    Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
+                    _ => None,
+                },
             };
             self.metrics
                 .picks
@@ -343,16 +363,10 @@ impl Pool {
             }
             target
         };
-        if overlaps.is_some() {
-            if let Some(cache) = self
-                .cache
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_mut()
-            {
-                cache.dispatched(request, target.id, now);
-            }
-        }
+        let mut target = target;
+        let mut cache = self.cache_mut();
+        target.prediction = Some(cache.prediction(request, target.id, &overlaps));
+        cache.dispatched(request, target.id, now);
         Ok(target)
     }
 
@@ -407,6 +421,8 @@ impl Pool {
         if changed {
             self.publish(&core);
         }
+        drop(core);
+        self.cache_mut().first_token(request, endpoint, now);
     }
 
     /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt
@@ -431,23 +447,53 @@ impl Pool {
     }
 
     /// `request` finished normally on `endpoint`; `usage` is the engine's account of it, when
-    /// the answer carried one.
+    /// the answer carried one, which scores and corrects the cache's `prediction`.
     pub fn completed(
         &self,
         request: u64,
         endpoint: EndpointId,
         latency: Nanos,
         output_tokens: u32,
-        usage: Option<Usage>,
+        (usage, prediction): (Option<Usage>, Option<Prediction>),
     ) {
         let now = self.clock.now();
-        let mut core = self.lock();
-        if let Some(usage) = usage {
-            core.router.usage(request, endpoint, now, usage);
+        {
+            let mut core = self.lock();
+            if let Some(usage) = usage {
+                core.router.usage(request, endpoint, now, usage);
+            }
+            core.router
+                .completed(request, endpoint, now, latency, output_tokens);
+            core.sync_inflight(endpoint);
         }
-        core.router
-            .completed(request, endpoint, now, latency, output_tokens);
-        core.sync_inflight(endpoint);
+        let mut cache = self.cache_mut();
+        cache.finished(request, endpoint);
+        let (Some(usage), Some(p)) = (usage, prediction) else {
+            return;
+        };
+        let Some(cached) = usage.cached_tokens else {
+            return;
+        };
+        let block = self
+            .snapshot
+            .load()
+            .get(endpoint)
+            .and_then(|e| e.observation?.block_size)
+            .unwrap_or(16);
+        cache.correct(&p, (usage.prompt_tokens, cached), block);
+        drop(cache);
+        let predicted = p.cached_tokens(usage.prompt_tokens);
+        let result = if predicted.abs_diff(cached) <= block {
+            "exact"
+        } else if predicted > cached {
+            "over"
+        } else {
+            "under"
+        };
+        self.metrics
+            .cache_prediction
+            .get_or_create(&metrics::ResultLabel { result })
+            .inc();
     }
 
     /// `request` failed on `endpoint`. Connection errors, 5xx and timeouts count against the
@@ -461,6 +507,7 @@ impl Pool {
         retry_after: Option<Duration>,
     ) {
         let now = self.clock.now();
+        self.cache_mut().finished(request, endpoint);
         let mut core = self.lock();
         core.router.failed(request, endpoint, now, kind);
         core.sync_inflight(endpoint);
@@ -499,6 +546,10 @@ impl Pool {
             core.router.observed(endpoint, obs, sent_at);
         }
         self.publish(&core);
+        drop(core);
+        if let Some(tokens) = observation.and_then(|o| o.capacity_tokens()) {
+            self.cache_mut().set_capacity(endpoint, tokens);
+        }
     }
 
     /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
@@ -544,15 +595,23 @@ impl Pool {
     /// Periodic upkeep: the policy's, then the prefix cache's (eviction) under its own lock.
     pub fn maintain(&self) {
         let now = self.clock.now();
-        self.lock().router.maintain(now);
-        if let Some(cache) = self
-            .cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            cache.maintain(now);
+        let models = {
+            let mut core = self.lock();
+            core.router.maintain(now);
+            core.router.models(now)
+        };
+        let snapshot = self.snapshot.load();
+        for (id, m) in models {
+            let Some(e) = snapshot.get(id) else { continue };
+            let label = metrics::endpoint(&e.about.name);
+            let set = |family: &metrics::Family<_, metrics::FloatGauge>, v: f64| {
+                family.get_or_create(&label).set(v);
+            };
+            set(&self.metrics.prefill_rate, m.prefill_tokens_per_second);
+            set(&self.metrics.ttft_fixed, m.fixed_seconds);
+            set(&self.metrics.speed_factor, m.speed_factor);
         }
+        self.cache_mut().maintain(now);
     }
 }
 

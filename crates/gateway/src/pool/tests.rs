@@ -57,7 +57,7 @@ fn dispatches_are_in_flight_until_they_end() {
     let t = pool.pick(&request(1, None), &[], Attempt::First).unwrap();
     pool.pick(&request(2, None), &[], Attempt::First).unwrap();
     assert_eq!(pool.status()[0].inflight, 2);
-    pool.completed(1, t.id, Nanos(1), 3, None);
+    pool.completed(1, t.id, Nanos(1), 3, (None, None));
     pool.failed(2, ids[0], Ticket::default(), FailureKind::Cancelled, None);
     assert_eq!(pool.status()[0].inflight, 0);
 }
@@ -216,7 +216,7 @@ fn a_non_streaming_answer_teaches_the_policy_no_ttft() {
     for i in 10..14 {
         let t = pool.pick(&request(i, None), &[], Attempt::First).unwrap();
         assert_eq!(t.id, ids[0], "a has no TTFT estimate, b's is 1 s");
-        pool.completed(i, t.id, Nanos(1), 1, None);
+        pool.completed(i, t.id, Nanos(1), 1, (None, None));
     }
 }
 
@@ -235,7 +235,7 @@ fn a_retry_takes_the_next_candidate_of_the_same_ranking_and_falls_back_when_all_
     // Each attempt ends before the next, so the bounded load never moves the walk.
     let pick = |r: &Request, tried: &[EndpointId], attempt| {
         let id = pool.pick(r, tried, attempt).unwrap().id;
-        pool.completed(r.id, id, Nanos(1), 1, None);
+        pool.completed(r.id, id, Nanos(1), 1, (None, None));
         id
     };
     let home = pick(&r, &[], Attempt::First);
@@ -281,8 +281,35 @@ fn readers_see_the_published_snapshot_without_the_lock() {
         .pick(&request(1, Some("m")), &[], Attempt::First)
         .unwrap();
     assert_eq!(pool.status()[0].inflight, 1);
-    pool.completed(1, t.id, Nanos(1), 1, None);
+    pool.completed(1, t.id, Nanos(1), 1, (None, None));
     assert_eq!(pool.status()[0].inflight, 0);
     pool.set_draining(ids[0], true);
     assert!(!pool.any_healthy(), "a draining endpoint fails readiness");
+}
+
+#[test]
+fn cache_predictions_are_scored_against_usage_whatever_the_policy() {
+    let (pool, _) = pool("round_robin", &[("http://a:1", None)]);
+    let text = "You are a helpful agent. ".repeat(40);
+    let usage = |cached| Usage {
+        prompt_tokens: 250,
+        cached_tokens: Some(cached),
+        output_tokens: 4,
+    };
+    let first = Request::from_text(1, text.clone());
+    let t = pool.pick(&first, &[], Attempt::First).unwrap();
+    assert_eq!(t.prediction.unwrap().units, 0, "nothing cached yet");
+    pool.first_token(1, t.id, t.ticket, Nanos(1), true);
+    pool.completed(1, t.id, Nanos(2), 4, (Some(usage(0)), t.prediction));
+    // The same prompt again: the index, fed at the first token, predicts it all cached.
+    let again = Request::from_text(2, text);
+    let t = pool.pick(&again, &[], Attempt::First).unwrap();
+    let p = t.prediction.unwrap();
+    assert_eq!(p.cached_tokens(250), 250);
+    pool.completed(2, t.id, Nanos(3), 4, (Some(usage(240)), t.prediction));
+    let text = pool.metrics.encode();
+    assert!(
+        text.contains("kvgate_cache_prediction_total{result=\"exact\"} 2"),
+        "{text}"
+    );
 }

@@ -423,6 +423,16 @@ impl Policy for PredictedTtft {
         decision
     }
 
+    fn model(&mut self, endpoint: EndpointId, now: Nanos) -> Option<super::EndpointModel> {
+        let c = self.calibration.coefficients(endpoint.0, now);
+        Some(super::EndpointModel {
+            prefill_tokens_per_second: 1.0 / c.per_token,
+            fixed_seconds: c.fixed,
+            speed_factor: self.calibration.factor(endpoint.0, now),
+            samples: self.calibration.samples(endpoint.0, now),
+        })
+    }
+
     fn observe(&mut self, event: &Event<'_>) {
         match *event {
             Event::Dispatched {

@@ -1,0 +1,208 @@
+//! The engine's `usage` in a response, and the usage chunk the gateway asked for on the
+//! client's behalf.
+//!
+//! Usage (prompt, cached and output tokens) is the one exact signal of whether a routing guess
+//! hit the cache, so the gateway reads it from every answer: the last `"usage":{...}` object of
+//! a non-streaming body, or of a stream's final chunk. Only the tail of a body is kept (usage
+//! comes last in vLLM's and OpenAI's answers), so a long answer costs no memory.
+//!
+//! When the client did not ask for usage on a stream, the gateway asked for it
+//! (`stream_options.include_usage`) and [`UsageStripper`] removes that chunk, the event whose
+//! data has `"choices":[]` and a `"usage"` object, so the client sees the stream it asked for.
+
+use bytes::{Bytes, BytesMut};
+use kvgate_core::Usage;
+
+/// Bytes of a body's tail kept for its usage.
+const TAIL: usize = 16 * 1024;
+
+/// The last [`TAIL`] bytes of a body.
+#[derive(Debug, Default)]
+pub(crate) struct UsageTail {
+    tail: Vec<u8>,
+}
+
+impl UsageTail {
+    /// Records the next bytes of the body.
+    pub(crate) fn feed(&mut self, data: &[u8]) {
+        if data.len() >= TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&data[data.len() - TAIL..]);
+            return;
+        }
+        let overflow = (self.tail.len() + data.len()).saturating_sub(TAIL);
+        self.tail.drain(..overflow);
+        self.tail.extend_from_slice(data);
+    }
+
+    /// The last usage object seen, if any.
+    pub(crate) fn usage(&self) -> Option<Usage> {
+        parse(&self.tail)
+    }
+}
+
+/// The numbers of the last non-null `"usage"` object in `data`.
+pub(crate) fn parse(data: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut at = data.len();
+    loop {
+        let start = find_last(&data[..at], KEY)?;
+        let rest = skip_blanks_and_colon(&data[start + KEY.len()..]);
+        if rest.first() == Some(&b'{') {
+            let object = &rest[..object_len(rest)];
+            let number = |key: &[u8]| field(object, key);
+            return Some(Usage {
+                prompt_tokens: number(b"\"prompt_tokens\"")?,
+                cached_tokens: number(b"\"cached_tokens\""),
+                output_tokens: number(b"\"completion_tokens\"").unwrap_or(0),
+            });
+        }
+        at = start;
+    }
+}
+
+fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).rposition(|w| w == needle)
+}
+
+fn skip_blanks_and_colon(s: &[u8]) -> &[u8] {
+    let n = s
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b':'))
+        .count();
+    &s[n..]
+}
+
+/// The length of the JSON object at the start of `s` (up to the end when it is cut off).
+fn object_len(s: &[u8]) -> usize {
+    let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
+    for (i, &b) in s.iter().enumerate() {
+        match (in_string, b) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (true, b'"') => in_string = false,
+            (true, _) => {}
+            (false, b'"') => in_string = true,
+            (false, b'{') => depth += 1,
+            (false, b'}') => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// The unsigned integer after `"key":` in `object`.
+fn field(object: &[u8], key: &[u8]) -> Option<u32> {
+    let at = object.windows(key.len()).position(|w| w == key)? + key.len();
+    let rest = skip_blanks_and_colon(&object[at..]);
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
+/// Passes a server-sent-events stream through event by event, minus the usage-only chunk.
+#[derive(Debug, Default)]
+pub(crate) struct UsageStripper {
+    pending: BytesMut,
+}
+
+impl UsageStripper {
+    /// The complete events of `data` (with what was held back before), minus a usage-only
+    /// chunk; an incomplete last event is held back until its end arrives.
+    pub(crate) fn filter(&mut self, data: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(data);
+        let mut out = BytesMut::new();
+        while let Some(end) = event_end(&self.pending) {
+            let event = self.pending.split_to(end);
+            if !is_usage_chunk(&event) {
+                out.extend_from_slice(&event);
+            }
+        }
+        out.freeze()
+    }
+
+    /// What is left at the end of the stream.
+    pub(crate) fn finish(&mut self) -> Bytes {
+        let rest = self.pending.split();
+        if is_usage_chunk(&rest) {
+            Bytes::new()
+        } else {
+            rest.freeze()
+        }
+    }
+}
+
+/// The end (exclusive) of the first complete event: after its blank line.
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn is_usage_chunk(event: &[u8]) -> bool {
+    let has = |n: &[u8]| event.windows(n.len()).any(|w| w == n);
+    has(b"data:") && has(b"\"choices\":[]") && parse(event).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STREAM: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n\
+data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":332,\"total_tokens\":340,\"completion_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":320}}}\n\n\
+data: [DONE]\n\n";
+
+    #[test]
+    fn reads_the_last_usage_object_of_a_body_or_stream() {
+        let want = Usage {
+            prompt_tokens: 332,
+            cached_tokens: Some(320),
+            output_tokens: 8,
+        };
+        assert_eq!(parse(STREAM), Some(want));
+        let fixture = include_bytes!("../../../test-data/vllm/chat-completion.json");
+        assert_eq!(parse(fixture), Some(want));
+        let mut tail = UsageTail::default();
+        for chunk in STREAM.chunks(7) {
+            tail.feed(chunk);
+        }
+        assert_eq!(tail.usage(), Some(want));
+        assert_eq!(
+            parse(br#"{"usage":{"prompt_tokens":3,"completion_tokens":1}}"#),
+            Some(Usage {
+                prompt_tokens: 3,
+                cached_tokens: None,
+                output_tokens: 1
+            }),
+            "an engine without prompt_tokens_details reports no cached tokens"
+        );
+        assert_eq!(parse(b"data: {\"usage\":null}\n\n"), None);
+    }
+
+    #[test]
+    fn strips_only_the_usage_chunk_whatever_the_framing() {
+        let expected: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\ndata: [DONE]\n\n";
+        for size in [1, 5, 64, STREAM.len()] {
+            let mut s = UsageStripper::default();
+            let mut out = Vec::new();
+            for chunk in STREAM.chunks(size) {
+                out.extend_from_slice(&s.filter(chunk));
+            }
+            out.extend_from_slice(&s.finish());
+            assert_eq!(out, expected, "frames of {size}");
+        }
+        let fixture = include_bytes!("../../../test-data/vllm/chat-completion-stream.txt");
+        let mut s = UsageStripper::default();
+        let mut out = s.filter(fixture).to_vec();
+        out.extend_from_slice(&s.finish());
+        assert!(parse(&out).is_none() && out.ends_with(b"data: [DONE]\n\n"));
+        assert!(out.len() < fixture.len());
+    }
+}
