@@ -31,12 +31,14 @@ pub struct BenchArgs {
     #[arg(long = "url", alias = "base-url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
 
-    /// Workload: `random`, `prefix-repetition`, `agentic`, or a JSONL file to replay.
+    /// Workload: `random`, `prefix-repetition`, `agentic`, `fanout`, or a JSONL file to replay.
+    /// `agentic` and `fanout` are the simulator's models (`kvgate sim --scenario mix`,
+    /// `fanout`), closed loop: a turn follows its predecessor's answer.
     #[arg(long, default_value = "random", value_name = "NAME|FILE")]
     pub workload: String,
 
     /// Offered request rate per target in requests per second (`inf` sends all at once).
-    /// For `agentic` it is the rate at which sessions start.
+    /// For `agentic` it is the rate at which sessions start, for `fanout` the rate of bursts.
     #[arg(
         long,
         alias = "request-rate",
@@ -173,30 +175,59 @@ pub struct BenchArgs {
     pub prefix_repetition_output_len: u32,
 
     /// agentic: number of tenants (each has its own system prompt and tool definitions).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub agentic_tenants: u32,
 
     /// agentic: tokens of system prompt plus tool definitions per tenant.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2000)]
     pub agentic_system_len: u32,
 
-    /// agentic: turns per session; each turn appends the previous answer and a new message.
-    #[arg(long, default_value_t = 5)]
-    pub agentic_turns: u32,
+    /// agentic: mean turns per session (geometric); each turn resends the conversation.
+    #[arg(long, default_value_t = 6.0)]
+    pub agentic_turns: f64,
 
-    /// agentic: tokens of each new user / tool-result message.
-    #[arg(long, default_value_t = 256)]
-    pub agentic_user_len: u32,
+    /// agentic: mean tokens of each new user / tool-result message (lognormal).
+    #[arg(long, default_value_t = 150.0)]
+    pub agentic_user_len: f64,
 
-    /// agentic: output length per call in tokens.
-    #[arg(long, default_value_t = 128)]
-    pub agentic_output_len: u32,
+    /// agentic: mean answer length in tokens (lognormal); the answer joins the conversation.
+    #[arg(long, default_value_t = 250.0)]
+    pub agentic_output_len: f64,
 
-    /// agentic: think time between turns of a session in milliseconds.
-    #[arg(long, default_value_t = 1000.0)]
+    /// agentic: mean think time between an answer and the next turn, milliseconds
+    /// (exponential).
+    #[arg(long, default_value_t = 5000.0)]
     pub agentic_think_time_ms: f64,
 
-    /// agentic: parallel calls per turn (sub-agents sharing the conversation so far).
-    #[arg(long, default_value_t = 1)]
+    /// agentic: parallel calls when a turn fans out (sub-agents sharing the conversation).
+    #[arg(long, default_value_t = 4)]
     pub agentic_fan_out: u32,
+
+    /// agentic: probability that a turn fans out.
+    #[arg(long, default_value_t = 0.15)]
+    pub agentic_fanout_prob: f64,
+
+    /// agentic: a session ends once its context exceeds this many tokens.
+    #[arg(long, default_value_t = 32_000)]
+    pub agentic_max_context: u32,
+
+    /// fanout: distinct shared system prompts.
+    #[arg(long, default_value_t = 3)]
+    pub fanout_prompts: u32,
+
+    /// fanout: tokens of each shared prompt.
+    #[arg(long, default_value_t = 4000)]
+    pub fanout_prompt_len: u32,
+
+    /// fanout: calls per burst, sent at once.
+    #[arg(long, default_value_t = 16)]
+    pub fanout_calls: u32,
+
+    /// fanout: mean tokens of the parent's context shared by a burst's calls.
+    #[arg(long, default_value_t = 1000.0)]
+    pub fanout_context_len: f64,
+
+    /// fanout: mean tokens of each call's own task text.
+    #[arg(long, default_value_t = 300.0)]
+    pub fanout_task_len: f64,
 }

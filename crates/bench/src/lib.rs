@@ -27,6 +27,7 @@ pub mod plot;
 pub mod records;
 pub mod report;
 pub mod runner;
+pub mod sessions;
 pub mod stats;
 pub mod sweep;
 pub mod workload;
@@ -44,9 +45,12 @@ pub use error::BenchError;
 pub use report::{Capacity, Slo, TargetReport};
 
 use arrivals::{Ramp, RampAxis};
-use client::{BodyOptions, Sender, Target};
+use client::{BodyOptions, Record, Sender, Target};
+use kvgate_sim::dist::Lengths;
+use kvgate_sim::workload::{Agentic, AgenticConfig, Bursts, BurstsConfig};
 use runner::{Limits, Schedule};
-use workload::{AgenticConfig, Kind, PrefixConfig, RandomConfig, Workload};
+use sessions::Sessions;
+use workload::{Kind, PrefixConfig, RandomConfig, Workload};
 
 /// What a run produced.
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +109,82 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// A closed-loop workload: the simulator's model at an offered rate.
+#[derive(Debug, Clone, Copy)]
+enum Closed {
+    Agentic(AgenticConfig),
+    Fanout(BurstsConfig),
+}
+
+impl Closed {
+    fn at(self, rate: f64) -> Box<dyn kvgate_sim::workload::Workload + Send> {
+        match self {
+            Closed::Agentic(c) => Box::new(Agentic::new(AgenticConfig {
+                session_rate: rate,
+                ..c
+            })),
+            Closed::Fanout(c) => Box::new(Bursts::new(BurstsConfig { rate, ..c })),
+        }
+    }
+
+    /// Requests per started session or burst, roughly (for the progress bar).
+    fn per_unit(self) -> f64 {
+        match self {
+            Closed::Agentic(c) => c.turns * (1.0 + c.fanout_prob * f64::from(c.fanout)),
+            Closed::Fanout(c) => f64::from(c.fanout.max(1)),
+        }
+    }
+}
+
+/// What the run sends.
+#[derive(Debug, Clone)]
+enum Plan {
+    Open(Kind),
+    Closed(Closed),
+}
+
+fn mean(base: Lengths, mean: f64) -> Lengths {
+    Lengths {
+        mean: mean.max(1.0),
+        ..base
+    }
+}
+
+fn plan(args: &BenchArgs) -> Result<Plan, BenchError> {
+    match args.workload.as_str() {
+        "agentic" => {
+            let d = AgenticConfig::default();
+            return Ok(Plan::Closed(Closed::Agentic(AgenticConfig {
+                requests: u64::MAX,
+                tenants: args.agentic_tenants.max(1),
+                system_tokens: args.agentic_system_len,
+                turns: args.agentic_turns.max(1.0),
+                user_text: mean(d.user_text, args.agentic_user_len),
+                answer: mean(d.answer, args.agentic_output_len),
+                think_time_s: args.agentic_think_time_ms.max(0.0) / 1e3,
+                fanout_prob: args.agentic_fanout_prob.clamp(0.0, 1.0),
+                fanout: args.agentic_fan_out,
+                max_context: args.agentic_max_context,
+                ..d
+            })));
+        }
+        "fanout" => {
+            let d = BurstsConfig::default();
+            return Ok(Plan::Closed(Closed::Fanout(BurstsConfig {
+                requests: u64::MAX,
+                prompts: args.fanout_prompts.max(1),
+                prompt_tokens: args.fanout_prompt_len,
+                fanout: args.fanout_calls.max(1),
+                context: mean(d.context, args.fanout_context_len),
+                task: mean(d.task, args.fanout_task_len),
+                ..d
+            })));
+        }
+        _ => {}
+    }
+    workload_kind(args).map(Plan::Open)
+}
+
 fn workload_kind(args: &BenchArgs) -> Result<Kind, BenchError> {
     Ok(match args.workload.as_str() {
         "random" => Kind::Random(RandomConfig {
@@ -117,15 +197,6 @@ fn workload_kind(args: &BenchArgs) -> Result<Kind, BenchError> {
             suffix_len: args.prefix_repetition_suffix_len,
             num_prefixes: args.prefix_repetition_num_prefixes,
             output_len: args.prefix_repetition_output_len,
-        }),
-        "agentic" => Kind::Agentic(AgenticConfig {
-            tenants: args.agentic_tenants,
-            system_len: args.agentic_system_len,
-            turns: args.agentic_turns,
-            user_len: args.agentic_user_len,
-            output_len: args.agentic_output_len,
-            think_time_s: args.agentic_think_time_ms.max(0.0) / 1e3,
-            fan_out: args.agentic_fan_out,
         }),
         file => Kind::Replay(Workload::load_jsonl(Path::new(file))?),
     })
@@ -180,11 +251,69 @@ fn progress_bar(args: &BenchArgs, total: Option<u64>) -> ProgressBar {
     bar
 }
 
+/// One rate's run against the targets.
+struct Run<'a> {
+    targets: &'a Arc<[Target]>,
+    opts: &'a BodyOptions,
+    sender: &'a Sender,
+    bar: &'a ProgressBar,
+}
+
+impl Run<'_> {
+    /// An open-loop schedule: every request to every target at the same instant.
+    async fn open(&self, schedule: &mut Schedule) -> Vec<Vec<Record>> {
+        runner::run_schedule(
+            schedule,
+            self.targets.clone(),
+            self.opts,
+            self.sender.clone(),
+            self.bar,
+        )
+        .await
+    }
+
+    /// A closed-loop model: each target runs its own copy (the same sessions start at the same
+    /// times; what follows depends on that target's answers), all at once.
+    async fn closed(
+        &self,
+        closed: Closed,
+        rate: f64,
+        seed: u64,
+        limits: Limits,
+    ) -> Vec<Vec<Record>> {
+        let runs: Vec<_> = self
+            .targets
+            .iter()
+            .map(|t| {
+                let target: Arc<[Target]> = Arc::from(vec![t.clone()]);
+                let mut sessions = Sessions::new(closed.at(rate), seed, limits);
+                let (opts, sender, bar) =
+                    (self.opts.clone(), self.sender.clone(), self.bar.clone());
+                tokio::spawn(async move {
+                    runner::run_schedule(&mut sessions, target, &opts, sender, &bar)
+                        .await
+                        .pop()
+                        .unwrap_or_default()
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(runs.len());
+        for run in runs {
+            // A panicking run is a bug in the bench; surface it rather than report a short run.
+            out.push(
+                run.await
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+            );
+        }
+        out
+    }
+}
+
 /// Runs the benchmark described by `args`: every target, every rate; prints the table to
 /// stdout and writes the JSON and plot files when asked.
 pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
     validate(args)?;
-    let kind = workload_kind(args)?;
+    let plan = plan(args)?;
     let rates: Vec<Option<f64>> = match (&args.sweep, args.ramp_up_start_rps) {
         (Some(spec), _) => sweep::parse(spec)?.into_iter().map(Some).collect(),
         (None, Some(_)) => vec![None],
@@ -235,26 +364,44 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         run_start: tokio::time::Instant::now(),
         timeout,
     };
-    let per_unit = Workload::new(kind.clone(), args.seed, None).requests_per_unit();
-    let warm_units = args.warmup_requests.div_ceil(per_unit);
+    let warm_units = match &plan {
+        Plan::Open(kind) => {
+            let per_unit = Workload::new(kind.clone(), args.seed, None).requests_per_unit();
+            args.warmup_requests.div_ceil(per_unit)
+        }
+        Plan::Closed(_) => 0,
+    };
     if args.warmup_requests > 0 {
-        let workload = Workload::new(kind.clone(), args.seed, args.output_len);
         let rate = rates[0]
             .or(args.ramp_up_start_rps)
             .unwrap_or(args.rate)
             .max(1.0);
-        let arrivals = arrivals::Arrivals::new(
-            runner::arrival_config(rate, args.burstiness, Ramp::Constant),
-            args.seed ^ 0x5741_524d,
-        );
         let warm = Limits {
             duration_s: None,
             num_requests: Some(args.warmup_requests),
         };
         let bar = progress_bar(args, Some(args.warmup_requests * targets.len() as u64));
         bar.set_message("warm-up");
-        let schedule = Schedule::new(arrivals, workload, warm);
-        let _ = runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
+        let run = Run {
+            targets: &targets,
+            opts: &opts,
+            sender: &sender,
+            bar: &bar,
+        };
+        match &plan {
+            Plan::Open(kind) => {
+                let workload = Workload::new(kind.clone(), args.seed, args.output_len);
+                let arrivals = arrivals::Arrivals::new(
+                    runner::arrival_config(rate, args.burstiness, Ramp::Constant),
+                    args.seed ^ 0x5741_524d,
+                );
+                run.open(&mut Schedule::new(arrivals, workload, warm)).await;
+            }
+            Plan::Closed(closed) => {
+                run.closed(*closed, rate, args.seed ^ 0x5741_524d, warm)
+                    .await;
+            }
+        }
         bar.finish_and_clear();
     }
     let mut records_file = args
@@ -266,32 +413,51 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
     // Each rate of a sweep continues the workload where the previous rate stopped, so a random
     // workload stays uncached and agentic sessions stay new; a replay file restarts per rate.
     let mut carried: Option<Workload> = None;
-    for rate in &rates {
-        let workload = match carried.take() {
-            Some(w) if !matches!(kind, Kind::Replay(_)) => w,
-            _ => {
-                let mut w = Workload::new(kind.clone(), args.seed, args.output_len);
-                w.skip_units(warm_units);
-                w
-            }
-        };
+    for (k, rate) in rates.iter().enumerate() {
         let rate_value = rate.unwrap_or(0.0);
-        let arrivals = arrivals::Arrivals::new(
-            runner::arrival_config(rate_value, args.burstiness, ramp(args, &limits)),
-            args.seed,
-        );
         let expected = limits.num_requests.or_else(|| {
             let d = limits.duration_s?;
-            (rate_value.is_finite() && rate.is_some()).then(|| (rate_value * d) as u64 * per_unit)
+            let per_unit = match &plan {
+                Plan::Closed(c) => c.per_unit(),
+                Plan::Open(_) => 1.0,
+            };
+            (rate_value.is_finite() && rate.is_some()).then_some((rate_value * d * per_unit) as u64)
         });
         let bar = progress_bar(args, expected.map(|n| n * targets.len() as u64));
         if let Some(r) = rate {
             bar.set_message(format!("{r} req/s"));
         }
-        let schedule = Schedule::new(arrivals, workload, limits);
-        let (per_target, rest) =
-            runner::run_schedule(schedule, targets.clone(), &opts, sender.clone(), &bar).await;
-        carried = rest;
+        let run = Run {
+            targets: &targets,
+            opts: &opts,
+            sender: &sender,
+            bar: &bar,
+        };
+        let per_target = match &plan {
+            Plan::Open(kind) => {
+                let workload = match carried.take() {
+                    Some(w) if !matches!(kind, Kind::Replay(_)) => w,
+                    _ => {
+                        let mut w = Workload::new(kind.clone(), args.seed, args.output_len);
+                        w.skip_units(warm_units);
+                        w
+                    }
+                };
+                let arrivals = arrivals::Arrivals::new(
+                    runner::arrival_config(rate_value, args.burstiness, ramp(args, &limits)),
+                    args.seed,
+                );
+                let mut schedule = Schedule::new(arrivals, workload, limits);
+                let records = run.open(&mut schedule).await;
+                carried = Some(schedule.into_workload());
+                records
+            }
+            // A fresh model per rate, its stream offset by the rate's index: new sessions.
+            Plan::Closed(closed) => {
+                let seed = args.seed.wrapping_add(k as u64 * 0x9e37_79b9);
+                run.closed(*closed, rate_value, seed, limits).await
+            }
+        };
         bar.finish_and_clear();
         for (t, records) in targets.iter().zip(&per_target) {
             results.push(TargetReport::new(&t.name, *rate, records, &slo));

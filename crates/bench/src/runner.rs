@@ -1,11 +1,10 @@
-//! The open-loop scheduler: one task walks the schedule and spawns every request at its
-//! intended time, whatever is still in flight, so a slow server cannot slow the sender.
-//!
-//! The schedule merges the arrival process with the workload's units (an agentic session spreads
-//! its turns over time) through a min-heap of pending requests ordered by scheduled time, built
-//! lazily so memory stays bounded by what is due soon. Each request is sent to every target at the
-//! same scheduled instant (targets are interleaved in one run, side by side). Records travel back
-//! to one collector over a channel.
+//! The scheduler: one task walks a [`Source`] and spawns every request at its intended time,
+//! whatever is still in flight, so a slow server cannot slow the sender. An open-loop source
+//! ([`Schedule`]) merges the arrival process with the workload's units through a min-heap of
+//! pending requests, built lazily so memory stays bounded by what is due soon; each request is
+//! sent to every target at the same scheduled instant (targets interleaved in one run, side by
+//! side). A closed-loop source (`crate::sessions`) is told of every answer and schedules the
+//! next turn from it. Records travel back to the scheduler over a channel.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -95,14 +94,9 @@ impl Schedule {
     }
 }
 
-impl Iterator for Schedule {
-    /// (scheduled offset in seconds, request)
-    type Item = (f64, RequestSpec);
-
-    fn next(&mut self) -> Option<(f64, RequestSpec)> {
-        if self.limits.num_requests.is_some_and(|n| self.emitted >= n) {
-            return None;
-        }
+impl Schedule {
+    /// Generates units until the earliest pending request is known (or arrivals are over).
+    fn fill(&mut self) {
         while self.arrivals_open() {
             let t = *self
                 .next_arrival
@@ -125,69 +119,160 @@ impl Iterator for Schedule {
             }
             self.next_arrival = None;
         }
+    }
+
+    fn exhausted(&self) -> bool {
+        self.limits.num_requests.is_some_and(|n| self.emitted >= n)
+    }
+}
+
+impl Iterator for Schedule {
+    /// (scheduled offset in seconds, request)
+    type Item = (f64, RequestSpec);
+
+    fn next(&mut self) -> Option<(f64, RequestSpec)> {
+        if self.exhausted() {
+            return None;
+        }
+        self.fill();
         let p = self.heap.pop()?;
         self.emitted += 1;
         Some((p.at_s, p.spec))
     }
 }
 
-/// Runs one schedule against every target; returns each target's records in target order and
-/// the schedule's workload for a next schedule to continue (`None` if the scheduler panicked).
+/// Where a run's requests come from, in scheduled order.
+pub trait Source: Send {
+    /// The next request's scheduled offset (seconds from the run's start), if one is known.
+    fn peek(&mut self) -> Option<f64>;
+    /// The next request: its offset, what it asks, and the tag [`Source::completed`] gets back.
+    fn pop(&mut self) -> Option<(f64, RequestSpec, u64)>;
+    /// The request with `tag` finished at `at_s`; a closed-loop source may schedule more.
+    fn completed(&mut self, _tag: u64, _at_s: f64) {}
+    /// Whether more requests may still come (a closed-loop source waits for answers).
+    fn open(&self) -> bool;
+}
+
+impl Source for Schedule {
+    fn peek(&mut self) -> Option<f64> {
+        if self.exhausted() {
+            return None;
+        }
+        self.fill();
+        self.heap.peek().map(|p| p.at_s)
+    }
+
+    fn pop(&mut self) -> Option<(f64, RequestSpec, u64)> {
+        Iterator::next(self).map(|(at, spec)| (at, spec, 0))
+    }
+
+    fn open(&self) -> bool {
+        !self.exhausted() && (!self.heap.is_empty() || self.arrivals_open())
+    }
+}
+
+/// How the scheduler waits for a request's send time.
+///
+/// On a multi-threaded runtime (real runs) the last two milliseconds are slept on the OS timer
+/// (tokio's timer wheel has millisecond granularity, which would bunch sends at thousands per
+/// second); on a current-thread runtime (tests on paused time) only tokio's clock is used, so a
+/// test's timeline is exact whatever the machine is doing.
+fn precise() -> bool {
+    tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+}
+
+/// Runs `source` against `targets` (every request to each target at the same scheduled
+/// instant); returns each target's records in target order. Each request leaves at its time
+/// whatever is in flight (open loop); a closed-loop source learns of each answer and may
+/// schedule more.
 pub async fn run_schedule(
-    mut schedule: Schedule,
+    source: &mut dyn Source,
     targets: Arc<[Target]>,
     opts: &BodyOptions,
     sender: Sender,
     progress: &ProgressBar,
-) -> (Vec<Vec<Record>>, Option<Workload>) {
+) -> Vec<Vec<Record>> {
     let sender = Arc::new(Sender {
         run_start: Instant::now() + Duration::from_millis(5),
         ..sender
     });
-    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Record)>();
+    let start = sender.run_start;
+    let precise = precise();
     let n_targets = targets.len();
-    let bar = progress.clone();
-    let collector = tokio::spawn(async move {
-        let mut out: Vec<Vec<Record>> = vec![Vec::new(); n_targets];
-        while let Some((i, rec)) = rx.recv().await {
-            out[i].push(rec);
-            bar.inc(1);
-        }
-        out
-    });
-    // The schedule runs on its own thread and sleeps with the OS timer (tens of microseconds of
-    // slack) instead of tokio's millisecond timer wheel; requests are spawned onto the runtime.
-    let handle = tokio::runtime::Handle::current();
-    let opts = opts.clone();
-    let scheduler = tokio::task::spawn_blocking(move || {
-        let start = sender.run_start.into_std();
-        for (at_s, spec) in schedule.by_ref() {
-            let at = start + Duration::from_secs_f64(at_s);
-            // Serialise while waiting, so the wake-up only spawns.
-            let body = client::body(&spec, &opts);
-            let now = std::time::Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, u64, Record)>();
+    let mut out: Vec<Vec<Record>> = vec![Vec::new(); n_targets];
+    let mut in_flight = 0usize;
+    let mut accept = |(i, tag, rec): (usize, u64, Record), source: &mut dyn Source| {
+        source.completed(tag, rec.sent_s + rec.e2e_ms / 1e3);
+        out[i].push(rec);
+        progress.inc(1);
+    };
+    loop {
+        let Some(at_s) = source.peek() else {
+            if in_flight == 0 || !source.open() {
+                break;
             }
-            let at = Instant::from_std(at);
-            for i in 0..n_targets {
-                let (sender, targets, tx, body) =
-                    (sender.clone(), targets.clone(), tx.clone(), body.clone());
-                handle.spawn(async move {
-                    let rec = sender.measure(&targets[i], body, at).await;
-                    let _ = tx.send((i, rec));
-                });
+            // A closed-loop source waits for an answer to know what comes next.
+            match rx.recv().await {
+                Some(done) => {
+                    in_flight -= 1;
+                    accept(done, source);
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let at = start + Duration::from_secs_f64(at_s.max(0.0));
+        // Wait for the send time, taking answers as they come.
+        let coarse = if precise {
+            at - Duration::from_millis(2)
+        } else {
+            at
+        };
+        if Instant::now() < coarse {
+            tokio::select! {
+                () = tokio::time::sleep_until(coarse) => {}
+                Some(done) = rx.recv(), if in_flight > 0 => {
+                    in_flight -= 1;
+                    accept(done, source);
+                    continue;
+                }
             }
         }
-        schedule.into_workload()
-    });
-    // The scheduler thread owns the last sender clones; a panic there ends the run early.
-    let workload = scheduler.await.ok();
-    let mut out = collector.await.unwrap_or_default();
+        if precise {
+            let left = at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                tokio::task::block_in_place(|| std::thread::sleep(left));
+            }
+        }
+        let Some((at_s, spec, tag)) = source.pop() else {
+            continue;
+        };
+        let at = start + Duration::from_secs_f64(at_s.max(0.0));
+        let body = client::body(&spec, opts);
+        for i in 0..n_targets {
+            let (sender, targets, tx, body) =
+                (sender.clone(), targets.clone(), tx.clone(), body.clone());
+            in_flight += 1;
+            tokio::spawn(async move {
+                let rec = sender.measure(&targets[i], body, at).await;
+                let _ = tx.send((i, tag, rec));
+            });
+        }
+    }
+    while in_flight > 0 {
+        match rx.recv().await {
+            Some(done) => {
+                in_flight -= 1;
+                accept(done, source);
+            }
+            None => break,
+        }
+    }
     for records in &mut out {
         records.sort_by(|a, b| a.scheduled_s.total_cmp(&b.scheduled_s));
     }
-    (out, workload)
+    out
 }
 
 /// The arrival configuration for one offered `rate`.
@@ -202,7 +287,7 @@ pub fn arrival_config(rate: f64, burstiness: f64, ramp: arrivals::Ramp) -> arriv
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::{AgenticConfig, Kind, RandomConfig};
+    use crate::workload::{Kind, RandomConfig};
 
     fn random() -> Workload {
         Workload::new(
@@ -275,31 +360,5 @@ mod tests {
         let times: Vec<f64> = s.map(|(t, _)| t).collect();
         assert!((170..=230).contains(&times.len()), "{}", times.len());
         assert!(times.iter().all(|&t| t <= 2.0));
-    }
-
-    #[test]
-    fn agentic_sessions_interleave_in_time_order() {
-        let cfg = AgenticConfig {
-            tenants: 2,
-            system_len: 4,
-            turns: 3,
-            user_len: 2,
-            output_len: 2,
-            think_time_s: 1.0,
-            fan_out: 1,
-        };
-        let s = Schedule::new(
-            Arrivals::new(arrivals::Config::poisson(10.0), 3),
-            Workload::new(Kind::Agentic(cfg), 3, None),
-            Limits {
-                duration_s: None,
-                num_requests: Some(30),
-            },
-        );
-        let items: Vec<(f64, RequestSpec)> = s.collect();
-        assert_eq!(items.len(), 30);
-        assert!(items.windows(2).all(|w| w[0].0 <= w[1].0));
-        // Later turns (longer conversations) appear among the requests.
-        assert!(items.iter().any(|(_, r)| r.messages.len() == 6));
     }
 }

@@ -8,13 +8,8 @@
 //!   `--random-range-ratio`). Random prompts defeat prefix caching by design.
 //! - `prefix-repetition`: `num_prefixes` fixed prefixes; every request is one of them (uniform)
 //!   followed by a fresh random suffix (vLLM's `prefix_repetition` dataset).
-//! - `agentic`: tenants with their own system prompt and tool definitions; each arrival starts a
-//!   session of one tenant; turn `k` is sent `k * think_time` after the session starts and resends
-//!   the whole conversation: system, then for every earlier turn its user message and a synthetic
-//!   assistant answer of the output length, then the new message. With `fan_out > 1` each turn
-//!   issues that many calls that share the conversation and differ in their last message (parallel
-//!   sub-agents). The previous answer is synthetic because an open-loop schedule cannot wait for
-//!   the real one; the prompt grows exactly as a real agent's would.
+//! - `agentic` and `fanout` are closed-loop and come from the simulator's own models (see
+//!   `crate::sessions`).
 //! - a JSONL file: one request per line, `{"prompt": "..."}` or `{"messages": [...]}`, with an
 //!   optional `max_tokens` (or `output_len`); lines are replayed in order and cycled.
 //!
@@ -102,25 +97,6 @@ pub struct PrefixConfig {
     pub output_len: u32,
 }
 
-/// Parameters of the `agentic` workload.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AgenticConfig {
-    /// Number of tenants.
-    pub tenants: u32,
-    /// System prompt plus tool definitions, tokens per tenant.
-    pub system_len: u32,
-    /// Turns per session.
-    pub turns: u32,
-    /// Tokens of each new message.
-    pub user_len: u32,
-    /// Output tokens per call (also the length of the synthetic previous answer).
-    pub output_len: u32,
-    /// Seconds between turns.
-    pub think_time_s: f64,
-    /// Parallel calls per turn.
-    pub fan_out: u32,
-}
-
 /// Which generator to use.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
@@ -128,8 +104,6 @@ pub enum Kind {
     Random(RandomConfig),
     /// Shared prefixes plus random suffixes.
     PrefixRepetition(PrefixConfig),
-    /// Multi-tenant, multi-turn agent sessions.
-    Agentic(AgenticConfig),
     /// Replay of a JSONL file.
     Replay(Vec<RequestSpec>),
 }
@@ -141,7 +115,6 @@ pub struct Workload {
     rng: ChaCha8Rng,
     prefixes: Vec<String>,
     next_line: usize,
-    next_session: u64,
     output_override: Option<u32>,
 }
 
@@ -181,14 +154,6 @@ impl Workload {
             Kind::PrefixRepetition(c) => (0..c.num_prefixes.max(1))
                 .map(|i| format!("prefix {i}: {}", words(&mut rng, c.prefix_len)))
                 .collect(),
-            Kind::Agentic(c) => (0..c.tenants.max(1))
-                .map(|i| {
-                    format!(
-                        "tenant {i} system and tools: {}",
-                        words(&mut rng, c.system_len)
-                    )
-                })
-                .collect(),
             _ => Vec::new(),
         };
         Self {
@@ -196,7 +161,6 @@ impl Workload {
             rng,
             prefixes,
             next_line: 0,
-            next_session: 0,
             output_override,
         }
     }
@@ -252,10 +216,7 @@ impl Workload {
 
     /// Number of requests one arrival produces.
     pub fn requests_per_unit(&self) -> u64 {
-        match &self.kind {
-            Kind::Agentic(c) => u64::from(c.turns.max(1)) * u64::from(c.fan_out.max(1)),
-            _ => 1,
-        }
+        1
     }
 
     fn out_len(&self, len: u32) -> u32 {
@@ -298,7 +259,6 @@ impl Workload {
                     spec,
                 }]
             }
-            Kind::Agentic(c) => self.session(&c),
             Kind::Replay(lines) => {
                 let mut spec = lines[self.next_line % lines.len()].clone();
                 self.next_line += 1;
@@ -309,45 +269,6 @@ impl Workload {
                 }]
             }
         }
-    }
-
-    fn session(&mut self, c: &AgenticConfig) -> Vec<Timed> {
-        let session = self.next_session;
-        self.next_session += 1;
-        let tenant = self.rng.random_range(0..self.prefixes.len());
-        let max_tokens = self.out_len(c.output_len);
-        let mut history = vec![Message {
-            role: "system".into(),
-            content: self.prefixes[tenant].clone(),
-        }];
-        let mut out = Vec::with_capacity((c.turns.max(1) * c.fan_out.max(1)) as usize);
-        for turn in 0..c.turns.max(1) {
-            let offset_s = f64::from(turn) * c.think_time_s;
-            let mut first_call = None;
-            for branch in 0..c.fan_out.max(1) {
-                let mut messages = history.clone();
-                let tag = format!("session {session} turn {turn} call {branch}: ");
-                let msg = user(tag + &words(&mut self.rng, c.user_len));
-                if branch == 0 {
-                    first_call = Some(msg.clone());
-                }
-                messages.push(msg);
-                out.push(Timed {
-                    offset_s,
-                    spec: RequestSpec {
-                        messages,
-                        max_tokens,
-                    },
-                });
-            }
-            // The next turn carries this turn's first call's message and an answer.
-            history.extend(first_call);
-            history.push(Message {
-                role: "assistant".into(),
-                content: words(&mut self.rng, c.output_len),
-            });
-        }
-        out
     }
 }
 
@@ -402,48 +323,6 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(a.next_unit(), b.next_unit());
         }
-    }
-
-    #[test]
-    fn agentic_turns_grow_the_conversation_and_share_the_tenant_prefix() {
-        let cfg = AgenticConfig {
-            tenants: 2,
-            system_len: 30,
-            turns: 4,
-            user_len: 5,
-            output_len: 7,
-            think_time_s: 0.5,
-            fan_out: 2,
-        };
-        let mut w = Workload::new(Kind::Agentic(cfg), 11, None);
-        assert_eq!(w.requests_per_unit(), 8);
-        let unit = w.next_unit();
-        assert_eq!(unit.len(), 8);
-        for (i, t) in unit.iter().enumerate() {
-            let turn = i / 2;
-            assert_eq!(t.offset_s, 0.5 * turn as f64);
-            // system + 2 messages per earlier turn + the new one
-            assert_eq!(t.spec.messages.len(), 1 + 2 * turn + 1);
-            assert_eq!(t.spec.messages[0].role, "system");
-            assert_eq!(t.spec.max_tokens, 7);
-        }
-        // Turn k+1's conversation starts with all of turn k's (first call's) conversation.
-        for turn in 0..3 {
-            let prev = &unit[2 * turn].spec.messages;
-            let next = &unit[2 * (turn + 1)].spec.messages;
-            assert_eq!(&next[..prev.len()], &prev[..]);
-            assert_eq!(next[prev.len()].role, "assistant");
-            assert_eq!(next[prev.len()].content.split(' ').count(), 7);
-        }
-        // Fan-out calls share everything but the last message.
-        let (a, b) = (&unit[4].spec.messages, &unit[5].spec.messages);
-        assert_eq!(a[..a.len() - 1], b[..b.len() - 1]);
-        assert_ne!(a.last(), b.last());
-        // Sessions of the same tenant share the system prompt.
-        let systems: std::collections::BTreeSet<String> = (0..20)
-            .map(|_| w.next_unit()[0].spec.messages[0].content.clone())
-            .collect();
-        assert_eq!(systems.len(), 2);
     }
 
     #[test]

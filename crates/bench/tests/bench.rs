@@ -363,3 +363,47 @@ async fn warmup_requests_are_sent_but_not_reported() {
         15
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_bursts_run_closed_loop_against_each_target() {
+    let a = spawn(ServerConfig {
+        tokens: Some(3),
+        ..ServerConfig::default()
+    })
+    .await;
+    let b = spawn(ServerConfig {
+        tokens: Some(3),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (ua, ub) = (a.url(), b.url());
+    let out = run(&args(&[
+        "--url",
+        &ua,
+        "--url",
+        &ub,
+        "--workload",
+        "fanout",
+        "--rate",
+        "20",
+        "--num-requests",
+        "32",
+        "--fanout-calls",
+        "8",
+        "--fanout-prompt-len",
+        "40",
+        "--model",
+        "m",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(out.results.len(), 2);
+    for (r, server) in out.results.iter().zip([&a, &b]) {
+        assert_eq!((r.requests, r.failed), (32, 0), "{}", r.target);
+        let received = server
+            .state
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(received, 32, "each target runs its own copy");
+    }
+}

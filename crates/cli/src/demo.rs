@@ -1,9 +1,11 @@
-//! `kvgate demo`: the same open-loop agentic traffic through the gateway under several policies,
-//! against emulated engines started in this process, summarised in one comparison table.
+//! `kvgate demo`: the same agentic traffic through the gateway under several policies, against
+//! emulated engines started in this process, summarised in one comparison table.
 //!
-//! Every policy gets a fresh fleet (cold caches) and the same seeded schedule of agentic
-//! sessions: tenants whose sessions share a system prompt, turns that resend the growing
-//! conversation. What differs between rows is only where the gateway sent each request.
+//! Every policy gets a fresh fleet (cold caches) and the same seeded agentic sessions (the
+//! simulator's model, `kvgate sim --scenario mix`): tenants whose sessions share a system
+//! prompt, turns that resend the growing conversation, occasional fan-outs. Sessions start at
+//! the same times under every policy; each next turn follows its answer after a think time, so
+//! a policy that answers sooner also gets its next turns sooner.
 
 use anyhow::Context;
 use clap::Parser;
@@ -19,7 +21,7 @@ pub(crate) struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,least_outstanding,power_of_two,prefix_hash,cache_aware,kv_cost"
+        default_value = "round_robin,least_outstanding,power_of_two,prefix_hash,cache_aware,kv_cost,predicted_ttft"
     )]
     policies: Vec<String>,
     /// Emulated engines behind the gateway.
@@ -42,7 +44,8 @@ pub(crate) struct Args {
     json: Option<std::path::PathBuf>,
 }
 
-/// The bench flags of one run: the same agentic schedule for every policy.
+/// The bench flags of one run: the same agentic sessions for every policy, with a think time
+/// short enough that sessions reach their later turns (and their cached prefixes) in a demo.
 #[derive(Debug, Parser)]
 struct BenchCli {
     #[command(flatten)]
@@ -54,6 +57,7 @@ fn bench_args(args: &Args, url: &str) -> anyhow::Result<BenchArgs> {
         "bench".to_string(),
         format!("--url={url}"),
         "--workload=agentic".into(),
+        "--agentic-think-time-ms=1000".into(),
         format!("--rate={}", args.rate),
         format!("--duration={}", args.duration),
         format!("--seed={}", args.seed),

@@ -16,7 +16,7 @@ fn demo_compares_policies_on_the_same_traffic() {
             "--engines",
             "2",
             "--duration",
-            "1",
+            "3",
             "--rate",
             "4",
             "--time-scale",
@@ -41,11 +41,8 @@ fn demo_compares_policies_on_the_same_traffic() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rr = &report["round_robin"];
     let ca = &report["cache_aware"];
-    assert_eq!(
-        rr["requests"], ca["requests"],
-        "both policies got the same schedule"
-    );
-    assert!(rr["requests"].as_u64().unwrap() > 0);
+    // Sessions start at the same times; later turns follow each policy's own answers.
+    assert!(rr["requests"].as_u64().unwrap() > 12, "{rr}");
     for r in [rr, ca] {
         assert_eq!(r["failed"], 0, "{r}");
         assert_eq!(r["completed"], r["requests"]);
