@@ -22,6 +22,7 @@
 //! ```
 
 pub mod decision;
+pub mod fasthash;
 pub mod fleet;
 pub mod hashring;
 pub mod index;

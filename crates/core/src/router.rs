@@ -13,6 +13,7 @@
 //! [`Routing`] owns both for single-threaded drivers (every simulator scenario).
 
 use crate::decision::{FailureKind, Usage};
+use crate::fasthash::IntMap;
 use crate::index::blocks::KvEvent;
 use crate::index::{Overlaps, Prediction, PrefixCache};
 use crate::policy::Query;
@@ -22,7 +23,6 @@ use crate::{
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashMap;
 
 /// A policy, the fleet as it sees it, the in-flight ledger and the random source.
 #[derive(Debug)]
@@ -251,7 +251,7 @@ pub struct Routing {
     router: Router,
     cache: Option<PrefixCache>,
     /// What the cache predicted for each dispatch awaiting usage.
-    predictions: HashMap<(u64, EndpointId), Prediction>,
+    predictions: IntMap<(u64, EndpointId), Prediction>,
 }
 
 /// Tokens of slack before a predicted hit counts as missed: one KV block of the usual size.
@@ -263,7 +263,7 @@ impl Routing {
         Routing {
             cache: config.index().map(|spec| PrefixCache::new(&spec)),
             router: Router::new(config, seed),
-            predictions: HashMap::new(),
+            predictions: IntMap::default(),
         }
     }
 
@@ -298,7 +298,7 @@ impl Routing {
         if let (Some(cache), Some(endpoint)) = (&mut self.cache, decision.endpoint()) {
             let prediction = cache.prediction(request, endpoint, &overlaps);
             self.predictions.insert((request.id, endpoint), prediction);
-            cache.dispatched(request, endpoint, now);
+            cache.dispatched(request, endpoint, now, &overlaps);
         }
         decision
     }

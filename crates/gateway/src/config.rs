@@ -41,7 +41,7 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:8080".into(),
             endpoints: Vec::new(),
-            policy: PolicyConfig::CacheAware(Default::default()),
+            policy: PolicyConfig::PredictedTtft(Default::default()),
             requests: RequestConfig::default(),
             retry: RetryConfig::default(),
             breaker: BreakerConfig::default(),

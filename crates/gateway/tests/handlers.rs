@@ -177,7 +177,7 @@ async fn no_endpoint_is_503_and_connection_refused_is_502() {
         "{text}"
     );
     assert!(
-        text.contains("kvgate_requests_total{outcome=\"upstream_error\",policy=\"cache_aware\",endpoint=\"127.0.0.1:9\"} 1"),
+        text.contains("kvgate_requests_total{outcome=\"upstream_error\",policy=\"predicted_ttft\",endpoint=\"127.0.0.1:9\"} 1"),
         "{text}"
     );
 }

@@ -9,7 +9,6 @@
 //! - [`scenario`]: the named experiments and their reports.
 
 pub mod dist;
-mod fasthash;
 pub mod fleet;
 pub mod model;
 pub mod scenario;

@@ -278,6 +278,7 @@ impl BlockIndex {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
             unit: Unit::Blocks(u32::try_from(self.block_size).unwrap_or(u32::MAX)),
             endpoints,
+            block_hashes: Vec::new(),
         }
     }
 

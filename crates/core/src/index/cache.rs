@@ -168,6 +168,7 @@ impl PrefixCache {
                 text,
                 tokens,
                 pending,
+                mirror,
                 ..
             } => {
                 let by_tokens = matches!(
@@ -179,17 +180,17 @@ impl PrefixCache {
                 } else {
                     text.overlaps(&key, now)
                 };
+                if *mirror {
+                    out.block_hashes = pending::hashes(&key);
+                }
                 if !pending.is_empty() {
                     let per_block = if by_tokens {
                         BLOCK_TOKENS
                     } else {
                         4 * BLOCK_TOKENS
                     };
-                    merge_pending(
-                        &mut out,
-                        pending.overlaps(&pending::hashes(&key)),
-                        per_block as u32,
-                    );
+                    let held = pending.overlaps(&out.block_hashes);
+                    merge_pending(&mut out, held, per_block as u32);
                 }
                 out
             }
@@ -197,16 +198,23 @@ impl PrefixCache {
         }
     }
 
-    /// `request` was sent to `endpoint`: an approximate index now believes the endpoint holds
-    /// it (a block index fed by engine events waits for the engine to say so).
-    pub fn dispatched(&mut self, request: &Request, endpoint: EndpointId, now: Nanos) {
+    /// `request`, whose lookup found `overlaps`, was sent to `endpoint`: an approximate index
+    /// now believes the endpoint holds it (a block index fed by engine events waits for the
+    /// engine to say so).
+    pub fn dispatched(
+        &mut self,
+        request: &Request,
+        endpoint: EndpointId,
+        now: Nanos,
+        overlaps: &Overlaps,
+    ) {
         let key = PrefixKey::of(request, self.share_across_tenants);
         match &mut self.index {
             Index::Radix {
                 mirror: true,
                 pending,
                 ..
-            } => pending.add(request.id, endpoint, &key),
+            } => pending.add(request.id, endpoint, &key, &overlaps.block_hashes),
             Index::Radix {
                 key: by,
                 text,

@@ -117,6 +117,10 @@ pub struct Overlaps {
     pub unit: Unit,
     /// Per endpoint, sorted by endpoint id.
     pub endpoints: Vec<Overlap>,
+    /// The prompt's chained block hashes, when an index mirroring engines cut them for the
+    /// lookup: the dispatch that follows reuses them instead of hashing the prompt again.
+    #[serde(skip)]
+    pub(crate) block_hashes: Vec<u64>,
 }
 
 impl Overlaps {

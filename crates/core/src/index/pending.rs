@@ -13,8 +13,8 @@
 
 use super::blocks::{block_hashes, text_block_hashes};
 use super::PrefixKey;
+use crate::fasthash::IntMap;
 use crate::EndpointId;
-use std::collections::HashMap;
 
 /// Tokens per block of the held prompts' hashes.
 pub(crate) const BLOCK_TOKENS: usize = 16;
@@ -63,15 +63,26 @@ struct Held {
 /// The prompts in flight per endpoint. See the module documentation.
 #[derive(Debug, Default)]
 pub(crate) struct PendingPrompts {
-    blocks: HashMap<EndpointId, HashMap<u64, u32>>,
-    held: HashMap<(u64, EndpointId), Held>,
+    blocks: IntMap<EndpointId, IntMap<u64, u32>>,
+    held: IntMap<(u64, EndpointId), Held>,
 }
 
 impl PendingPrompts {
-    /// Request `id` with `key` was sent to `endpoint`.
-    pub(crate) fn add(&mut self, id: u64, endpoint: EndpointId, key: &PrefixKey<'_>) {
+    /// Request `id` with `key` was sent to `endpoint`; `hashes` are the key's block hashes if
+    /// the caller has them (empty: computed here).
+    pub(crate) fn add(
+        &mut self,
+        id: u64,
+        endpoint: EndpointId,
+        key: &PrefixKey<'_>,
+        hashes: &[u64],
+    ) {
         self.take(id, endpoint);
-        let hashes = hashes(key);
+        let hashes = if hashes.is_empty() {
+            self::hashes(key)
+        } else {
+            hashes.to_vec()
+        };
         let counts = self.blocks.entry(endpoint).or_default();
         for &h in &hashes {
             *counts.entry(h).or_insert(0) += 1;
@@ -89,6 +100,7 @@ impl PendingPrompts {
     /// returns its key.
     pub(crate) fn take(&mut self, id: u64, endpoint: EndpointId) -> Option<OwnedKey> {
         let held = self.held.remove(&(id, endpoint))?;
+        // An emptied map stays (one per endpoint): the next prompt there reuses its allocation.
         if let Some(counts) = self.blocks.get_mut(&endpoint) {
             for h in &held.hashes {
                 if let Some(n) = counts.get_mut(h) {
@@ -97,9 +109,6 @@ impl PendingPrompts {
                         counts.remove(h);
                     }
                 }
-            }
-            if counts.is_empty() {
-                self.blocks.remove(&endpoint);
             }
         }
         Some(held.key)
@@ -145,8 +154,8 @@ mod tests {
             text: None,
             tokens: Some(&prompt),
         };
-        p.add(7, EndpointId(2), &key);
-        p.add(8, EndpointId(2), &key);
+        p.add(7, EndpointId(2), &key, &[]);
+        p.add(8, EndpointId(2), &key, &hashes(&key));
         let query: Vec<u32> = (0..64).chain(500..600).collect();
         let q = hashes(&PrefixKey {
             scope: 1,

@@ -394,6 +394,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             total: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
             unit: K::UNIT,
             endpoints,
+            block_hashes: Vec::new(),
         }
     }
 

@@ -65,7 +65,7 @@ fn dispatch<P: Policy + ?Sized>(
     at: Nanos,
 ) {
     let overlaps = cache.overlaps(request, at);
-    cache.dispatched(request, endpoint, at);
+    cache.dispatched(request, endpoint, at, &overlaps);
     policy.observe(&Event::Dispatched {
         request,
         endpoint,

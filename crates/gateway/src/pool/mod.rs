@@ -366,7 +366,7 @@ impl Pool {
         let mut target = target;
         let mut cache = self.cache_mut();
         target.prediction = Some(cache.prediction(request, target.id, &overlaps));
-        cache.dispatched(request, target.id, now);
+        cache.dispatched(request, target.id, now, &overlaps);
         Ok(target)
     }
 

@@ -3,7 +3,7 @@
 
 use super::pool::{BlockId, BlockPool};
 use super::{Batching, EngineConfig, EngineStats, Iteration, SeqEvent, SeqRequest};
-use crate::fasthash::IntMap;
+use kvgate_core::fasthash::IntMap;
 use kvgate_core::index::blocks::{KvEvent, Tier};
 use std::collections::VecDeque;
 use xxhash_rust::xxh3::xxh3_64_with_seed;

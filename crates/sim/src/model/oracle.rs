@@ -8,8 +8,8 @@
 //! time to first token, as `predicted_ttft` does with learned, stale and approximate inputs.
 
 use super::{chained_hashes, EngineModel};
-use crate::fasthash::IntMap;
 use crate::model::Batching;
+use kvgate_core::fasthash::IntMap;
 use kvgate_core::Nanos;
 
 impl EngineModel {

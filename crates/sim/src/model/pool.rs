@@ -12,7 +12,7 @@
 //! The cache maps a chained block hash to the block holding it. Lookups never iterate the map,
 //! so its order cannot leak into decisions.
 
-use crate::fasthash::IntMap;
+use kvgate_core::fasthash::IntMap;
 
 /// Index of a block in the pool.
 pub(crate) type BlockId = u32;

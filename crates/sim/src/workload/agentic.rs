@@ -9,7 +9,7 @@
 
 use super::{shared_token, Spec, UniqueTokens, Workload};
 use crate::dist::{exponential, Lengths};
-use crate::fasthash::IntMap;
+use kvgate_core::fasthash::IntMap;
 use kvgate_core::Nanos;
 use rand::{Rng, RngCore};
 

@@ -188,6 +188,8 @@ struct Ratio {
     weight: f64,
     sum: f64,
     at: Nanos,
+    /// The factor at `at`, kept because every pick asks every endpoint for it.
+    memo: Option<f64>,
 }
 
 impl Ratio {
@@ -197,12 +199,16 @@ impl Ratio {
             self.weight *= k;
             self.sum *= k;
             self.at = now;
+            self.memo = None;
         }
     }
 
     /// The factor, pulled towards 1 by `strength` pseudo-samples.
-    fn factor(&self, strength: f64) -> f64 {
-        (self.sum / (self.weight + strength)).exp()
+    fn factor(&mut self, strength: f64) -> f64 {
+        let (sum, weight) = (self.sum, self.weight);
+        *self
+            .memo
+            .get_or_insert_with(|| (sum / (weight + strength)).exp())
     }
 }
 
@@ -301,6 +307,7 @@ impl Calibration {
         r.decay(now, tau);
         r.weight += 1.0;
         r.sum += (ttft.max(1e-6) / predicted).ln().clamp(-1.5, 1.5);
+        r.memo = None;
         let factor = r.factor(strength);
         // The fleet's fit learns the endpoint's sample at fleet speed.
         let fit = self.fit_mut(endpoint);

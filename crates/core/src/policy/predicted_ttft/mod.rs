@@ -27,12 +27,12 @@
 pub mod calibration;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
+use crate::fasthash::IntMap;
 use crate::index::{IndexSpec, Overlaps, TreeKey};
 use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 const DOC: PolicyDoc = PolicyDoc {
     name: "predicted_ttft",
@@ -210,6 +210,8 @@ struct Prediction {
     decodes: f64,
     /// The endpoint's prefill time per token now.
     seconds_per_token: f64,
+    /// [`PredictedTtft::externality`] there now.
+    externality: f64,
 }
 
 /// The share of recent time an endpoint had prefill queued (some dispatch of this router
@@ -243,8 +245,8 @@ impl Busy {
 pub struct PredictedTtft {
     config: Config,
     calibration: Calibration,
-    queues: HashMap<EndpointId, Queue>,
-    pending: HashMap<(u64, EndpointId), Pending>,
+    queues: IntMap<EndpointId, Queue>,
+    pending: IntMap<(u64, EndpointId), Pending>,
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
     predictions: Vec<Option<Prediction>>,
@@ -266,8 +268,8 @@ impl PredictedTtft {
                 config.prior_strength,
             ),
             config,
-            queues: HashMap::new(),
-            pending: HashMap::new(),
+            queues: IntMap::default(),
+            pending: IntMap::default(),
             token_ratio: 1.0,
             predictions: Vec::new(),
         }
@@ -282,12 +284,17 @@ impl PredictedTtft {
     /// prefilling that will be computed by then. With `ahead` tokens queued in front (that
     /// dispatch's last), the engine admits this one in the iteration that finishes them, and
     /// the tokens computed in that same iteration, `ahead mod chunk_tokens`, are not cached yet.
-    fn cached(&self, overlaps: &Overlaps, endpoint: EndpointId, prompt: f64, ahead: f64) -> f64 {
+    fn cached(
+        overlaps: &Overlaps,
+        endpoint: EndpointId,
+        prompt: f64,
+        ahead: f64,
+        chunk: f64,
+    ) -> f64 {
         let o = overlaps.of(endpoint);
         let tokens = |units| f64::from(overlaps.tokens(units, prompt as u32));
         let known = tokens(o.total());
         let in_flight = (tokens(o.pending) - known).max(0.0);
-        let chunk = f64::from(self.config.chunk_tokens.max(1));
         let miss = in_flight.min(ahead % chunk);
         (known + in_flight - miss).min(prompt - 1.0).max(0.0)
     }
@@ -302,9 +309,9 @@ impl PredictedTtft {
         now: Nanos,
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
-        let ahead = self.queues.get(&endpoint).map_or(0.0, |q| q.pending);
-        let cached = self.cached(overlaps, endpoint, prompt, ahead);
+        let chunk = f64::from(self.config.chunk_tokens.max(1));
         let q = self.queues.entry(endpoint).or_default();
+        let cached = Self::cached(overlaps, endpoint, prompt, q.pending, chunk);
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
             None => q.decodes.max(f64::from(q.decoding)),
@@ -317,6 +324,7 @@ impl PredictedTtft {
             ahead: q.pending,
             decodes,
             seconds_per_token: c.seconds_per_token(decodes),
+            externality: Self::externality(q, now),
         }
     }
 
@@ -339,19 +347,15 @@ impl PredictedTtft {
         }
     }
 
-    /// What one more uncached token at `endpoint` costs the requests that come after it
+    /// What one more uncached token at the endpoint of `queue` costs the requests that come after it
     /// there, in units of its own prefill time: with prefill utilisation `rho`, work added now
     /// delays the queue it joins by `rho / (1 - rho)` of its length on average (the M/M/1
     /// busy-period factor; `rho` capped at 0.9). Greedy TTFT alone would recompute a hot prefix
     /// on a second replica whenever queueing behind it at home costs as much as the recompute,
     /// and on a loaded fleet that duplicated prefill is what runs it out of capacity; on an idle
     /// one it costs nothing and the recompute is free to win.
-    fn externality(&self, endpoint: EndpointId, now: Nanos) -> f64 {
-        let rho = self
-            .queues
-            .get(&endpoint)
-            .map_or(0.0, |q| q.busy.at(now))
-            .clamp(0.0, 0.9);
+    fn externality(queue: &Queue, now: Nanos) -> f64 {
+        let rho = queue.busy.at(now).clamp(0.0, 0.9);
         rho / (1.0 - rho)
     }
 
@@ -400,8 +404,7 @@ impl Policy for PredictedTtft {
         }
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
-                let e = fleet.views()[i].id;
-                let cost = p.ttft + self.externality(e, now) * p.own * p.seconds_per_token;
+                let cost = p.ttft + p.externality * p.own * p.seconds_per_token;
                 cost / view.slow_start_factor(i)
             })
         });

@@ -1,13 +1,14 @@
-//! A fast, deterministic hasher for maps keyed by integers (request ids, block hashes that are
-//! already well mixed). Lookups only: no map in this crate is iterated where order could reach
-//! output or decisions.
+//! A fast, deterministic hasher for maps keyed by integers (request ids, endpoint ids, block
+//! hashes that are already well mixed): SipHash, std's default, costs more than the lookups it
+//! guards on the pick path. Not for keys an outsider chooses (no flooding resistance), and a
+//! map's iteration order must not reach output or decisions.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Multiplicative (Fibonacci) hashing of one integer key.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct IntHasher(u64);
+pub struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
@@ -34,4 +35,4 @@ impl Hasher for IntHasher {
 }
 
 /// A `HashMap` with [`IntHasher`].
-pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
