@@ -116,11 +116,11 @@ async fn open_loop(base: &str, rate: f64, secs: f64) -> (Vec<u64>, usize) {
     (v, e)
 }
 
+/// Percentile `p` in milliseconds of sorted microsecond latencies, by the one definition the
+/// sim and the bench use (NumPy's linear interpolation).
 fn pct(v: &[u64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1] as f64 / 1000.0
+    let ms: Vec<f64> = v.iter().map(|&us| us as f64 / 1000.0).collect();
+    kvgate_core::stats::percentile(&ms, p).unwrap_or(f64::NAN)
 }
 
 async fn closed_loop(base: &str, concurrency: usize, secs: f64) -> (u64, usize) {

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Gateway overhead, several builds side by side in one run: one time-scale-0 engine; for each
+# (kvgate binary, policy) a gateway in front of it; the same load generator against the engine
+# directly and through each gateway, open loop at 1,000 and 5,000 req/s (added p50/p99) and
+# closed loop with 64 connections (req/s). Rounds alternate between the builds so that the
+# machine's other tenants weigh on each alike; compare medians across rounds.
+#
+#   scripts/overhead.sh [--rounds N] [--policy P]... [KVGATE_BINARY]...
+#
+# Default: the release build of this tree (built if missing), policies cache_aware and
+# predicted_ttft. Pass an older binary too to measure before/after, e.g.
+#   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p kvgate)
+#   scripts/overhead.sh target/release/kvgate /tmp/old/target/release/kvgate
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=2
+policies=()
+binaries=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --rounds) rounds="$2"; shift 2 ;;
+    --policy) policies+=("$2"); shift 2 ;;
+    *) binaries+=("$1"); shift ;;
+    esac
+done
+[[ ${#policies[@]} -gt 0 ]] || policies=(cache_aware predicted_ttft)
+if [[ ${#binaries[@]} -eq 0 ]]; then
+    cargo build --release -q -p kvgate
+    binaries=(target/release/kvgate)
+fi
+cargo build --release -q -p kvgate-gateway --example loadgen
+loadgen=target/release/examples/loadgen
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+# Starts a process that prints "... listening on http://ADDR ..."; sets $url, or fails.
+start() {
+    local log
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 200); do
+        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$log" | head -1 || true)
+        [[ -n "$url" ]] && return 0
+        kill -0 "${pids[-1]}" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "skipped, did not start: $* ($(head -1 "$log"))" >&2
+    return 1
+}
+
+start "${binaries[0]}" engine --listen 127.0.0.1:0 --time-scale 0 || exit 1
+engine=$url
+names=()
+gateways=()
+for bin in "${binaries[@]}"; do
+    for policy in "${policies[@]}"; do
+        # An older build may lack a policy: that pair is skipped.
+        start "$bin" serve --listen 127.0.0.1:0 --endpoint "$engine" --policy "$policy" || continue
+        names+=("$bin $policy")
+        gateways+=("$url")
+    done
+done
+sleep 1
+
+for round in $(seq 1 "$rounds"); do
+    for i in "${!gateways[@]}"; do
+        echo "== round $round: ${names[$i]}"
+        "$loadgen" --direct "$engine" --via "${gateways[$i]}" --rate 1000 --secs 10
+        "$loadgen" --direct "$engine" --via "${gateways[$i]}" --rate 5000 --secs 6
+        "$loadgen" --via "${gateways[$i]}" --max --concurrency 64 --secs 5
+    done
+done
