@@ -204,6 +204,8 @@ struct Body<'a> {
     stream_options: Option<StreamOptions>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     ignore_eos: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -227,6 +229,7 @@ pub fn body(spec: &RequestSpec, opts: &BodyOptions) -> Bytes {
             include_usage: true,
         }),
         ignore_eos: opts.ignore_eos,
+        user: spec.user.as_deref(),
     };
     // Serialising plain strings and integers cannot fail.
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
@@ -501,6 +504,7 @@ mod tests {
                 content: "hi".into(),
             }],
             max_tokens: 3,
+            user: Some("session-1".into()),
         };
         let opts = BodyOptions {
             model: "m".into(),
@@ -512,6 +516,8 @@ mod tests {
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["ignore_eos"], true);
         assert_eq!(v["messages"][0]["content"], "hi");
+        assert_eq!(v["user"], "session-1");
+        let spec = RequestSpec { user: None, ..spec };
         let opts = BodyOptions {
             api: Api::Completions,
             stream: false,
@@ -521,6 +527,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body(&spec, &opts)).unwrap();
         assert_eq!(v["prompt"], "hi");
         assert!(v.get("ignore_eos").is_none() && v.get("stream_options").is_none());
+        assert!(v.get("user").is_none());
     }
 
     #[test]

@@ -91,6 +91,7 @@ impl Sessions {
                 content: render(&spec.tokens),
             }],
             max_tokens: spec.output.max(1),
+            user: spec.session.map(|s| format!("session-{s}")),
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct RequestSpec {
     pub messages: Vec<Message>,
     /// `max_tokens` to send.
     pub max_tokens: u32,
+    /// The conversation it belongs to, sent as OpenAI's `user` field (which kvgate and other
+    /// gateways read as a session for affinity).
+    pub user: Option<String>,
 }
 
 impl RequestSpec {
@@ -173,6 +176,7 @@ impl Workload {
             messages: Option<Vec<Message>>,
             max_tokens: Option<u32>,
             output_len: Option<u32>,
+            user: Option<String>,
         }
         let text = std::fs::read_to_string(path).map_err(|source| BenchError::Io {
             path: path.to_owned(),
@@ -203,6 +207,7 @@ impl Workload {
             out.push(RequestSpec {
                 messages,
                 max_tokens,
+                user: line.user,
             });
         }
         if out.is_empty() {
@@ -239,6 +244,7 @@ impl Workload {
                 let spec = RequestSpec {
                     messages: vec![user(words(&mut self.rng, input))],
                     max_tokens: self.out_len(output),
+                    user: None,
                 };
                 vec![Timed {
                     offset_s: 0.0,
@@ -253,6 +259,7 @@ impl Workload {
                 let spec = RequestSpec {
                     messages: vec![user(content)],
                     max_tokens: self.out_len(c.output_len),
+                    user: None,
                 };
                 vec![Timed {
                     offset_s: 0.0,
