@@ -1,0 +1,155 @@
+//! What the pool learns from each attempt's outcome: first token, refusal, completion or
+//! failure reach the router (and through it the policy), the breaker, the hedging delay, the
+//! prefix cache and the endpoint's gauges, each under one acquisition of the pool's lock.
+
+use super::Pool;
+use crate::metrics;
+use kvgate_core::decision::FailureKind;
+use kvgate_core::index::Prediction;
+use kvgate_core::resilience::Ticket;
+use kvgate_core::{EndpointId, Nanos, Usage};
+use std::time::Duration;
+
+impl Pool {
+    /// The first bytes of a 2xx answer to `request` arrived from `endpoint` after `ttft`.
+    ///
+    /// Only a stream's first bytes are a first token: a non-streaming answer's first bytes come
+    /// when generation ends, so its `ttft` is the end-to-end time, and a policy learning from it
+    /// (peak EWMA) would learn output lengths rather than endpoint speed. For those the policy
+    /// hears only `Completed`/`Failed`, and the hedging delay gets no sample; both kinds count
+    /// as a breaker success and as proof of life.
+    pub fn first_token(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        ttft: Nanos,
+        stream: bool,
+    ) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        // Answering traffic is proof of life (passive health checking).
+        let mut changed = core.set_checks(endpoint, |e| e.healthy = true);
+        if let Some(e) = core.endpoint(endpoint) {
+            e.served_since_scrape = true;
+            e.scrape_failures = 0;
+            e.breaker.record(ticket, true, now);
+            changed |= e.sync_breaker();
+        }
+        if stream {
+            core.hedge.record(ttft);
+            core.router.first_token(request, endpoint, now, ttft);
+        }
+        if changed {
+            self.publish(&core);
+        }
+        drop(core);
+        self.cache_mut().first_token(request, endpoint, now);
+    }
+
+    /// `endpoint` answered with a status other than 2xx, 5xx or 429 (those are attempt
+    /// failures): the answer goes to the client as it is, but it is neither a first token nor
+    /// proof of life. 401, 403, 404 and 408 say the endpoint cannot serve (a wrong key, a model
+    /// or route it lacks, a request it gave up on) and count as breaker failures, as LiteLLM
+    /// cools such deployments down; any other status (400, 413, 422) is the client's own fault
+    /// and only frees a half-open probe slot.
+    pub fn refused(&self, endpoint: EndpointId, ticket: Ticket, status: u16) {
+        let now = self.clock.now();
+        let mut core = self.lock();
+        if let Some(e) = core.endpoint(endpoint) {
+            if matches!(status, 401 | 403 | 404 | 408) {
+                e.breaker.record(ticket, false, now);
+            } else {
+                e.breaker.release(ticket);
+            }
+            if e.sync_breaker() {
+                self.publish(&core);
+            }
+        }
+    }
+
+    /// `request` finished normally on `endpoint`; `usage` is the engine's account of it, when
+    /// the answer carried one, which scores and corrects the cache's `prediction`.
+    pub fn completed(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        latency: Nanos,
+        output_tokens: u32,
+        (usage, prediction): (Option<Usage>, Option<Prediction>),
+    ) {
+        let now = self.clock.now();
+        {
+            let mut core = self.lock();
+            if let Some(usage) = usage {
+                core.router.usage(request, endpoint, now, usage);
+            }
+            core.router
+                .completed(request, endpoint, now, latency, output_tokens);
+            core.sync_inflight(endpoint);
+        }
+        let mut cache = self.cache_mut();
+        cache.finished(request, endpoint);
+        let (Some(usage), Some(p)) = (usage, prediction) else {
+            return;
+        };
+        let Some(cached) = usage.cached_tokens else {
+            return;
+        };
+        let block = self
+            .snapshot
+            .load()
+            .get(endpoint)
+            .and_then(|e| e.observation?.block_size)
+            .unwrap_or(16);
+        cache.correct(&p, (usage.prompt_tokens, cached), block);
+        drop(cache);
+        let predicted = p.cached_tokens(usage.prompt_tokens);
+        let result = if predicted.abs_diff(cached) <= block {
+            "exact"
+        } else if predicted > cached {
+            "over"
+        } else {
+            "under"
+        };
+        self.metrics
+            .cache_prediction
+            .get_or_create(&metrics::ResultLabel { result })
+            .inc();
+    }
+
+    /// `request` failed on `endpoint`. Connection errors, 5xx and timeouts count against the
+    /// breaker; a Retry-After keeps the endpoint out of routing for its duration.
+    pub fn failed(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        ticket: Ticket,
+        kind: FailureKind,
+        retry_after: Option<Duration>,
+    ) {
+        let now = self.clock.now();
+        self.cache_mut().finished(request, endpoint);
+        let mut core = self.lock();
+        core.router.failed(request, endpoint, now, kind);
+        core.sync_inflight(endpoint);
+        let Some(e) = core.endpoint(endpoint) else {
+            return;
+        };
+        let mut changed = false;
+        if let Some(wait) = retry_after {
+            let until = now + Nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+            changed |= until > e.info.avoid_until;
+            e.info.avoid_until = e.info.avoid_until.max(until);
+        }
+        if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
+            e.breaker.release(ticket);
+        } else {
+            e.breaker.record(ticket, false, now);
+        }
+        changed |= e.sync_breaker();
+        if changed {
+            self.publish(&core);
+        }
+    }
+}
