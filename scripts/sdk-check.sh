@@ -10,7 +10,7 @@ if [ ! -x .venv-sdk/bin/python ]; then
 fi
 cargo build --quiet -p kvgate
 LOG=$(mktemp)
-./target/debug/kvgate engine --listen 127.0.0.1:0 --time-scale 0 --model sdk-model >"$LOG" 2>&1 &
+"${CARGO_TARGET_DIR:-target}"/debug/kvgate engine --listen 127.0.0.1:0 --time-scale 0 --model sdk-model >"$LOG" 2>&1 &
 ENGINE_PID=$!
 trap 'kill $ENGINE_PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 URL=""
