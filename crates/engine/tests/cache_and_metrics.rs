@@ -136,11 +136,12 @@ async fn histograms_and_token_counters_follow_the_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_kv_pool_shows_usage_and_preemptions() {
     // 64 blocks of 16 tokens; eight concurrent 300-token prompts with long outputs cannot all
-    // fit, so the engine preempts. A small time scale keeps them concurrent.
+    // fit, so the engine preempts. The time scale keeps them concurrent and the pool full for
+    // about a second, long enough for a poll of /metrics to see it on a loaded machine.
     let config = kvgate_engine::EngineConfig {
         kv_blocks: 64,
         max_model_len: 1024,
-        time_scale: 0.02,
+        time_scale: 0.1,
         ..fast_config()
     };
     let engine = start(config).await;
