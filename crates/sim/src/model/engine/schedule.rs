@@ -54,15 +54,7 @@ impl EngineModel {
 
     pub(super) fn schedule_continuous(&mut self, it: &mut Iteration) -> Vec<Work> {
         let mut work = Vec::new();
-        while let Some(tokens) = self.admit(None, it) {
-            let id = *self.running.last().expect("admitted");
-            work.push(Work {
-                id,
-                tokens,
-                decode: false,
-                context: 0,
-            });
-        }
+        self.admit_whole(&mut work, it);
         if work.is_empty() {
             self.schedule_decodes(&mut work, it);
         }
@@ -72,19 +64,24 @@ impl EngineModel {
     pub(super) fn schedule_static(&mut self, it: &mut Iteration) -> Vec<Work> {
         let mut work = Vec::new();
         if self.running.is_empty() {
-            while let Some(tokens) = self.admit(None, it) {
-                let id = *self.running.last().expect("admitted");
-                work.push(Work {
-                    id,
-                    tokens,
-                    decode: false,
-                    context: 0,
-                });
-            }
+            self.admit_whole(&mut work, it);
         } else {
             self.schedule_decodes(&mut work, it);
         }
         work
+    }
+
+    /// Admits every waiting sequence that fits, each prefilling its whole prompt.
+    fn admit_whole(&mut self, work: &mut Vec<Work>, it: &mut Iteration) {
+        while let Some(tokens) = self.admit(None, it) {
+            let id = *self.running.last().expect("admitted");
+            work.push(Work {
+                id,
+                tokens,
+                decode: false,
+                context: 0,
+            });
+        }
     }
 
     /// One decode token for every running sequence, preempting from the back for blocks.
