@@ -32,25 +32,7 @@ fi
 cargo build --release -q -p kvgate-gateway --example loadgen
 loadgen="${CARGO_TARGET_DIR:-target}"/release/examples/loadgen
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-# Starts a process that prints "... listening on http://ADDR ..."; sets $url, or fails.
-start() {
-    local log
-    log=$(mktemp)
-    "$@" >"$log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 1 200); do
-        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$log" | head -1 || true)
-        [[ -n "$url" ]] && return 0
-        kill -0 "${pids[-1]}" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "skipped, did not start: $* ($(head -1 "$log"))" >&2
-    return 1
-}
+source scripts/lib.sh
 
 start "${binaries[0]}" engine --listen 127.0.0.1:0 --time-scale 0 || exit 1
 engine=$url

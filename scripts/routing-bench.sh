@@ -59,29 +59,7 @@ cargo build --release -q -p kvgate
 kvgate="${CARGO_TARGET_DIR:-target}"/release/kvgate
 mkdir -p "$out"
 
-pids=()
-stop_all() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    pids=()
-}
-trap stop_all EXIT
-
-# Starts a process that prints "... listening on http://ADDR ..."; sets $url.
-start() {
-    local log
-    log=$(mktemp)
-    "$@" >"$log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 1 400); do
-        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$log" | head -1 || true)
-        [[ -n "$url" ]] && return 0
-        kill -0 "${pids[-1]}" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "did not start: $* ($(head -3 "$log"))" >&2
-    exit 1
-}
+source scripts/lib.sh
 
 IFS=, read -r -a names <<<"$policies"
 for policy in "${names[@]}"; do
