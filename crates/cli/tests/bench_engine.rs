@@ -203,6 +203,21 @@ fn column(records: &[&Value], key: &str) -> Vec<f64> {
     records.iter().map(|r| f(&r[key])).collect()
 }
 
+/// The sends follow their schedule: most requests leave within a few ms of their scheduled
+/// instant. A sender that ignores the schedule's shape fails this for most requests (a periodic
+/// sender drifts from a random schedule by its random walk, ~sqrt(n) gaps; a batching one lags by
+/// half a batch period), while a busy machine's scheduling hiccups delay only a few.
+fn assert_sends_follow_schedule(records: &[&Value]) {
+    let mut lags = column(records, "lag_ms");
+    lags.sort_by(f64::total_cmp);
+    let (p50, p90) = (lags[lags.len() / 2], lags[lags.len() * 9 / 10]);
+    assert!(
+        p50 <= 5.0 && p90 <= 25.0,
+        "sends do not follow the schedule: lag p50 {p50:.2} ms, p90 {p90:.2} ms"
+    );
+    eprintln!("lag p50 {p50:.2} ms, p90 {p90:.2} ms");
+}
+
 /// Short requests (8 prompt tokens, 2 output tokens) against a time-scale-0 engine.
 const SHORT: &[&str] = &[
     "--random-input-len",
@@ -220,7 +235,7 @@ fn poisson_sends_hold_the_offered_rate_over_2000_arrivals() {
         "--url",
         &engine.base,
         "--rate",
-        "400",
+        "250",
         "--num-requests",
         "2000",
     ];
@@ -230,8 +245,8 @@ fn poisson_sends_hold_the_offered_rate_over_2000_arrivals() {
     assert_eq!((f(&r["requests"]), f(&r["failed"])), (2000.0, 0.0));
     let send_rate = f(&r["send_rate"]);
     assert!(
-        (send_rate - 400.0).abs() <= 0.05 * 400.0,
-        "send rate {send_rate} not within 5% of 400: {}",
+        (send_rate - 250.0).abs() <= 0.05 * 250.0,
+        "send rate {send_rate} not within 5% of 250: {}",
         run.stdout
     );
     // The records agree with the summary; the schedule's gaps are exponential (CV 1).
@@ -243,10 +258,13 @@ fn poisson_sends_hold_the_offered_rate_over_2000_arrivals() {
     assert!((cv - gap_cv(sent)).abs() < 1e-6, "{cv}");
     let scheduled_cv = gap_cv(column(&records, "scheduled_s"));
     assert!((0.95..=1.05).contains(&scheduled_cv), "{scheduled_cv}");
-    // With 2.5 ms mean gaps, a busy machine's send jitter (a few ms) visibly widens the actual
-    // gaps (CV 1.0-1.4 measured), so only a grossly wrong sender (periodic, or bursts) fails
-    // here; the gamma test checks the shape at gentler rates.
-    assert!((0.9..=1.75).contains(&cv), "Poisson send-gap CV {cv}");
+    // With 4 ms mean gaps, a busy machine's scheduling jitter widens the actual gaps' CV well
+    // past 1 (measured with two CPU hogs beside the tests: 0.98-1.14 at 250/s, up to 1.9 at
+    // 400/s, where the lag check below also fails now and then), so the spread of the sent
+    // gaps cannot tell a right sender from a bursty one; each send's lag behind its schedule can.
+    assert_sends_follow_schedule(&records);
+    // Jitter only adds spread to the gaps, so a CV under Poisson's 1 means a too-regular sender.
+    assert!(cv >= 0.9, "Poisson send-gap CV {cv}");
     eprintln!("send rate {send_rate:.1}/s, send-gap CV {cv:.3} (schedule {scheduled_cv:.3})");
 }
 
@@ -279,11 +297,14 @@ fn gamma_sends_have_cv_one_over_sqrt_burstiness() {
             (scheduled_cv - want).abs() <= 0.15 * want,
             "B={burstiness}: scheduled CV {scheduled_cv}, want {want}"
         );
-        // ...and the actual sends keep it (measured: within 9% with three CPU hogs running
-        // beside the tests; 20% still tells CV 0.5 from Poisson's 1 and 2 from 1).
+        // ...and the actual sends keep it. Scheduling jitter on a busy machine only widens the
+        // sent gaps (B=4: CV 0.51-0.65 against 0.505 scheduled, measured with two CPU hogs), so
+        // the spread is bounded from below here and the lag check catches a sender that ignores
+        // the schedule's shape.
+        assert_sends_follow_schedule(&records);
         let sent_cv = f(&run.result(&engine.base)["send_gap_cv"]);
         assert!(
-            (sent_cv - scheduled_cv).abs() <= 0.2 * scheduled_cv,
+            sent_cv >= 0.8 * scheduled_cv,
             "B={burstiness}: sent CV {sent_cv} vs scheduled {scheduled_cv}: {}",
             run.stdout
         );
