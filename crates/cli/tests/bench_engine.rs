@@ -203,16 +203,19 @@ fn column(records: &[&Value], key: &str) -> Vec<f64> {
     records.iter().map(|r| f(&r[key])).collect()
 }
 
-/// The sends follow their schedule: most requests leave within a few ms of their scheduled
-/// instant. A sender that ignores the schedule's shape fails this for most requests (a periodic
-/// sender drifts from a random schedule by its random walk, ~sqrt(n) gaps; a batching one lags by
-/// half a batch period), while a busy machine's scheduling hiccups delay only a few.
+/// The sends follow their schedule: half the requests leave within 10 ms of their scheduled
+/// instant, nine in ten within 50 ms. A sender that ignores the schedule's shape fails this for
+/// most requests (a periodic sender drifts from a random schedule by its random walk, ~sqrt(n)
+/// gaps: ~250 ms over 1,000 gaps of 8 ms; a batching one lags by half a batch period), while a
+/// busy machine's scheduling hiccups delay only some (measured with two CPU hogs and a build
+/// beside the tests: p50 up to 6.5 ms and p90 up to 47 ms at 250 req/s, a debug build's
+/// CPU-bound worst case, hence the rates of these tests).
 fn assert_sends_follow_schedule(records: &[&Value]) {
     let mut lags = column(records, "lag_ms");
     lags.sort_by(f64::total_cmp);
     let (p50, p90) = (lags[lags.len() / 2], lags[lags.len() * 9 / 10]);
     assert!(
-        p50 <= 5.0 && p90 <= 25.0,
+        p50 <= 10.0 && p90 <= 50.0,
         "sends do not follow the schedule: lag p50 {p50:.2} ms, p90 {p90:.2} ms"
     );
     eprintln!("lag p50 {p50:.2} ms, p90 {p90:.2} ms");
@@ -228,39 +231,38 @@ const SHORT: &[&str] = &[
 ];
 
 #[test]
-fn poisson_sends_hold_the_offered_rate_over_2000_arrivals() {
+fn poisson_sends_hold_the_offered_rate_over_1000_arrivals() {
     let _serial = serial();
     let engine = spawn_engine(&["--time-scale", "0"]);
     let mut args = vec![
         "--url",
         &engine.base,
         "--rate",
-        "250",
+        "125",
         "--num-requests",
-        "2000",
+        "1000",
     ];
     args.extend_from_slice(SHORT);
     let run = run_bench("poisson", &args);
     let r = run.result(&engine.base);
-    assert_eq!((f(&r["requests"]), f(&r["failed"])), (2000.0, 0.0));
+    assert_eq!((f(&r["requests"]), f(&r["failed"])), (1000.0, 0.0));
     let send_rate = f(&r["send_rate"]);
     assert!(
-        (send_rate - 250.0).abs() <= 0.05 * 250.0,
-        "send rate {send_rate} not within 5% of 250: {}",
+        (send_rate - 125.0).abs() <= 0.05 * 125.0,
+        "send rate {send_rate} not within 5% of 125: {}",
         run.stdout
     );
     // The records agree with the summary; the schedule's gaps are exponential (CV 1).
     let records = run.records(&engine.base);
-    assert_eq!(records.len(), 2000);
+    assert_eq!(records.len(), 1000);
     let sent = column(&records, "sent_s");
     assert!((mean_rate(&sent) - send_rate).abs() < 1e-6 * send_rate);
     let cv = f(&r["send_gap_cv"]);
     assert!((cv - gap_cv(sent)).abs() < 1e-6, "{cv}");
     let scheduled_cv = gap_cv(column(&records, "scheduled_s"));
     assert!((0.95..=1.05).contains(&scheduled_cv), "{scheduled_cv}");
-    // With 4 ms mean gaps, a busy machine's scheduling jitter widens the actual gaps' CV well
-    // past 1 (measured with two CPU hogs beside the tests: 0.98-1.14 at 250/s, up to 1.9 at
-    // 400/s, where the lag check below also fails now and then), so the spread of the sent
+    // A busy machine's scheduling jitter widens the actual gaps' CV past 1 (measured with two
+    // CPU hogs beside the tests: 0.98-1.14 at 250/s, up to 1.9 at 400/s), so the spread of the sent
     // gaps cannot tell a right sender from a bursty one; each send's lag behind its schedule can.
     assert_sends_follow_schedule(&records);
     // Jitter only adds spread to the gaps, so a CV under Poisson's 1 means a too-regular sender.
@@ -272,10 +274,9 @@ fn poisson_sends_hold_the_offered_rate_over_2000_arrivals() {
 fn gamma_sends_have_cv_one_over_sqrt_burstiness() {
     let _serial = serial();
     let engine = spawn_engine(&["--time-scale", "0"]);
-    // (burstiness, rate, requests): gap standard deviations of 10 ms (B=4 at 50/s) and 10 ms
-    // (B=0.25 at 200/s), so the send jitter of a busy machine (a few ms at worst, measured)
-    // barely moves the gaps' spread.
-    for (burstiness, rate, n) in [("4", "50", "300"), ("0.25", "200", "500")] {
+    // (burstiness, rate, requests): gap standard deviations of 10 ms (B=4 at 50/s) and 20 ms
+    // (B=0.25 at 100/s).
+    for (burstiness, rate, n) in [("4", "50", "300"), ("0.25", "100", "400")] {
         let mut args = vec![
             "--url",
             &engine.base,
