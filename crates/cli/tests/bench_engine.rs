@@ -203,20 +203,28 @@ fn column(records: &[&Value], key: &str) -> Vec<f64> {
     records.iter().map(|r| f(&r[key])).collect()
 }
 
-/// The sends follow their schedule: half the requests leave within 10 ms of their scheduled
-/// instant, nine in ten within 50 ms. A sender that ignores the schedule's shape fails this for
-/// most requests (a periodic sender drifts from a random schedule by its random walk, ~sqrt(n)
-/// gaps: ~250 ms over 1,000 gaps of 8 ms; a batching one lags by half a batch period), while a
-/// busy machine's scheduling hiccups delay only some (measured with two CPU hogs and a build
-/// beside the tests: p50 up to 6.5 ms and p90 up to 47 ms at 250 req/s, a debug build's
-/// CPU-bound worst case, hence the rates of these tests).
+/// The sends follow their schedule: no request leaves before its scheduled instant, and half
+/// leave within 10 ms of it. A sender that ignores the schedule's shape fails this (a periodic or
+/// flooding sender runs ahead of a random schedule for many requests; a batching one is late by
+/// half a batch period for most), while a busy machine's hiccups only make some requests late:
+/// with two CPU hogs and a build beside the tests, the late tail reached p90 119 ms in the
+/// bursty (CV 2) schedule, whose bursts need the CPU all at once, while the median stayed
+/// under 5 ms.
 fn assert_sends_follow_schedule(records: &[&Value]) {
-    let mut lags = column(records, "lag_ms");
-    lags.sort_by(f64::total_cmp);
-    let (p50, p90) = (lags[lags.len() / 2], lags[lags.len() * 9 / 10]);
+    let mut offsets_ms: Vec<f64> = records
+        .iter()
+        .map(|r| (f(&r["sent_s"]) - f(&r["scheduled_s"])) * 1e3)
+        .collect();
+    offsets_ms.sort_by(f64::total_cmp);
+    let (first, p50, p90) = (
+        offsets_ms[0],
+        offsets_ms[offsets_ms.len() / 2],
+        offsets_ms[offsets_ms.len() * 9 / 10],
+    );
+    assert!(first >= -1.0, "a request left {first:.2} ms early");
     assert!(
-        p50 <= 10.0 && p90 <= 50.0,
-        "sends do not follow the schedule: lag p50 {p50:.2} ms, p90 {p90:.2} ms"
+        p50 <= 10.0,
+        "sends do not follow the schedule: lag p50 {p50:.2} ms"
     );
     eprintln!("lag p50 {p50:.2} ms, p90 {p90:.2} ms");
 }
