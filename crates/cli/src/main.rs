@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod descriptors;
 mod engine;
 mod policies;
 mod serve;

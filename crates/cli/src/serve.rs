@@ -64,6 +64,18 @@ pub(crate) struct Args {
     /// Bearer token enabling the admin API.
     #[arg(long, env = "KVGATE_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// A separate address for the admin API and /metrics (needs an admin token).
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// Client connections open at once (at the cap the oldest idle one is closed).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers (HTTP/1 keep-alive waits included).
+    #[arg(long)]
+    header_read_timeout_secs: Option<f64>,
+    /// Seconds a connection may stay open with no request in flight.
+    #[arg(long)]
+    idle_timeout_secs: Option<f64>,
     /// Emulated engines started in-process when no endpoint is configured.
     #[arg(long, default_value_t = 2)]
     embedded_engines: usize,
@@ -148,6 +160,19 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     if args.admin_token.is_some() {
         config.admin_token.clone_from(&args.admin_token);
     }
+    if args.admin_listen.is_some() {
+        config.admin_listen.clone_from(&args.admin_listen);
+    }
+    let listener = &mut config.listener;
+    if let Some(v) = args.max_connections {
+        listener.max_connections = v;
+    }
+    if let Some(v) = args.header_read_timeout_secs {
+        listener.header_read_timeout_secs = v;
+    }
+    if let Some(v) = args.idle_timeout_secs {
+        listener.idle_timeout_secs = v;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -188,14 +213,32 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let addr = listener.local_addr()?;
+        let admin = match &config.admin_listen {
+            Some(at) => Some(
+                tokio::net::TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("binding the admin listener {at}"))?,
+            ),
+            None => None,
+        };
+        // One per client connection, one per upstream request, and some for the rest.
+        crate::descriptors::raise_limit(
+            (config.listener.max_connections + config.admission.max_concurrency + 256) as u64,
+        );
         let policy = config.policy.name();
         let gateway = Gateway::new(config)?;
         if let Some(path) = &args.config {
             gateway.watch_config(path.clone());
         }
         // One parseable line for scripts and tests that listen on port 0.
-        println!("kvgate serve listening on http://{addr} (policy {policy})");
-        gateway.serve(listener, wait_for_signal()).await?;
+        let admin_at = match &admin {
+            Some(a) => format!(", admin on http://{}", a.local_addr()?),
+            None => String::new(),
+        };
+        println!("kvgate serve listening on http://{addr} (policy {policy}{admin_at})");
+        gateway
+            .serve_with_admin(listener, admin, wait_for_signal())
+            .await?;
         for engine in engines {
             engine.shutdown();
             engine.join().await?;

@@ -34,6 +34,10 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// Bearer token for `/admin/*`; the admin API is off without one.
     pub admin_token: Option<String>,
+    /// A separate address for `/admin/*` and `/metrics` (they then leave the public listener).
+    pub admin_listen: Option<String>,
+    /// Connection limits and timeouts of the listeners.
+    pub listener: ListenerConfig,
 }
 
 impl Default for Config {
@@ -50,6 +54,8 @@ impl Default for Config {
             scrape: ScrapeConfig::default(),
             shutdown_grace_secs: 30,
             admin_token: None,
+            admin_listen: None,
+            listener: ListenerConfig::default(),
         }
     }
 }
@@ -213,6 +219,83 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// How the listeners treat client connections: the bounds an exposed server needs so that slow
+/// or idle clients cannot hold its file descriptors (a slowloris client sends half a header and
+/// waits). Read once at start; a reload does not change them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Time a client has to send a request's headers, from the moment the connection starts
+    /// waiting for them. On HTTP/1 this also bounds an idle keep-alive connection (hyper starts
+    /// the clock when it waits for the next request). nginx uses 60 s, hyper 30 s; an API
+    /// client sends its headers in one write.
+    pub header_read_timeout_secs: f64,
+    /// A connection with no request in flight for this long is closed (HTTP/2 mainly; see
+    /// `header_read_timeout_secs` for HTTP/1). nginx's keep-alive timeout is 75 s.
+    pub idle_timeout_secs: f64,
+    /// Client connections open at once, admin listener included. At the cap a new connection
+    /// closes the oldest one with no request in flight, or is refused when every one is busy,
+    /// so half-open connections cannot lock out real clients.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers); larger gets 431. Envoy allows 60 KiB.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request; more gets 431 (Envoy's and hyper's default, 100).
+    pub max_headers: usize,
+    /// Serve HTTP/2 (prior knowledge on plain TCP) beside HTTP/1.1.
+    pub http2: bool,
+    /// Concurrent streams per HTTP/2 connection (nginx: 128).
+    pub http2_max_concurrent_streams: u32,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            header_read_timeout_secs: 20.0,
+            idle_timeout_secs: 120.0,
+            max_connections: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            http2: true,
+            http2_max_concurrent_streams: 256,
+        }
+    }
+}
+
+impl ListenerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.header_read_timeout_secs) {
+            return Err(invalid(
+                "listener.header_read_timeout_secs",
+                "must be positive",
+            ));
+        }
+        if !positive(self.idle_timeout_secs) {
+            return Err(invalid("listener.idle_timeout_secs", "must be positive"));
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("listener.max_connections", "must be at least 1"));
+        }
+        // hyper's read buffer, which bounds the head, cannot be smaller than 8 KiB.
+        if self.max_header_bytes < 8192 {
+            return Err(invalid(
+                "listener.max_header_bytes",
+                "must be at least 8192",
+            ));
+        }
+        if self.max_headers == 0 {
+            return Err(invalid("listener.max_headers", "must be at least 1"));
+        }
+        if self.http2_max_concurrent_streams == 0 {
+            return Err(invalid(
+                "listener.http2_max_concurrent_streams",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Engine metrics scraping.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -367,13 +450,35 @@ impl Config {
         if self.scrape.interval_ms == 0 {
             return Err(invalid("scrape.interval_ms", "must be positive"));
         }
-        Ok(())
+        if self.admin_listen.is_some() && self.admin_token.is_none() {
+            return Err(invalid(
+                "admin_listen",
+                "needs admin_token: the admin API is off without one",
+            ));
+        }
+        self.listener.validate()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_readme_complete_file_parses_and_names_every_default() {
+        let readme = include_str!("../README.md");
+        let start = readme.find("A complete file").unwrap();
+        let block = &readme[start..];
+        let yaml = block
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap();
+        let config = Config::from_yaml(yaml).unwrap();
+        assert_eq!(config.listener, ListenerConfig::default());
+        assert!(Config::from_yaml("admin_listen: 127.0.0.1:9090").is_err());
+        assert!(Config::from_yaml("listener: {max_header_bytes: 100}").is_err());
+    }
 
     #[test]
     fn yaml_round_trip_with_policy_section() {

@@ -31,6 +31,7 @@ mod body;
 mod clock;
 mod dispatch;
 mod ending;
+mod listener;
 mod proxy;
 mod reload;
 mod server;
@@ -38,14 +39,13 @@ mod state;
 mod upstream;
 mod usage;
 
-pub use config::{Config, ConfigError, EndpointConfig};
+pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig};
 pub use error::ApiError;
 pub use pool::EndpointStatus;
 pub use proxy::ENDPOINT_HEADER;
 
-use axum::serve::ListenerExt;
 use state::Shared;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -76,9 +76,9 @@ impl Gateway {
         })
     }
 
-    /// The HTTP routes, for serving or for `oneshot` tests.
+    /// The HTTP routes of the public listener, for `oneshot` tests.
     pub fn router(&self) -> axum::Router {
-        server::router(self.shared.clone())
+        server::router(self.shared.clone(), server::Face::Public)
     }
 
     /// Every endpoint's status.
@@ -111,6 +111,17 @@ impl Gateway {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        self.serve_with_admin(listener, None, shutdown).await
+    }
+
+    /// [`Gateway::serve`], with the admin API and metrics on `admin` when the configuration
+    /// sets `admin_listen` (the caller binds it, so tests can use port 0).
+    pub async fn serve_with_admin(
+        self,
+        listener: TcpListener,
+        admin: Option<TcpListener>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let shared = self.shared.clone();
         for status in shared.pool.status() {
             scrape::spawn(shared.clone(), status.id);
@@ -126,29 +137,27 @@ impl Gateway {
                 }
             }
         });
-        let (grace_tx, mut grace_rx) = tokio::sync::watch::channel(false);
-        let on_shutdown = shared.clone();
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(async move {
-            shutdown.await;
-            on_shutdown.draining.store(true, Ordering::Relaxed);
-            let _ = on_shutdown.stop.send(true);
-            let _ = grace_tx.send(true);
-        });
-        let grace = Duration::from_secs(shared.config.shutdown_grace_secs);
-        tokio::select! {
-            result = server.into_future() => result,
-            () = async {
-                if grace_rx.wait_for(|&v| v).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-                tokio::time::sleep(grace).await;
-            } => {
-                eprintln!("kvgate serve: grace period over; closing the remaining connections");
-                Ok(())
-            }
+        let listening =
+            listener::Listening::new(&shared.config.listener, shared.metrics.connections.clone());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(listening.clone().sweep(stop_rx.clone()));
+        let public = server::router(shared.clone(), server::Face::Public);
+        tokio::spawn(listening.clone().serve(listener, public, stop_rx.clone()));
+        if let Some(admin) = admin {
+            let routes = server::router(shared.clone(), server::Face::Admin);
+            tokio::spawn(listening.clone().serve(admin, routes, stop_rx));
         }
+        shutdown.await;
+        shared.draining.store(true, Ordering::Relaxed);
+        let _ = shared.stop.send(true);
+        let _ = stop_tx.send(true);
+        let grace = Duration::from_secs(shared.config.shutdown_grace_secs);
+        if tokio::time::timeout(grace, listening.conns.drained())
+            .await
+            .is_err()
+        {
+            eprintln!("kvgate serve: grace period over; closing the remaining connections");
+        }
+        Ok(())
     }
 }

@@ -126,6 +126,46 @@ pub struct Metrics {
     /// Measured over predicted time to first token, streaming requests of a policy that
     /// predicts it.
     pub ttft_prediction_ratio: Histogram,
+    /// Client connections.
+    pub connections: ConnectionMetrics,
+}
+
+/// Client connections of the listeners.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    /// Open now.
+    pub open: Gauge,
+    /// Accepted.
+    pub accepted: Counter,
+    /// Closed by the gateway, by reason (`header_timeout`, `idle`, `evicted`, `refused`).
+    pub closed: Family<ReasonLabel, Counter>,
+    /// Failed accepts (out of file descriptors, mostly).
+    pub accept_errors: Counter,
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "connections_open",
+            "Client connections open",
+            self.open.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted",
+            self.accepted.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Client connections the gateway closed: header_timeout, idle, evicted (at the cap, oldest without a request), refused (at the cap, all busy)",
+            self.closed.clone(),
+        );
+        registry.register(
+            "connections_accept_errors",
+            "Failed accepts, mostly out of file descriptors",
+            self.accept_errors.clone(),
+        );
+    }
 }
 
 impl Default for Metrics {
@@ -262,7 +302,10 @@ impl Metrics {
             "Measured over predicted time to first token (streams, predicted_ttft)",
             ttft_prediction_ratio.clone(),
         );
+        let connections = ConnectionMetrics::default();
+        connections.register(&mut registry);
         Metrics {
+            connections,
             cache_prediction,
             prefill_rate,
             ttft_fixed,

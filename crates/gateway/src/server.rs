@@ -1,4 +1,4 @@
-//! The HTTP front: routes, the one inference reader, and serving with graceful shutdown.
+//! The HTTP front: routes and the one inference reader.
 
 use crate::ending::Ending;
 use crate::error::ApiError;
@@ -104,21 +104,35 @@ async fn not_found() -> ApiError {
     }
 }
 
-/// Every route of the gateway.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    let mut router = Router::new()
-        .route("/v1/chat/completions", post(inference))
-        .route("/v1/completions", post(inference))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .fallback(not_found);
-    if shared.config.admin_token.is_some() {
-        router = router.merge(admin::router());
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Face {
+    /// The API, health and readiness; `/metrics` and `/admin/*` too unless `admin_listen` is set.
+    Public,
+    /// `/admin/*`, `/metrics` and `/health`, on `admin_listen`.
+    Admin,
+}
+
+/// The routes of one listener.
+pub(crate) fn router(shared: Arc<Shared>, face: Face) -> Router {
+    let separate_admin = shared.config.admin_listen.is_some();
+    let mut router = Router::new().route("/health", get(health));
+    if face == Face::Public {
+        router = router
+            .route("/v1/chat/completions", post(inference))
+            .route("/v1/completions", post(inference))
+            .route("/v1/models", get(models))
+            .route("/ready", get(ready));
+    }
+    if face == Face::Admin || !separate_admin {
+        router = router.route("/metrics", get(metrics));
+        if shared.config.admin_token.is_some() {
+            router = router.merge(admin::router());
+        }
     }
     // The extractor enforces its own limit with a clear error; lift axum's default 2 MB cap.
     router
+        .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(shared)
 }

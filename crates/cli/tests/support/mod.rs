@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 pub struct Proc {
     pub child: Child,
     pub url: String,
+    /// The readiness line.
+    pub line: String,
 }
 
 impl Drop for Proc {
@@ -70,15 +72,15 @@ pub fn spawn(args: &[&str], marker: &str) -> Proc {
                     .split_whitespace()
                     .find(|w| w.starts_with("http://"))
                     .map(str::to_string);
-                let _ = tx.send(url);
+                let _ = tx.send(url.map(|u| (u, line)));
             }
         }
     });
-    let url = rx
+    let (url, line) = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("process did not report its address in time")
         .expect("no URL in the readiness line");
-    Proc { child, url }
+    Proc { child, url, line }
 }
 
 /// `kvgate engine` with a name, time scale and extra flags.
