@@ -1,14 +1,21 @@
-"""Calls a running `kvgate engine` with the official OpenAI Python SDK, streaming and not.
+"""Calls a running `kvgate engine` (or a gateway in front of one) with the official OpenAI
+Python SDK, streaming and not.
 
-usage: python scripts/openai_sdk_check.py BASE_URL MODEL
+usage: python scripts/openai_sdk_check.py BASE_URL MODEL [CA_FILE]
+CA_FILE: the PEM CA to trust for an https:// BASE_URL.
 Exits non-zero (with an assertion message) on any mismatch.
 """
+import ssl
 import sys
 
 import openai
 
 base_url, model = sys.argv[1], sys.argv[2]
-client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+http_client = None
+if len(sys.argv) > 3:
+    http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=sys.argv[3]))
+client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
+                       http_client=http_client)
 
 models = [m.id for m in client.models.list()]
 assert models == [model], models

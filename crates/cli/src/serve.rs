@@ -67,6 +67,15 @@ pub(crate) struct Args {
     /// A separate address for the admin API and /metrics (needs an admin token).
     #[arg(long)]
     admin_listen: Option<String>,
+    /// TLS certificate chain (PEM; re-read when it changes); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require admin clients to present certificates signed by this CA (PEM; mTLS).
+    #[arg(long)]
+    admin_client_ca: Option<PathBuf>,
     /// Client connections open at once (at the cap the oldest idle one is closed).
     #[arg(long)]
     max_connections: Option<usize>,
@@ -163,6 +172,20 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     if args.admin_listen.is_some() {
         config.admin_listen.clone_from(&args.admin_listen);
     }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(kvgate_gateway::TlsConfig {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            admin_client_ca_file: None,
+        });
+    }
+    if let Some(ca) = &args.admin_client_ca {
+        let tls = config
+            .tls
+            .as_mut()
+            .context("--admin-client-ca needs TLS (--tls-cert and --tls-key)")?;
+        tls.admin_client_ca_file = Some(ca.clone());
+    }
     let listener = &mut config.listener;
     if let Some(v) = args.max_connections {
         listener.max_connections = v;
@@ -226,16 +249,21 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             (config.listener.max_connections + config.admission.max_concurrency + 256) as u64,
         );
         let policy = config.policy.name();
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let admin_at = match &admin {
+            Some(a) => format!(", admin on {scheme}://{}", a.local_addr()?),
+            None => String::new(),
+        };
         let gateway = Gateway::new(config)?;
         if let Some(path) = &args.config {
             gateway.watch_config(path.clone());
         }
         // One parseable line for scripts and tests that listen on port 0.
-        let admin_at = match &admin {
-            Some(a) => format!(", admin on http://{}", a.local_addr()?),
-            None => String::new(),
-        };
-        println!("kvgate serve listening on http://{addr} (policy {policy}{admin_at})");
+        println!("kvgate serve listening on {scheme}://{addr} (policy {policy}{admin_at})");
         gateway
             .serve_with_admin(listener, admin, wait_for_signal())
             .await?;

@@ -240,3 +240,172 @@ async fn header_limits_http2_and_the_admin_listener() {
     assert_eq!(status(format!("{admin}/v1/models")).await, 404);
     assert_eq!(status(format!("{}/ready", g.url)).await, 200);
 }
+
+/// A test CA with a server certificate for 127.0.0.1 and a client certificate, as PEM.
+struct Pki {
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kvgate test CA");
+        let ca = params.self_signed(&ca_key).unwrap();
+        Pki { ca, ca_key }
+    }
+
+    /// (certificate PEM, key PEM, certificate DER) signed by the CA.
+    fn issue(&self, names: &[&str], client: bool) -> (String, String, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
+        if client {
+            params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+    }
+}
+
+fn peer_certificate(r: &reqwest::Response) -> Vec<u8> {
+    r.extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|i| i.peer_certificate())
+        .expect("TLS info")
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_alpn_certificate_reload_and_admin_mtls() {
+    let pki = Pki::new();
+    let dir = std::env::temp_dir().join(format!("kvgate-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_path, key_path, ca_path) = (
+        dir.join("server.pem"),
+        dir.join("server.key"),
+        dir.join("ca.pem"),
+    );
+    let (cert, key, first_der) = pki.issue(&["127.0.0.1", "localhost"], false);
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    std::fs::write(&ca_path, pki.ca.pem()).unwrap();
+
+    let e = engine("e0", "0", &[]);
+    let g = support::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--endpoint",
+            &e.url,
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            "secret",
+            "--admin-client-ca",
+            ca_path.to_str().unwrap(),
+        ],
+        "kvgate serve listening on",
+    );
+    assert!(g.url.starts_with("https://"), "{}", g.line);
+    let admin = g
+        .line
+        .split("admin on ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap()
+        .to_string();
+    let root = reqwest::Certificate::from_pem(pki.ca.pem().as_bytes()).unwrap();
+    let tls_client = |identity: Option<reqwest::Identity>| {
+        let mut b = reqwest::Client::builder()
+            .add_root_certificate(root.clone())
+            .tls_info(true)
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs(10));
+        if let Some(id) = identity {
+            b = b.identity(id);
+        }
+        b.build().unwrap()
+    };
+    let https = tls_client(None);
+
+    // HTTPS, HTTP/2 by ALPN, a streamed completion through it.
+    let r = https
+        .get(format!("{}/v1/models", g.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status().as_u16(), r.version()),
+        (200, reqwest::Version::HTTP_2)
+    );
+    assert_eq!(peer_certificate(&r), first_der);
+    let body = support::chat(support::user("hello over TLS"), 8, true);
+    let r = https
+        .post(format!("{}/v1/chat/completions", g.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_eq!(support::sse_data(&text).last().unwrap(), "[DONE]");
+    // Plain HTTP on the TLS port gets nowhere.
+    let plain = client()
+        .get(format!(
+            "{}/v1/models",
+            g.url.replace("https://", "http://")
+        ))
+        .send()
+        .await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+
+    // The admin listener wants a client certificate from the CA.
+    let url = format!("{admin}/admin/endpoints");
+    assert!(
+        https.get(&url).bearer_auth("secret").send().await.is_err(),
+        "no client certificate"
+    );
+    let (client_cert, client_key, _) = pki.issue(&["admin"], true);
+    let identity =
+        reqwest::Identity::from_pem(format!("{client_cert}{client_key}").as_bytes()).unwrap();
+    let r = tls_client(Some(identity))
+        .get(&url)
+        .bearer_auth("secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // A rotated pair is served to new connections without a restart.
+    let (cert, key, second_der) = pki.issue(&["127.0.0.1"], false);
+    std::fs::write(&key_path, key).unwrap();
+    std::fs::write(&cert_path, cert).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // A new client each time: a resumed TLS session would show the old certificate.
+        let r = tls_client(None)
+            .get(format!("{}/health", g.url))
+            .send()
+            .await
+            .unwrap();
+        if peer_certificate(&r) == second_der {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

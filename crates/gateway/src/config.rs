@@ -38,6 +38,21 @@ pub struct Config {
     pub admin_listen: Option<String>,
     /// Connection limits and timeouts of the listeners.
     pub listener: ListenerConfig,
+    /// TLS on the listeners; plain TCP without it.
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS on the listeners. The files are PEM and are re-read when they change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain, leaf first.
+    pub cert_file: std::path::PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: std::path::PathBuf,
+    /// When set, the admin listener requires client certificates signed by these CAs (mTLS).
+    #[serde(default)]
+    pub admin_client_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -56,6 +71,7 @@ impl Default for Config {
             admin_token: None,
             admin_listen: None,
             listener: ListenerConfig::default(),
+            tls: None,
         }
     }
 }
@@ -341,6 +357,9 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+    /// The TLS files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::listener::tls::TlsError),
     /// Some other field is invalid.
     #[error("{field}: {why}")]
     Invalid {
@@ -454,6 +473,17 @@ impl Config {
             return Err(invalid(
                 "admin_listen",
                 "needs admin_token: the admin API is off without one",
+            ));
+        }
+        if self
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.admin_client_ca_file.is_some())
+            && self.admin_listen.is_none()
+        {
+            return Err(invalid(
+                "tls.admin_client_ca_file",
+                "needs admin_listen: client certificates are asked on the admin listener",
             ));
         }
         self.listener.validate()

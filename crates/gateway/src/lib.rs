@@ -39,8 +39,9 @@ mod state;
 mod upstream;
 mod usage;
 
-pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig};
+pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig};
 pub use error::ApiError;
+pub use listener::tls::TlsError;
 pub use pool::EndpointStatus;
 pub use proxy::ENDPOINT_HEADER;
 
@@ -56,6 +57,7 @@ use tokio::net::TcpListener;
 #[derive(Clone, Debug)]
 pub struct Gateway {
     shared: Arc<Shared>,
+    tls: Option<Arc<listener::tls::Tls>>,
 }
 
 impl Gateway {
@@ -71,8 +73,13 @@ impl Gateway {
     /// Like [`Gateway::new`] with a fixed random seed (random policies, backoff jitter, phases).
     pub fn with_seed(config: Config, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;
+        let tls = match &config.tls {
+            Some(t) => Some(Arc::new(listener::tls::Tls::new(t, config.listener.http2)?)),
+            None => None,
+        };
         Ok(Gateway {
             shared: Shared::new(config, seed),
+            tls,
         })
     }
 
@@ -141,11 +148,27 @@ impl Gateway {
             listener::Listening::new(&shared.config.listener, shared.metrics.connections.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(listening.clone().sweep(stop_rx.clone()));
+        if let Some(tls) = &self.tls {
+            tokio::spawn(tls.clone().watch(Duration::from_secs(1), stop_rx.clone()));
+        }
         let public = server::router(shared.clone(), server::Face::Public);
-        tokio::spawn(listening.clone().serve(listener, public, stop_rx.clone()));
+        let tls = |admin: bool| {
+            self.tls.as_ref().map(|t| {
+                if admin {
+                    t.admin.clone()
+                } else {
+                    t.public.clone()
+                }
+            })
+        };
+        tokio::spawn(
+            listening
+                .clone()
+                .serve(listener, public, tls(false), stop_rx.clone()),
+        );
         if let Some(admin) = admin {
             let routes = server::router(shared.clone(), server::Face::Admin);
-            tokio::spawn(listening.clone().serve(admin, routes, stop_rx));
+            tokio::spawn(listening.clone().serve(admin, routes, tls(true), stop_rx));
         }
         shutdown.await;
         shared.draining.store(true, Ordering::Relaxed);

@@ -137,7 +137,8 @@ pub struct ConnectionMetrics {
     pub open: Gauge,
     /// Accepted.
     pub accepted: Counter,
-    /// Closed by the gateway, by reason (`header_timeout`, `idle`, `evicted`, `refused`).
+    /// Closed by the gateway, by reason (`header_timeout`, `idle`, `evicted`, `refused`,
+    /// `tls_handshake`).
     pub closed: Family<ReasonLabel, Counter>,
     /// Failed accepts (out of file descriptors, mostly).
     pub accept_errors: Counter,
@@ -157,7 +158,7 @@ impl ConnectionMetrics {
         );
         registry.register(
             "connections_closed",
-            "Client connections the gateway closed: header_timeout, idle, evicted (at the cap, oldest without a request), refused (at the cap, all busy)",
+            "Client connections the gateway closed: header_timeout, idle, evicted (at the cap, oldest without a request), refused (at the cap, all busy), tls_handshake (failed or too slow)",
             self.closed.clone(),
         );
         registry.register(

@@ -53,7 +53,7 @@ impl Proc {
 }
 
 /// Starts `kvgate ARGS` and waits (30 s at most) for the stdout line containing `marker`, whose
-/// `http://...` word is the process's URL.
+/// `http://...` (or `https://...`) word is the process's URL.
 pub fn spawn(args: &[&str], marker: &str) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(args)
@@ -70,7 +70,7 @@ pub fn spawn(args: &[&str], marker: &str) -> Proc {
             if line.contains(&marker) {
                 let url = line
                     .split_whitespace()
-                    .find(|w| w.starts_with("http://"))
+                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
                     .map(str::to_string);
                 let _ = tx.send(url.map(|u| (u, line)));
             }

@@ -2,9 +2,11 @@
 //! hyper over HTTP/1.1 and HTTP/2, with the bounds of [`ListenerConfig`]: header-read and idle
 //! timeouts, a connection cap that evicts the oldest connection without a request (as nginx
 //! reuses keep-alive connections when out of them), header size and count limits, and accept
-//! errors (out of descriptors) that free a connection and back off instead of spinning.
+//! errors (out of descriptors) that free a connection and back off instead of spinning, and
+//! TLS ([`tls`]).
 
 pub(crate) mod table;
+pub(crate) mod tls;
 
 use crate::config::ListenerConfig;
 use crate::metrics::{reason, ConnectionMetrics};
@@ -18,8 +20,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use table::{Admitted, Close, Conn, Connections};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 /// What every connection of one gateway shares.
@@ -95,6 +99,7 @@ impl Listening {
         self: Arc<Self>,
         listener: TcpListener,
         router: Router,
+        tls: Option<TlsAcceptor>,
         mut stop: watch::Receiver<bool>,
     ) {
         loop {
@@ -103,7 +108,10 @@ impl Listening {
                 _ = stop.wait_for(|&s| s) => return,
             };
             match accepted {
-                Ok((stream, _)) => self.clone().open(stream, router.clone(), stop.clone()),
+                Ok((stream, _)) => {
+                    self.clone()
+                        .open(stream, router.clone(), tls.clone(), stop.clone());
+                }
                 Err(e) => {
                     // EMFILE and the like: the error repeats until a descriptor frees, so free
                     // one and back off rather than spin (Envoy and tokio's docs do the same).
@@ -118,7 +126,13 @@ impl Listening {
         }
     }
 
-    fn open(self: Arc<Self>, stream: TcpStream, router: Router, stop: watch::Receiver<bool>) {
+    fn open(
+        self: Arc<Self>,
+        stream: TcpStream,
+        router: Router,
+        tls: Option<TlsAcceptor>,
+        stop: watch::Receiver<bool>,
+    ) {
         self.metrics.accepted.inc();
         let conn = match self.conns.admit() {
             Admitted::Open { conn, evicted } => {
@@ -135,19 +149,35 @@ impl Listening {
         self.metrics.open.set(self.conns.len() as i64);
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            self.run(stream, router, &conn, stop).await;
+            match tls {
+                None => self.run(stream, router, &conn, stop).await,
+                // The handshake is part of the head a client must send in time.
+                Some(tls) => {
+                    match tokio::time::timeout(self.header_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => self.run(stream, router, &conn, stop).await,
+                        _ => {
+                            self.metrics
+                                .closed
+                                .get_or_create(&reason("tls_handshake"))
+                                .inc();
+                        }
+                    }
+                }
+            }
             self.conns.remove(&conn);
             self.metrics.open.set(self.conns.len() as i64);
         });
     }
 
-    async fn run(
+    async fn run<S>(
         &self,
-        stream: TcpStream,
+        stream: S,
         router: Router,
         conn: &Arc<Conn>,
         mut stop: watch::Receiver<bool>,
-    ) {
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let tracked = conn.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let guard = tracked.begin();
