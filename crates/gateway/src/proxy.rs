@@ -271,14 +271,17 @@ impl Run {
     }
 
     /// The 503 when no endpoint can take the request: every endpoint may be inside a
-    /// Retry-After window or behind an open breaker, so say when the first takes traffic again.
+    /// Retry-After window or behind an open breaker, so say when the first takes traffic again;
+    /// when they are all down, the next health check is the earliest one could be back.
     fn no_endpoint(&self, rejection: Rejection) -> ApiError {
         let mut error = ApiError::no_endpoint(rejection);
-        error.retry_after_secs = self
+        let next_check = Duration::from_millis(self.shared.config.scrape.interval_ms);
+        let wait = self
             .shared
             .pool
             .routable_again_in(self.request.model.as_deref())
-            .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+            .unwrap_or(next_check);
+        error.retry_after_secs = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
         error
     }
 }

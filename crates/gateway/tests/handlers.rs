@@ -151,11 +151,13 @@ async fn bad_requests_get_openai_errors() {
 async fn no_endpoint_is_503_and_connection_refused_is_502() {
     let empty = gateway_with(vec![], |_| {});
     let chat = r#"{"messages":[{"role":"user","content":"x"}]}"#;
-    let (status, _, body) = call(&empty, post("/v1/chat/completions", chat)).await;
+    let (status, headers, body) = call(&empty, post("/v1/chat/completions", chat)).await;
     assert_eq!(
         (status, error_code(&body).as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, "no_endpoint")
     );
+    // No endpoint says when it is back: the next health check is the earliest.
+    assert_eq!(headers["retry-after"], "1");
     // Nothing listens on port 9 of loopback: every attempt fails to connect.
     let dead = gateway_with(vec![EndpointConfig::from_url("http://127.0.0.1:9")], |c| {
         c.retry.backoff.base_ms = 1

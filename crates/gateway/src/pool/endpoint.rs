@@ -56,6 +56,8 @@ pub(crate) struct EndpointInfo {
     pub(crate) healthy: bool,
     pub(crate) reports_down: bool,
     pub(crate) avoid_until: Nanos,
+    /// Until when recent failures make it the last choice ([`Endpoint::cool_down`]).
+    pub(crate) cool_until: Nanos,
     pub(crate) breaker: BreakerView,
     pub(crate) observation: Option<Observation>,
     /// Requests this gateway has in flight there, kept by the pool under its lock.
@@ -115,7 +117,14 @@ pub(crate) struct Endpoint {
     pub(crate) breaker: Breaker,
     pub(crate) scrape_failures: u32,
     pub(crate) served_since_scrape: bool,
+    /// Attempts failed in a row (5xx, resets, connect errors, timeouts).
+    pub(crate) failure_streak: u32,
 }
+
+/// The first cool-down after a failure, doubled per further failure in a row up to
+/// [`COOL_DOWN_MAX`].
+const COOL_DOWN_BASE: Nanos = Nanos(500_000_000);
+const COOL_DOWN_MAX: Nanos = Nanos(8_000_000_000);
 
 impl Endpoint {
     pub(crate) fn new(id: EndpointId, config: EndpointConfig, breaker: BreakerConfig) -> Self {
@@ -129,6 +138,7 @@ impl Endpoint {
                 healthy: true,
                 reports_down: false,
                 avoid_until: Nanos::ZERO,
+                cool_until: Nanos::ZERO,
                 breaker: breaker.view(),
                 observation: None,
                 inflight: Arc::new(AtomicU32::new(0)),
@@ -136,7 +146,23 @@ impl Endpoint {
             breaker,
             scrape_failures: 0,
             served_since_scrape: false,
+            failure_streak: 0,
         }
+    }
+
+    /// An attempt failed here: keep it out of the first choice for a while. A failing endpoint
+    /// answers fast and so looks idle to every load-reading policy, which would send it more
+    /// (the black hole of least-loaded balancing); the breaker needs a window of failures to
+    /// open and a 50% error rate may never trip it. So each failure cools the endpoint down
+    /// for 0.5 s, doubling per failure in a row up to 8 s, ended by an answer; it stays
+    /// routable whenever no other endpoint can take a request. Envoy's outlier detection
+    /// ejects after 5 consecutive 5xx for 30 s; this is shorter and softer, because one error
+    /// is weak evidence.
+    pub(crate) fn cool_down(&mut self, now: Nanos) {
+        self.failure_streak = self.failure_streak.saturating_add(1);
+        let doublings = (self.failure_streak - 1).min(16);
+        let wait = Nanos(COOL_DOWN_BASE.0.saturating_mul(1 << doublings)).min(COOL_DOWN_MAX);
+        self.info.cool_until = self.info.cool_until.max(now + wait);
     }
 
     /// Copies the breaker's state into the published part; whether it changed.

@@ -301,23 +301,30 @@ impl Pool {
             let started = Instant::now();
             let model = request.model.as_deref();
             let endpoints = &core.endpoints;
-            let accept = |v: &EndpointView, fresh: bool| {
+            // Preference order: endpoints not tried and not cooling down after a failure, then
+            // not tried, then (a retry with nothing else) any.
+            let accept = |v: &EndpointView, fresh: bool, cool: bool| {
                 endpoints
                     .binary_search_by_key(&v.id, |e| e.info.id)
                     .is_ok_and(|k| {
                         let e = &endpoints[k].info;
-                        !e.held_back(now) && e.about.serves(model)
+                        !e.held_back(now) && e.about.serves(model) && !(cool && now < e.cool_until)
                     })
                     && !(fresh && tried.contains(&v.id))
             };
             let overlaps = &overlaps;
-            let mut decision = core
-                .router
-                .pick(request, overlaps, now, &|v| accept(v, true));
-            if attempt == Attempt::Retry && matches!(decision, Decision::Reject(_)) {
+            let passes: &[(bool, bool)] = match attempt {
+                Attempt::Retry => &[(true, true), (true, false), (false, false)],
+                _ => &[(true, true), (true, false)],
+            };
+            let mut decision = Decision::Reject(Rejection::NoRoutableEndpoint);
+            for &(fresh, cool) in passes {
                 decision = core
                     .router
-                    .pick(request, overlaps, now, &|v| accept(v, false));
+                    .pick(request, overlaps, now, &|v| accept(v, fresh, cool));
+                if !matches!(decision, Decision::Reject(_)) {
+                    break;
+                }
             }
             self.metrics
                 .decision

@@ -33,6 +33,7 @@ impl Pool {
         if let Some(e) = core.endpoint(endpoint) {
             e.served_since_scrape = true;
             e.scrape_failures = 0;
+            e.failure_streak = 0;
             e.breaker.record(ticket, true, now);
             changed |= e.sync_breaker();
         }
@@ -146,6 +147,8 @@ impl Pool {
             e.breaker.release(ticket);
         } else {
             e.breaker.record(ticket, false, now);
+            e.cool_down(now);
+            changed = true;
         }
         changed |= e.sync_breaker();
         if changed {

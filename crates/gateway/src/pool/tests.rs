@@ -4,9 +4,17 @@ use kvgate_core::decision::FailureKind;
 use kvgate_core::Usage;
 
 fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<EndpointId>) {
+    pool_with(policy, endpoints, 2)
+}
+
+fn pool_with(
+    policy: &str,
+    endpoints: &[(&str, Option<&str>)],
+    breaker_min_requests: u64,
+) -> (Pool, Vec<EndpointId>) {
     let mut config = Config::default();
     config.set_policy(policy).unwrap();
-    config.breaker.min_requests = 2;
+    config.breaker.min_requests = breaker_min_requests;
     let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
     let ids = endpoints
         .iter()
@@ -51,6 +59,47 @@ fn exclusions_drain_and_models_filter_before_the_policy() {
     );
     assert!(pool.serves("other") && !pool.serves("nope"));
     assert_eq!(pool.models(), vec!["m".to_string(), "other".to_string()]);
+}
+
+#[test]
+fn a_failing_endpoint_cools_down_longer_per_failure_in_a_row_and_an_answer_ends_it() {
+    // A breaker that would not trip on these few failures.
+    let (pool, ids) = pool_with(
+        "least_outstanding",
+        &[("http://a:1", None), ("http://b:1", None)],
+        100,
+    );
+    let pick = |i| pool.pick(&request(i, None), &[], Attempt::First).unwrap();
+    // b is busier, but a just failed fast: a failing endpoint must not look idle.
+    let busy = pool
+        .pick(&request(0, None), &[ids[0]], Attempt::Hedge)
+        .unwrap();
+    assert_eq!(busy.id, ids[1]);
+    pool.failed(1, ids[0], Ticket::default(), FailureKind::ServerError, None);
+    assert_eq!(pick(2).id, ids[1], "cooling down for 0.5 s");
+    pool.completed(2, ids[1], Nanos(1), 1, (None, None));
+    pool.clock().advance(Duration::from_millis(500));
+    let t = pick(3);
+    assert_eq!(t.id, ids[0], "back after 0.5 s");
+    pool.failed(3, ids[0], Ticket::default(), FailureKind::Connect, None);
+    pool.clock().advance(Duration::from_millis(900));
+    assert_eq!(pick(4).id, ids[1], "a second failure in a row: 1 s");
+    pool.completed(4, ids[1], Nanos(1), 1, (None, None));
+    // Soft: with b out of the picture, a still takes the request.
+    let only_a = pool
+        .pick(&request(5, None), &[ids[1]], Attempt::Hedge)
+        .unwrap();
+    assert_eq!(only_a.id, ids[0]);
+    pool.first_token(5, ids[0], only_a.ticket, Nanos(1), true);
+    pool.completed(5, ids[0], Nanos(1), 1, (None, None));
+    pool.clock().advance(Duration::from_millis(200));
+    pool.failed(6, ids[0], Ticket::default(), FailureKind::ServerError, None);
+    pool.clock().advance(Duration::from_millis(500));
+    assert_eq!(
+        pick(7).id,
+        ids[0],
+        "the answer reset the streak: 0.5 s again"
+    );
 }
 
 #[test]
