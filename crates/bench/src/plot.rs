@@ -1,5 +1,6 @@
-//! The picture: latency CDFs per target and, for sweeps, goodput and TTFT P95 against the
-//! offered rate, one line per target. `.svg` or `.png`, chosen by the file extension.
+//! The pictures: latency CDFs per target and, for sweeps, goodput and TTFT P95 against the
+//! offered rate, one line per target; and panels of time series (the soak's). `.svg` or
+//! `.png`, chosen by the file extension.
 //!
 //! plotters draws text with a TrueType font that must be registered at run time; the first
 //! readable font among `$KVGATE_PLOT_FONT` and common system locations (DejaVu, Liberation,
@@ -53,10 +54,14 @@ fn font_available() -> bool {
     })
 }
 
-/// Draws the plot of `results` to `path`; `sweep` adds the rate curves.
-pub fn draw(path: &Path, results: &[TargetReport], sweep: bool) -> Result<(), BenchError> {
+/// Something drawn on any plotters backend.
+trait Picture {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<DB>, text: bool) -> Result<(), String>;
+}
+
+/// Draws `picture` to `path`, SVG or PNG by the extension.
+fn render(path: &Path, size: (u32, u32), picture: &impl Picture) -> Result<(), BenchError> {
     let text = font_available();
-    let size = if sweep { (1200, 900) } else { (1200, 480) };
     let err = |message: String| BenchError::Plot {
         path: path.to_owned(),
         message,
@@ -69,18 +74,92 @@ pub fn draw(path: &Path, results: &[TargetReport], sweep: bool) -> Result<(), Be
     {
         Some("svg") => {
             let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_on(&root, results, sweep, text).map_err(err)?;
+            picture.draw_on(&root, text).map_err(err)?;
             root.present().map_err(|e| err(e.to_string()))
         }
         Some("png") => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_on(&root, results, sweep, text).map_err(err)?;
+            picture.draw_on(&root, text).map_err(err)?;
             root.present().map_err(|e| err(e.to_string()))
         }
         _ => Err(BenchError::Config(format!(
-            "--plot must end in .svg or .png: {}",
+            "a plot must end in .svg or .png: {}",
             path.display()
         ))),
+    }
+}
+
+/// Draws the plot of `results` to `path`; `sweep` adds the rate curves.
+pub fn draw(path: &Path, results: &[TargetReport], sweep: bool) -> Result<(), BenchError> {
+    let size = if sweep { (1200, 900) } else { (1200, 480) };
+    render(path, size, &Report { results, sweep })
+}
+
+/// One panel of a time series: a title and its points (seconds, value).
+#[derive(Clone, Debug)]
+pub struct Panel {
+    /// What the values are, with their unit.
+    pub title: String,
+    /// (seconds since the start, value).
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Draws time series panels, two per row, to `path` (the soak's picture).
+pub fn draw_series(path: &Path, panels: &[Panel]) -> Result<(), BenchError> {
+    let rows = panels.len().div_ceil(2).max(1) as u32;
+    render(path, (1200, 300 * rows), &Series(panels))
+}
+
+struct Series<'a>(&'a [Panel]);
+
+impl Picture for Series<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<DB>, text: bool) -> Result<(), String> {
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let rows = self.0.len().div_ceil(2).max(1);
+        let areas = root.split_evenly((rows, 2));
+        for (panel, area) in self.0.iter().zip(&areas) {
+            let x_max = panel
+                .points
+                .iter()
+                .map(|p| p.0)
+                .fold(0.0, f64::max)
+                .max(1e-3);
+            let y_max = panel
+                .points
+                .iter()
+                .map(|p| p.1)
+                .fold(0.0, f64::max)
+                .max(1e-3)
+                * 1.1;
+            let mut chart = builder(area, text, &panel.title)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(LineSeries::new(
+                    panel.points.iter().copied(),
+                    color(0).stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?;
+            if text {
+                chart
+                    .configure_mesh()
+                    .x_desc("seconds")
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Report<'a> {
+    results: &'a [TargetReport],
+    sweep: bool,
+}
+
+impl Picture for Report<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<DB>, text: bool) -> Result<(), String> {
+        draw_on(root, self.results, self.sweep, text)
     }
 }
 

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod descriptors;
 mod engine;
+mod plot;
 mod policies;
 mod serve;
 mod sim;
@@ -32,6 +33,8 @@ enum Command {
     Bench(Box<bench::Args>),
     /// Compare policies on the same agentic traffic through the gateway, against emulated engines.
     Demo(demo::Args),
+    /// Draw time series from JSON lines (one panel per field), as the soak records them.
+    Plot(plot::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +64,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Plot(args) => plot::run(&args),
     }
 }
