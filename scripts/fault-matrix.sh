@@ -33,19 +33,6 @@ fi
 mkdir -p "$out"
 source scripts/lib.sh
 
-# A plain HTTP/1.1 request over bash's /dev/tcp (no curl needed): http METHOD URL [BODY].
-http() {
-    local method=$1 url=$2 body=${3:-} hostport path
-    hostport=${url#http://}
-    path=/${hostport#*/}
-    hostport=${hostport%%/*}
-    exec 3<>"/dev/tcp/${hostport%:*}/${hostport#*:}"
-    printf '%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
-        "$method" "$path" "$hostport" "${#body}" "$body" >&3
-    cat <&3 || true
-    exec 3<&-
-}
-
 faults() { # engine-url spec...
     local url=$1 list
     shift

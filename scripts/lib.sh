@@ -26,3 +26,16 @@ start() {
     echo "did not start: $* ($(head -3 "$log"))" >&2
     return 1
 }
+
+# A plain HTTP/1.1 request over bash's /dev/tcp (no curl needed): http METHOD URL [BODY].
+http() {
+    local method=$1 url=$2 body=${3:-} hostport path
+    hostport=${url#http://}
+    path=/${hostport#*/}
+    hostport=${hostport%%/*}
+    exec 3<>"/dev/tcp/${hostport%:*}/${hostport#*:}"
+    printf '%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
+        "$method" "$path" "$hostport" "${#body}" "$body" >&3
+    cat <&3 || true
+    exec 3<&-
+}

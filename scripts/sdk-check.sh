@@ -18,14 +18,18 @@ ENGINE_PID=$!
 GATEWAY_PID=""
 TLS=$(mktemp -d)
 trap 'kill $ENGINE_PID $GATEWAY_PID 2>/dev/null || true; rm -rf "$LOG" "$TLS"' EXIT
-URL=""
-for _ in $(seq 1 100); do
-  URL=$(grep -o 'http://[0-9.:]*' "$LOG" || true)
-  [ -n "$URL" ] && break
-  kill -0 $ENGINE_PID 2>/dev/null || { cat "$LOG"; exit 1; }
-  sleep 0.1
-done
-[ -n "$URL" ] || { echo "engine did not start"; cat "$LOG"; exit 1; }
+# Prints the SCHEME://ADDR a process announces in its LOG, waiting up to 10 s: address PID LOG SCHEME.
+address() {
+  local found=""
+  for _ in $(seq 1 100); do
+    found=$(grep -o "$3://[0-9.:]*" "$2" || true)
+    [ -n "$found" ] && { echo "$found"; return; }
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "did not start:" >&2; cat "$2" >&2; exit 1
+}
+URL=$(address $ENGINE_PID "$LOG" http)
 .venv-sdk/bin/python scripts/openai_sdk_check.py "$URL" sdk-model
 
 # The same through the gateway over TLS.
@@ -41,14 +45,7 @@ GLOG="$TLS/gateway.log"
 "${CARGO_TARGET_DIR:-target}"/debug/kvgate serve --listen 127.0.0.1:0 --endpoint "$URL" \
   --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem" >"$GLOG" 2>&1 &
 GATEWAY_PID=$!
-GURL=""
-for _ in $(seq 1 100); do
-  GURL=$(grep -o 'https://[0-9.:]*' "$GLOG" || true)
-  [ -n "$GURL" ] && break
-  kill -0 $GATEWAY_PID 2>/dev/null || { cat "$GLOG"; exit 1; }
-  sleep 0.1
-done
-[ -n "$GURL" ] || { echo "gateway did not start"; cat "$GLOG"; exit 1; }
+GURL=$(address $GATEWAY_PID "$GLOG" https)
 .venv-sdk/bin/python - "$GURL" "$TLS/ca.pem" <<'PY'
 import ssl, sys, time, urllib.request
 context = ssl.create_default_context(cafile=sys.argv[2])

@@ -33,18 +33,6 @@ fi
 mkdir -p "$out"
 source scripts/lib.sh
 
-http() { # METHOD URL [BODY]: plain HTTP/1.1 over bash's /dev/tcp
-    local method=$1 url=$2 body=${3:-} hostport path
-    hostport=${url#http://}
-    path=/${hostport#*/}
-    hostport=${hostport%%/*}
-    exec 3<>"/dev/tcp/${hostport%:*}/${hostport#*:}"
-    printf '%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
-        "$method" "$path" "$hostport" "${#body}" "$body" >&3
-    cat <&3 || true
-    exec 3<&-
-}
-
 engine_urls=() engine_pids=()
 # Engines started by the fault loop (a subshell) are recorded here and stopped at exit.
 : >"$out/engines.pids"
