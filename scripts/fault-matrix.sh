@@ -46,7 +46,7 @@ IFS=, read -r -a names <<<"$rows"
 for row in "${names[@]}"; do
     input=512 output=64
     case "$row" in
-    kill-mid-prefill) input=3000 output=16 ;;
+    kill-mid-prefill) input=1500 output=16 ;;
     kill-mid-stream) input=256 output=256 ;;
     esac
     engines=() engine_pids=()
