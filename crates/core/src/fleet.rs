@@ -60,7 +60,8 @@ impl Observation {
 
     /// Tokens of KV the engine can hold: its blocks times their size, when it reports both.
     pub fn capacity_tokens(&self) -> Option<u64> {
-        Some(self.total_blocks? * u64::from(self.block_size?))
+        let (blocks, size) = (self.total_blocks?, self.block_size?);
+        Some(blocks.saturating_mul(u64::from(size)))
     }
 
     /// KV blocks in use, from the block counts when reported, else from the usage ratio.

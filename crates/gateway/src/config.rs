@@ -279,15 +279,15 @@ impl Default for ListenerConfig {
 
 impl ListenerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !positive(self.header_read_timeout_secs) {
-            return Err(invalid(
-                "listener.header_read_timeout_secs",
-                "must be positive",
-            ));
+        // Both become `Duration`s, which cannot hold more than about 1.8e19 seconds, and the
+        // connection sweep ticks at a quarter of the header timeout, which must not round to 0.
+        const SECS: &str = "must be between 0.001 and 1e9 seconds";
+        let seconds = |v: f64| (0.001..=1e9).contains(&v);
+        if !seconds(self.header_read_timeout_secs) {
+            return Err(invalid("listener.header_read_timeout_secs", SECS));
         }
-        if !positive(self.idle_timeout_secs) {
-            return Err(invalid("listener.idle_timeout_secs", "must be positive"));
+        if !seconds(self.idle_timeout_secs) {
+            return Err(invalid("listener.idle_timeout_secs", SECS));
         }
         if self.max_connections == 0 {
             return Err(invalid("listener.max_connections", "must be at least 1"));
@@ -460,8 +460,16 @@ impl Config {
         if !(0.0..=100.0).contains(&self.hedge.percentile) {
             return Err(invalid("hedge.percentile", "must be within 0..=100"));
         }
-        if self.admission.max_concurrency == 0 {
-            return Err(invalid("admission.max_concurrency", "must be at least 1"));
+        // The TTFT window is allocated when the gateway starts and sorted every 16 samples.
+        if self.hedge.window > 65_536 {
+            return Err(invalid("hedge.window", "must be at most 65536"));
+        }
+        // tokio's semaphore, which holds the slots, panics beyond `MAX_PERMITS`.
+        if !(1..=tokio::sync::Semaphore::MAX_PERMITS).contains(&self.admission.max_concurrency) {
+            return Err(invalid(
+                "admission.max_concurrency",
+                format!("must be from 1 to {}", tokio::sync::Semaphore::MAX_PERMITS),
+            ));
         }
         if self.requests.max_body_bytes == 0 {
             return Err(invalid("requests.max_body_bytes", "must be positive"));
@@ -508,6 +516,47 @@ mod tests {
         assert_eq!(config.listener, ListenerConfig::default());
         assert!(Config::from_yaml("admin_listen: 127.0.0.1:9090").is_err());
         assert!(Config::from_yaml("listener: {max_header_bytes: 100}").is_err());
+    }
+
+    /// Found by fuzzing: `1e300` passed as positive and `Duration::from_secs_f64` panicked when
+    /// the listener started. Below four nanoseconds (seen reading the same code) the sweep's
+    /// period rounds to zero, which panics in tokio.
+    #[test]
+    fn listener_timeouts_must_fit_a_duration() {
+        for bad in ["1e300", "1e-10", "-1", ".nan", ".inf"] {
+            for key in ["header_read_timeout_secs", "idle_timeout_secs"] {
+                let yaml = format!("listener: {{{key}: {bad}}}");
+                assert!(
+                    matches!(Config::from_yaml(&yaml), Err(ConfigError::Invalid { .. })),
+                    "{yaml}"
+                );
+            }
+        }
+        let config = Config::from_yaml(
+            "listener: {header_read_timeout_secs: 0.001, idle_timeout_secs: 1e9}",
+        )
+        .unwrap();
+        crate::listener::Listening::new(&config.listener, Default::default());
+    }
+
+    /// Found by fuzzing: these loaded, then building the gateway panicked (tokio's semaphore
+    /// beyond its permits, a TTFT window beyond what a `Vec` can hold) or aborted (a window of
+    /// 4294967295 samples asked for 32 GiB).
+    #[test]
+    fn sizes_the_gateway_allocates_from_are_bounded() {
+        for yaml in [
+            "admission: {max_concurrency: 18446744073709551615}",
+            "hedge: {window: 18446744073709551615}",
+            "hedge: {window: 4294967295}",
+        ] {
+            assert!(
+                matches!(Config::from_yaml(yaml), Err(ConfigError::Invalid { .. })),
+                "{yaml}"
+            );
+        }
+        let config =
+            Config::from_yaml("admission: {max_concurrency: 1}\nhedge: {window: 65536}").unwrap();
+        crate::Gateway::with_seed(config, 1).unwrap();
     }
 
     #[test]

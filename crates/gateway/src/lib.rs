@@ -31,6 +31,8 @@ mod body;
 mod clock;
 mod dispatch;
 mod ending;
+#[cfg(test)]
+mod fuzz;
 mod listener;
 mod proxy;
 mod reload;

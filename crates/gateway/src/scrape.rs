@@ -34,7 +34,7 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
         }
         let (name, labels, rest) = match line.find(['{', ' ']) {
             Some(i) if line.as_bytes()[i] == b'{' => {
-                let Some(close) = line.rfind('}') else {
+                let Some(close) = line.rfind('}').filter(|&close| close > i) else {
                     continue;
                 };
                 (&line[..i], &line[i + 1..close], &line[close + 1..])
@@ -63,8 +63,12 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
                 obs.kv_usage = obs.kv_usage.max(value.clamp(0.0, 1.0));
             }
-            "vllm:num_gpu_blocks" => *total.get_or_insert(0) += value as u64,
-            "vllm:num_free_gpu_blocks" => *free.get_or_insert(0) += value as u64,
+            "vllm:num_gpu_blocks" => {
+                total = Some(total.unwrap_or(0).saturating_add(value as u64));
+            }
+            "vllm:num_free_gpu_blocks" => {
+                free = Some(free.unwrap_or(0).saturating_add(value as u64));
+            }
             "vllm:cache_config_info" => {
                 if let Some(blocks) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
                     total.get_or_insert(blocks);
@@ -243,6 +247,28 @@ mod tests {
         let obs = parse_metrics(text).unwrap();
         assert_eq!((obs.running, obs.waiting, obs.kv_usage), (5, 7, 0.5));
         assert!(parse_metrics("other_metric 1\n").is_none());
+    }
+
+    /// Found by fuzzing: a `}` before the first `{` sliced the line backwards and panicked.
+    #[test]
+    fn a_closing_brace_before_the_labels_is_skipped() {
+        assert!(parse_metrics("}{").is_none());
+        let obs = parse_metrics("x}{y 1\nvllm:num_requests_running 2\n").unwrap();
+        assert_eq!(obs.running, 2);
+    }
+
+    /// Found by fuzzing: block counts an engine reports overflowed when summed over label sets
+    /// or multiplied by the block size (a panic in debug builds, a wrapped count in release).
+    #[test]
+    fn huge_block_counts_saturate() {
+        let text =
+            "vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"18446744073709551615\"} 1\n\
+            vllm:num_gpu_blocks 128\n\
+            vllm:num_free_gpu_blocks 1e30\nvllm:num_free_gpu_blocks 1\n";
+        let obs = parse_metrics(text).unwrap();
+        assert_eq!(obs.total_blocks, Some(u64::MAX));
+        assert_eq!(obs.free_blocks, Some(u64::MAX));
+        assert_eq!(obs.capacity_tokens(), Some(u64::MAX));
     }
 
     #[test]

@@ -203,7 +203,11 @@ pub(crate) async fn attempt(
 /// HTTP-date (the wait is the date minus `now`, zero when it has passed). Negative, NaN and
 /// unparsable values are ignored; a huge value (say `1e20`, beyond what a [`Duration`] holds) is
 /// clamped to `max` before conversion, since `Duration::from_secs_f64` panics on overflow.
-fn parse_retry_after(value: &HeaderValue, max: Duration, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(
+    value: &HeaderValue,
+    max: Duration,
+    now: SystemTime,
+) -> Option<Duration> {
     let text = value.to_str().ok()?.trim();
     if let Ok(date) = httpdate::parse_http_date(text) {
         return Some(date.duration_since(now).unwrap_or(Duration::ZERO).min(max));
