@@ -93,6 +93,9 @@ async fn the_breaker_opens_on_a_failing_engine_and_traffic_stops_going_there() {
             200,
             "request {i}: the retry goes to the healthy engine"
         );
+        // Spread over 3 s: each failure cools the engine down (0.5 s, then 1 s, ...), so only
+        // requests that come after a cool-down reach it and feed its breaker.
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let metrics = get_text(&http, &g.url, "/metrics").await;
     let name = failing.url.trim_start_matches("http://");
@@ -260,13 +263,13 @@ async fn a_first_token_timeout_retries_a_stalled_attempt_elsewhere() {
         assert_eq!(r.headers()["x-kvgate-engine"], "healthy");
         assert!(r.text().await.unwrap().contains("[DONE]"));
     }
-    // Round robin offers each request to the stalled engine first. The exact count (two) is
-    // checked on paused time in kvgate-gateway's `tests/outcomes.rs`; with real processes on a
-    // busy machine the healthy engine's own answer may in rare cases outlast the timeout too.
+    // Round robin offers the first request to the stalled engine; its timeout cools the engine
+    // down, so the second usually goes straight to the healthy one. The exact count is checked
+    // on paused time in kvgate-gateway's `tests/outcomes.rs`.
     let metrics = get_text(&http, &g.url, "/metrics").await;
     assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
     assert!(
-        metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}").is_some_and(|n| n >= 2.0),
+        metric(&metrics, "kvgate_retries_total{reason=\"timeout\"}").is_some_and(|n| n >= 1.0),
         "{metrics}"
     );
 }
