@@ -433,13 +433,18 @@ fn ttft_and_tpot_follow_domain_definitions_in_real_time() {
     assert!(!cold.is_empty() && warm.len() >= 15, "{cold:?} {warm:?}");
     let cold_min = cold.iter().copied().fold(f64::INFINITY, f64::min);
     let warm_median = median(warm);
-    // A cold TTFT contains the whole prefill: 12 ms + 120 us per prompt token at least.
+    // A cold TTFT contains the whole prefill: 12 ms + 120 us per prompt token, less at most the
+    // 50 ms the engine's scheduler catches up after a late wake-up (crates/engine/src/scheduler.rs),
+    // which a loaded machine does produce.
     let prompt = records
         .iter()
         .map(|r| f(&r["prompt_tokens"]))
         .fold(f64::INFINITY, f64::min);
     assert!(prompt > 1000.0, "prompt tokens {prompt}");
-    assert!(cold_min >= 12.0 + 0.12 * prompt, "cold TTFT {cold:?}");
+    assert!(
+        cold_min >= 12.0 + 0.12 * prompt - 50.0,
+        "cold TTFT {cold:?}"
+    );
     eprintln!("cold TTFT {cold:?} ms, cached TTFT median {warm_median:.1} ms");
     assert!(
         cold_min > 2.0 * warm_median,
