@@ -18,16 +18,18 @@ pub(crate) fn raise_limit(needed: u64) {
             maximum,
         };
         if let Err(e) = setrlimit(Resource::Nofile, raised) {
-            eprintln!("kvgate serve: could not raise the descriptor limit from {current}: {e}");
+            tracing::warn!(current, error = %e, "could not raise the descriptor limit");
             return;
         }
     }
     let now = target.max(current);
     if now < needed {
-        eprintln!(
-            "kvgate serve: {now} file descriptors allowed (hard limit), {needed} wanted for the \
-             configured connections and upstream requests; at the limit the oldest idle \
-             connection is closed to accept a new one"
+        tracing::warn!(
+            allowed = now,
+            wanted = needed,
+            "fewer file descriptors allowed (hard limit) than the configured connections and \
+             upstream requests want; at the limit the oldest idle connection is closed to \
+             accept a new one"
         );
     }
 }

@@ -38,6 +38,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    init_logging();
     let result = run(Cli::parse());
     // A closed pipe (`kvgate policies | head`) is how a reader says it has read enough.
     if let Err(e) = &result {
@@ -54,6 +55,18 @@ fn main() -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// Diagnostics go to stderr through `tracing` (stdout carries results and the access log);
+/// `KVGATE_LOG` filters them as `RUST_LOG` would (`info` by default).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

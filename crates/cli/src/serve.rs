@@ -85,6 +85,9 @@ pub(crate) struct Args {
     /// Seconds a connection may stay open with no request in flight.
     #[arg(long)]
     idle_timeout_secs: Option<f64>,
+    /// Access log, one JSON line per request: `stdout` (default), `stderr`, `off` or a file.
+    #[arg(long, value_name = "TARGET")]
+    access_log: Option<String>,
     /// Emulated engines started in-process when no endpoint is configured.
     #[arg(long, default_value_t = 2)]
     embedded_engines: usize,
@@ -186,6 +189,13 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
             .context("--admin-client-ca needs TLS (--tls-cert and --tls-key)")?;
         tls.admin_client_ca_file = Some(ca.clone());
     }
+    let observability = &mut config.observability;
+    if args.access_log.is_some() {
+        observability.access_log.clone_from(&args.access_log);
+    }
+    observability
+        .access_log
+        .get_or_insert_with(|| "stdout".into());
     let listener = &mut config.listener;
     if let Some(v) = args.max_connections {
         listener.max_connections = v;

@@ -123,25 +123,48 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// A short stable label for metrics: `affinity`, `balance`, `hash`, `overflow`, `cost`,
-    /// `load`, `turn`, `random`, `latency` or `predicted`.
+    /// A short stable label for metrics and logs, one per kind of reason, so a cold miss and
+    /// an imbalance escape (both "least loaded" in SGLang's router) stay apart.
     pub fn label(&self) -> &'static str {
         match self {
             Reason::Random => "random",
-            Reason::RoundRobin | Reason::WeightedTurn { .. } => "turn",
-            Reason::LeastLoaded { .. }
-            | Reason::PowerOfChoices { .. }
-            | Reason::LeastKv { .. }
-            | Reason::WeightedLeastRequest { .. } => "load",
-            Reason::HashOwner => "hash",
+            Reason::RoundRobin => "turn",
+            Reason::WeightedTurn { .. } => "weighted_turn",
+            Reason::LeastLoaded { .. } => "least_loaded",
+            Reason::PowerOfChoices { .. } => "power_of_choices",
+            Reason::LeastKv { .. } => "least_kv",
+            Reason::WeightedLeastRequest { .. } => "weighted_least_request",
+            Reason::HashOwner => "hash_owner",
             Reason::Overflow { .. } => "overflow",
             Reason::PrefixAffinity { .. } => "affinity",
-            Reason::LowMatch { .. } | Reason::BalanceEscape { .. } => "balance",
-            Reason::LeastCost { .. } | Reason::SampledCost { .. } => "cost",
+            Reason::LowMatch { .. } => "miss",
+            Reason::BalanceEscape { .. } => "escape",
+            Reason::LeastCost { .. } => "least_cost",
+            Reason::SampledCost { .. } => "sampled_cost",
             Reason::LowestLatency { .. } => "latency",
             Reason::PredictedTtft { .. } => "predicted",
         }
     }
+
+    /// Every label [`Reason::label`] returns.
+    pub const LABELS: [&'static str; 16] = [
+        "random",
+        "turn",
+        "weighted_turn",
+        "least_loaded",
+        "power_of_choices",
+        "least_kv",
+        "weighted_least_request",
+        "hash_owner",
+        "overflow",
+        "affinity",
+        "miss",
+        "escape",
+        "least_cost",
+        "sampled_cost",
+        "latency",
+        "predicted",
+    ];
 }
 
 impl fmt::Display for Reason {

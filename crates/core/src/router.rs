@@ -77,6 +77,12 @@ impl Router {
         self.position(id).map(|i| &self.views[i])
     }
 
+    /// The candidates' scores in the last pick, by fleet position (see
+    /// [`Policy::last_scores`]).
+    pub fn last_scores(&self) -> Option<(&'static str, &[(usize, f64)])> {
+        self.policy.last_scores()
+    }
+
     /// The random source, for the owner's own draws (backoff jitter, scrape phases).
     pub fn rng(&mut self) -> &mut ChaCha8Rng {
         &mut self.rng

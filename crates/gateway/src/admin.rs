@@ -2,12 +2,15 @@
 //! - `GET /admin/endpoints`: every endpoint's status;
 //! - `POST /admin/endpoints` with an endpoint config (`{"url": ..., "weight": ..., ...}`): add;
 //! - `POST /admin/endpoints/{id}/drain` and `/undrain`: stop or resume new requests;
-//! - `DELETE /admin/endpoints/{id}`: remove (requests already sent there finish).
+//! - `DELETE /admin/endpoints/{id}`: remove (requests already sent there finish);
+//! - `GET /admin/decisions?limit=N&request=ID`: the most recent decision records, newest first
+//!   (at most `limit`, default 50; only those of request `ID` when given).
 
 use crate::config::EndpointConfig;
 use crate::error::ApiError;
 use crate::state::Shared;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -45,6 +48,26 @@ async fn list(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorize(&s, &headers)?;
     Ok(Json(serde_json::json!({ "endpoints": s.pool.status() })))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DecisionQuery {
+    limit: Option<usize>,
+    request: Option<u64>,
+}
+
+async fn decisions(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<DecisionQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorize(&s, &headers)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid("invalid_query", e.body_text()))?;
+    let records = s.pool.decisions(q.limit.unwrap_or(50), q.request);
+    Ok(Json(serde_json::json!({
+        "policy": s.pool.policy_name(),
+        "decisions": records,
+    })))
 }
 
 async fn add(
@@ -118,6 +141,7 @@ async fn remove(
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/admin/endpoints", get(list).post(add))
+        .route("/admin/decisions", get(decisions))
         .route("/admin/endpoints/{id}", axum::routing::delete(remove))
         .route("/admin/endpoints/{id}/drain", post(drain))
         .route("/admin/endpoints/{id}/undrain", post(undrain))

@@ -102,6 +102,9 @@ impl Tracked {
                 None => self.events.finish(),
             };
             d.complete(tokens, usage);
+            let facts = self.ending.facts();
+            facts.usage = usage;
+            facts.output_tokens = Some(tokens);
             self.ending.set(if self.ok {
                 Outcome::Ok
             } else {

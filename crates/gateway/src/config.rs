@@ -40,6 +40,8 @@ pub struct Config {
     pub listener: ListenerConfig,
     /// TLS on the listeners; plain TCP without it.
     pub tls: Option<TlsConfig>,
+    /// Access log and decision records.
+    pub observability: crate::observe::ObservabilityConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -72,6 +74,7 @@ impl Default for Config {
             admin_listen: None,
             listener: ListenerConfig::default(),
             tls: None,
+            observability: Default::default(),
         }
     }
 }
@@ -360,6 +363,15 @@ pub enum ConfigError {
     /// The TLS files cannot be used.
     #[error(transparent)]
     Tls(#[from] crate::listener::tls::TlsError),
+    /// The access log file could not be opened.
+    #[error("observability.access_log: cannot open {path}: {source}")]
+    AccessLog {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Some other field is invalid.
     #[error("{field}: {why}")]
     Invalid {
@@ -424,6 +436,7 @@ impl Config {
     /// Checks every section.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.policy.validate()?;
+        self.observability.validate()?;
         for (i, e) in self.endpoints.iter().enumerate() {
             let base = e.base_url();
             if !(base.starts_with("http://") && base.len() > "http://".len()) {

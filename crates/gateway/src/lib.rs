@@ -34,6 +34,7 @@ mod ending;
 #[cfg(test)]
 mod fuzz;
 mod listener;
+pub mod observe;
 mod proxy;
 mod reload;
 mod server;
@@ -45,7 +46,8 @@ pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig}
 pub use error::ApiError;
 pub use listener::tls::TlsError;
 pub use pool::EndpointStatus;
-pub use proxy::ENDPOINT_HEADER;
+pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER};
+pub use server::REQUEST_ID_HEADER;
 
 use state::Shared;
 use std::future::Future;
@@ -79,8 +81,17 @@ impl Gateway {
             Some(t) => Some(Arc::new(listener::tls::Tls::new(t, config.listener.http2)?)),
             None => None,
         };
+        let access_log = match config.observability.access_log.as_deref() {
+            None => observe::access_log::AccessLog::off(),
+            Some(target) => observe::access_log::AccessLog::open(target).map_err(|source| {
+                ConfigError::AccessLog {
+                    path: target.to_owned(),
+                    source,
+                }
+            })?,
+        };
         Ok(Gateway {
-            shared: Shared::new(config, seed),
+            shared: Shared::new(config, seed, access_log),
             tls,
         })
     }
@@ -181,7 +192,7 @@ impl Gateway {
             .await
             .is_err()
         {
-            eprintln!("kvgate serve: grace period over; closing the remaining connections");
+            tracing::warn!("grace period over; closing the remaining connections");
         }
         Ok(())
     }

@@ -128,6 +128,8 @@ pub struct Metrics {
     pub ttft_prediction_ratio: Histogram,
     /// Client connections.
     pub connections: ConnectionMetrics,
+    /// Access-log lines dropped because the writer fell behind.
+    pub access_log_dropped: Counter,
 }
 
 /// Client connections of the listeners.
@@ -250,7 +252,7 @@ impl Metrics {
         let picks = Family::default();
         registry.register(
             "picks",
-            "Policy decisions by reason (affinity, balance, load, ...)",
+            "Policy decisions by reason: affinity, miss, escape, hash_owner, overflow, predicted, least_loaded, ...",
             picks.clone(),
         );
         let decision = decision_histogram();
@@ -305,7 +307,14 @@ impl Metrics {
         );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
+        let access_log_dropped = Counter::default();
+        registry.register(
+            "access_log_dropped",
+            "Access-log lines dropped because the writer fell behind",
+            access_log_dropped.clone(),
+        );
         Metrics {
+            access_log_dropped,
             connections,
             cache_prediction,
             prefill_rate,

@@ -27,6 +27,14 @@ pub enum Api {
 }
 
 impl Api {
+    /// `chat` or `completions`, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+        }
+    }
+
     /// The upstream path.
     pub fn path(self) -> &'static str {
         match self {

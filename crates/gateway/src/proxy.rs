@@ -17,6 +17,7 @@ use crate::dispatch::Dispatch;
 use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;
+use crate::observe::decisions::DecisionRecord;
 use crate::parse::{Api, Inference};
 use crate::pool::Attempt;
 use crate::state::Shared;
@@ -31,7 +32,6 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +39,16 @@ type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, Attemp
 
 /// The response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-kvgate-endpoint";
+
+/// A request header: `1` asks for [`EXPLAIN_HEADER`] on the response, the pick's reason and
+/// candidates in one line.
+pub const EXPLAIN_HEADER: &str = "x-kvgate-explain";
+
+fn add_explanation(response: &mut Response<Body>, summary: Option<String>) {
+    if let Some(v) = summary.and_then(|s| HeaderValue::from_str(&s).ok()) {
+        response.headers_mut().insert(EXPLAIN_HEADER, v);
+    }
+}
 
 const HOP_BY_HOP: [HeaderName; 5] = [
     header::CONNECTION,
@@ -65,7 +75,9 @@ pub(crate) async fn handle(
         }
     }
     let priority = inference.request.priority;
-    let permit = match shared.admission.admit(inference.deadline, priority).await {
+    let admitted = shared.admission.admit(inference.deadline, priority).await;
+    ending.facts().queued = Some(ending.arrived().elapsed());
+    let permit = match admitted {
         Ok(p) => p,
         Err(e) => {
             let full = e.status.as_u16() == 429;
@@ -77,7 +89,10 @@ pub(crate) async fn handle(
             return Err(e);
         }
     };
-    let mut run = Run::new(shared.clone(), inference, headers);
+    let explain = headers
+        .get(EXPLAIN_HEADER)
+        .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes().eq_ignore_ascii_case(b"true"));
+    let mut run = Run::new(shared.clone(), inference, headers, ending.id());
     let hedge_after = match run.launch(Attempt::First) {
         Ok(after) => after,
         Err(r) => {
@@ -109,16 +124,25 @@ pub(crate) async fn handle(
                     }
                     drop(std::mem::take(&mut run.running)); // cancels a losing hedge
                     ending.at(dispatch.target.name.clone());
+                    run.account(ending, Some(&dispatch));
+                    let explained = explain.then(|| dispatch.target.decision.summary());
                     let owners = (permit, ending.take());
-                    return Ok(respond(ready, dispatch, owners, (run.stream, run.strip_usage)));
+                    let mut response = respond(ready, dispatch, owners, (run.stream, run.strip_usage));
+                    add_explanation(&mut response, explained);
+                    return Ok(response);
                 }
                 Err(error) => {
+                    let last = explain.then(|| dispatch.target.decision.summary());
                     if let Some((outcome, answer)) = run.failed(dispatch, error, &mut attempts).await {
                         ending.set(outcome);
                         if let Some(name) = run.last_endpoint.clone() {
                             ending.at(name);
                         }
-                        return answer;
+                        run.account(ending, None);
+                        return answer.map(|mut r| {
+                            add_explanation(&mut r, last);
+                            r
+                        });
                     }
                 }
             },
@@ -152,12 +176,13 @@ struct Run {
     running: FuturesUnordered<AttemptFuture>,
     hedged_to: Option<EndpointId>,
     last_endpoint: Option<Arc<str>>,
+    last_decision: Option<Arc<DecisionRecord>>,
 }
 
 impl Run {
-    fn new(shared: Arc<Shared>, inference: Inference, headers: &HeaderMap) -> Self {
+    fn new(shared: Arc<Shared>, inference: Inference, headers: &HeaderMap, id: u64) -> Self {
         let mut request = inference.request;
-        request.id = shared.next_request.fetch_add(1, Ordering::Relaxed);
+        request.id = id;
         let retry = &shared.config.retry;
         // Streams only: a non-streaming response's first bytes come when generation ends, so a
         // first-token timeout would cut off every long answer (and retry it elsewhere).
@@ -176,6 +201,7 @@ impl Run {
             running: FuturesUnordered::new(),
             hedged_to: None,
             last_endpoint: None,
+            last_decision: None,
             shared,
         }
     }
@@ -187,6 +213,7 @@ impl Run {
         let target = self.shared.pool.pick(&self.request, &self.tried, attempt)?;
         let hedge_after = target.hedge_after;
         self.tried.push(target.id);
+        self.last_decision = Some(target.decision.clone());
         if attempt == Attempt::Hedge {
             self.hedged_to = Some(target.id);
         }
@@ -270,6 +297,16 @@ impl Run {
         }
     }
 
+    /// Tells the access log how many attempts ran and why the last (or the winning one, the
+    /// `answered` attempt) went where it went.
+    fn account(&self, ending: &mut Ending, answered: Option<&Dispatch>) {
+        let facts = ending.facts();
+        facts.attempts = u32::try_from(self.tried.len()).unwrap_or(u32::MAX);
+        facts.decision = answered
+            .map(|d| d.target.decision.clone())
+            .or_else(|| self.last_decision.clone());
+    }
+
     /// The 503 when no endpoint can take the request: every endpoint may be inside a
     /// Retry-After window or behind an open breaker, so say when the first takes traffic again;
     /// when they are all down, the next health check is the earliest one could be back.
@@ -289,7 +326,7 @@ impl Run {
 fn respond(
     ready: Ready,
     dispatch: Dispatch,
-    owners: (crate::admission::Permit, Ending),
+    (permit, mut ending): (crate::admission::Permit, Ending),
     (stream, strip_usage): (bool, bool),
 ) -> Response<Body> {
     let Ready {
@@ -309,6 +346,10 @@ fn respond(
         head.headers.insert(ENDPOINT_HEADER, v);
     }
     let ok = head.status.is_success();
+    let facts = ending.facts();
+    facts.status = Some(head.status.as_u16());
+    facts.first_token = (ok && stream).then(std::time::Instant::now);
+    let owners = (permit, ending);
     let body = Tracked::new(first, rest, dispatch, owners, sse, (ok, strip_usage));
     Response::from_parts(head, Body::new(body))
 }

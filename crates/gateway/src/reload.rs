@@ -105,11 +105,12 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
             match read(&path) {
                 Ok(config) => {
                     reloader.apply(&shared, &config);
-                    eprintln!("kvgate serve: reloaded {}", path.display());
+                    tracing::info!(path = %path.display(), "configuration reloaded");
                 }
-                Err(e) => eprintln!(
-                    "kvgate serve: {}: {e}; keeping the running configuration",
-                    path.display()
+                Err(e) => tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    "configuration not reloaded; keeping the running one"
                 ),
             }
         }
@@ -132,7 +133,7 @@ mod tests {
         running
             .endpoints
             .push(EndpointConfig::from_url("http://127.0.0.1:2")); // --endpoint
-        let shared = Shared::new(running, 1);
+        let shared = Shared::new(running, 1, crate::observe::access_log::AccessLog::off());
         let mut reloader = Reloader::new(&shared, Some(&file));
         let urls = |s: &Shared| -> Vec<String> {
             s.pool.configs().into_iter().map(|(_, c)| c.url).collect()

@@ -6,7 +6,7 @@ use crate::parse::{self, Api, Inference};
 use crate::state::Shared;
 use crate::{admin, proxy};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -49,18 +49,35 @@ async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), Ap
 
 async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let mut ending = Ending::new(shared.clone());
+    ending.client_request_id(req.headers().get("x-request-id"));
     let answer = match read(req, &shared).await {
-        Ok((inference, headers)) => proxy::handle(shared, inference, &headers, &mut ending).await,
+        Ok((inference, headers)) => {
+            ending.describe(&inference.request, inference.api, inference.stream);
+            proxy::handle(shared, inference, &headers, &mut ending).await
+        }
         Err(e) => {
             ending.set(Outcome::ClientError);
             Err(e)
         }
     };
-    match answer {
+    let mut response = match answer {
         Ok(r) => r,
         Err(e) => e.into_response(),
-    }
+    };
+    // A response whose body took the record over has set its status there already.
+    ending
+        .facts()
+        .status
+        .get_or_insert(response.status().as_u16());
+    response
+        .headers_mut()
+        .insert(REQUEST_ID_HEADER, HeaderValue::from(ending.id()));
+    response
 }
+
+/// The response header carrying the gateway's id of the request, which `/admin/decisions`
+/// and the access log use.
+pub const REQUEST_ID_HEADER: &str = "x-kvgate-request-id";
 
 async fn models(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
     let data: Vec<_> = shared

@@ -3,6 +3,7 @@
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::observe::access_log::AccessLog;
 use crate::pool::{Clock, Pool};
 use crate::upstream::{self, HttpClient};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -31,11 +32,13 @@ pub(crate) struct Shared {
     pub(crate) seed: u64,
     /// Tells background tasks to stop.
     pub(crate) stop: watch::Sender<bool>,
+    /// One JSON line per request.
+    pub(crate) access_log: AccessLog,
 }
 
 impl Shared {
     /// Builds the state; endpoints from `config` are added to the pool.
-    pub(crate) fn new(config: Config, seed: u64) -> Arc<Self> {
+    pub(crate) fn new(config: Config, seed: u64, access_log: AccessLog) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
         let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
@@ -51,6 +54,7 @@ impl Shared {
             next_request: AtomicU64::new(1),
             seed,
             stop,
+            access_log,
             config,
         })
     }

@@ -259,6 +259,10 @@ impl Policy for KvCost {
         })
     }
 
+    fn last_scores(&self) -> Option<(&'static str, &[(usize, f64)])> {
+        Some(("cost", &self.costs))
+    }
+
     fn observe(&mut self, event: &Event<'_>) {
         match *event {
             Event::Dispatched {

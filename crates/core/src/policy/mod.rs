@@ -64,6 +64,13 @@ pub trait Policy: fmt::Debug + Send {
     /// Periodic upkeep on the owner's clock.
     fn maintain(&mut self, _now: Nanos) {}
 
+    /// Each candidate's score in the last [`Policy::select`], for decision records: the score's
+    /// name and `(fleet position, score)` pairs, lower better. `None` for policies whose ranking
+    /// the caller sees anyway (matched prefix, load, turn).
+    fn last_scores(&self) -> Option<(&'static str, &[(usize, f64)])> {
+        None
+    }
+
     /// What the policy has learned about `endpoint` by `now`, for policies that learn a model
     /// of each endpoint (`predicted_ttft`); exported as gauges.
     fn model(&mut self, _endpoint: crate::EndpointId, _now: Nanos) -> Option<EndpointModel> {

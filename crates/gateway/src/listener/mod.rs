@@ -119,7 +119,7 @@ impl Listening {
                     if let Some(conn) = self.conns.evict_one() {
                         self.count_close(&conn);
                     }
-                    eprintln!("kvgate serve: accept failed ({e}); backing off 50 ms");
+                    tracing::warn!(error = %e, "accept failed; backing off 50 ms");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }

@@ -187,11 +187,11 @@ impl Tls {
         loop {
             tokio::select! {
                 _ = tick.tick() => match self.certificate.refresh() {
-                    Some(Ok(())) => eprintln!(
-                        "kvgate serve: reloaded the TLS certificate from {}",
-                        self.certificate.cert.display()
+                    Some(Ok(())) => tracing::info!(
+                        path = %self.certificate.cert.display(),
+                        "reloaded the TLS certificate"
                     ),
-                    Some(Err(e)) => eprintln!("kvgate serve: TLS certificate not reloaded: {e}"),
+                    Some(Err(e)) => tracing::warn!(error = %e, "TLS certificate not reloaded"),
                     None => {}
                 },
                 _ = stop.wait_for(|&s| s) => return,

@@ -23,6 +23,7 @@ use snapshot::Snapshot;
 
 use crate::config::EndpointConfig;
 use crate::metrics::{self, Metrics, PickLabels};
+use crate::observe::decisions::{DecisionRecord, DecisionRing, PickScene};
 use arc_swap::ArcSwap;
 use axum::http::HeaderValue;
 use endpoint::{About, Endpoint, EndpointInfo};
@@ -48,6 +49,8 @@ pub struct Target {
     pub base: Arc<str>,
     /// [`kvgate_core::Reason::label`] of the pick.
     pub reason: &'static str,
+    /// Why it went there, with the candidates as the pick saw them.
+    pub decision: Arc<DecisionRecord>,
     /// The endpoint's own `Authorization` value, if it has an API key.
     pub authorization: Option<HeaderValue>,
     /// The breaker's permission for this dispatch (a half-open probe or not), handed back
@@ -70,6 +73,17 @@ pub enum Attempt {
     Retry,
     /// A hedge: only an endpoint not tried yet.
     Hedge,
+}
+
+impl Attempt {
+    /// `first`, `retry` or `hedge`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Attempt::First => "first",
+            Attempt::Retry => "retry",
+            Attempt::Hedge => "hedge",
+        }
+    }
 }
 
 /// The prefix cache for `policy`: its own index, or, for a policy that consults none, one
@@ -139,6 +153,7 @@ pub struct Pool {
     clock: Clock,
     metrics: Arc<Metrics>,
     locks: AtomicU64,
+    decisions: DecisionRing,
 }
 
 impl Pool {
@@ -159,6 +174,7 @@ impl Pool {
             clock,
             metrics,
             locks: AtomicU64::new(0),
+            decisions: DecisionRing::new(config.observability.decision_records),
         };
         pool.publish(&pool.lock());
         pool
@@ -318,7 +334,9 @@ impl Pool {
                 _ => &[(true, true), (true, false)],
             };
             let mut decision = Decision::Reject(Rejection::NoRoutableEndpoint);
+            let mut pass = passes[0];
             for &(fresh, cool) in passes {
+                pass = (fresh, cool);
                 decision = core
                     .router
                     .pick(request, overlaps, now, &|v| accept(v, fresh, cool));
@@ -333,6 +351,24 @@ impl Pool {
                 Decision::Route(route) => route,
                 Decision::Reject(r) => return Err(r),
             };
+            let scene = PickScene {
+                request,
+                attempt: attempt.label(),
+                policy: core.router.policy_name(),
+                views: core.router.views(),
+                overlaps,
+                scores: core.router.last_scores(),
+            };
+            let record = Arc::new(DecisionRecord::new(
+                &scene,
+                (route.endpoint, &route.reason),
+                |v| accept(v, pass.0, pass.1),
+                |id| {
+                    endpoints
+                        .binary_search_by_key(&id, |e| e.info.id)
+                        .map_or_else(|_| Arc::from("?"), |k| endpoints[k].info.about.name.clone())
+                },
+            ));
             core.sync_inflight(route.endpoint);
             let Some(e) = core.endpoint(route.endpoint) else {
                 return Err(Rejection::NoRoutableEndpoint);
@@ -346,6 +382,7 @@ impl Pool {
                 name: e.info.about.name.clone(),
                 base: e.info.about.base.clone(),
                 reason: route.reason.label(),
+                decision: record,
                 authorization: e.info.about.authorization.clone(),
                 hedge_after: if attempt == Attempt::First {
                     core.hedge.delay().map(|n| Duration::from_nanos(n.0))
@@ -370,11 +407,17 @@ impl Pool {
             }
             target
         };
+        self.decisions.push(target.decision.clone());
         let mut target = target;
         let mut cache = self.cache_mut();
         target.prediction = Some(cache.prediction(request, target.id, &overlaps));
         cache.dispatched(request, target.id, now, &overlaps);
         Ok(target)
+    }
+
+    /// Up to `limit` recent decision records, newest first; only `request`'s when given.
+    pub fn decisions(&self, limit: usize, request: Option<u64>) -> Vec<Arc<DecisionRecord>> {
+        self.decisions.recent(limit, request)
     }
 
     /// After a failed attempt: wait, retry after a backoff, or give up (the retry budget is

@@ -250,6 +250,8 @@ pub struct PredictedTtft {
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
     predictions: Vec<Option<Prediction>>,
+    /// The last pick's predictions as decision-record scores, milliseconds.
+    scores: Vec<(usize, f64)>,
 }
 
 impl PredictedTtft {
@@ -272,6 +274,7 @@ impl PredictedTtft {
             pending: IntMap::default(),
             token_ratio: 1.0,
             predictions: Vec::new(),
+            scores: Vec::new(),
         }
     }
 
@@ -402,6 +405,11 @@ impl Policy for PredictedTtft {
             let p = self.predict(e.id, query.overlaps, prompt, running, now);
             predictions[i] = Some(p);
         }
+        self.scores.clear();
+        self.scores.extend(view.routable().filter_map(|i| {
+            let p = predictions[i]?;
+            Some((i, p.ttft / view.slow_start_factor(i) * 1e3))
+        }));
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
                 let cost = p.ttft + p.externality * p.own * p.seconds_per_token;
@@ -424,6 +432,10 @@ impl Policy for PredictedTtft {
         };
         self.predictions = predictions;
         decision
+    }
+
+    fn last_scores(&self) -> Option<(&'static str, &[(usize, f64)])> {
+        Some(("predicted_ttft_ms", &self.scores))
     }
 
     fn model(&mut self, endpoint: EndpointId, now: Nanos) -> Option<super::EndpointModel> {
