@@ -298,3 +298,88 @@ async fn the_access_log_has_one_json_line_per_request_under_load() {
     drop(g);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The metric names a PromQL expression reads (`kvgate_...` words).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("kvgate_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_is_grafana_json_over_metrics_the_gateway_exports() {
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../../../docs/grafana-dashboard.json"))
+            .expect("valid JSON");
+    // The fields Grafana's dashboard model requires, and sane panels.
+    assert!(dashboard["title"].is_string() && dashboard["uid"].is_string());
+    assert!(dashboard["schemaVersion"].as_u64().unwrap() >= 36);
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 12);
+    let mut ids = HashSet::new();
+    let mut wanted = HashSet::new();
+    for p in panels {
+        assert!(
+            ids.insert(p["id"].as_u64().unwrap()),
+            "duplicate panel id: {p}"
+        );
+        assert!(["timeseries", "stat", "gauge", "table"].contains(&p["type"].as_str().unwrap()));
+        let grid = &p["gridPos"];
+        assert!(
+            grid["w"].as_u64().unwrap() <= 24
+                && grid["x"].as_u64().unwrap() + grid["w"].as_u64().unwrap() <= 24,
+            "{p}"
+        );
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{p}");
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap();
+            assert!(t["refId"].is_string(), "{t}");
+            assert_eq!(
+                expr.matches('(').count(),
+                expr.matches(')').count(),
+                "{expr}"
+            );
+            wanted.extend(metric_names(expr));
+        }
+    }
+    // Every series it queries is exported, with the suffix its type gives it.
+    let (a, b) = (engine("a", "0", &[]), engine("b", "0", &[]));
+    let g = gateway(&[&a, &b], &["--access-log", "off"]).await;
+    let http = client();
+    for stream in [true, false] {
+        let r = http
+            .post(format!("{}/v1/chat/completions", g.url))
+            .json(&chat(support::user("hello there"), 3, stream))
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    let text = support::get_text(&http, &g.url, "/metrics").await;
+    let types: std::collections::HashMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    for name in &wanted {
+        let (base, kind) = [("_total", "counter"), ("_bucket", "histogram")]
+            .iter()
+            .find_map(|(suffix, kind)| name.strip_suffix(suffix).map(|b| (b, *kind)))
+            .unwrap_or((name.as_str(), "gauge"));
+        assert_eq!(
+            types.get(base),
+            Some(&kind),
+            "{name} is not exported as a {kind}"
+        );
+    }
+    assert!(wanted.len() >= 20, "{wanted:?}");
+}

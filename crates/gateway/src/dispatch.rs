@@ -4,7 +4,7 @@
 //! cancelled, so no path can leak a ledger entry. How the *request* ended is the
 //! [`crate::ending::Ending`]'s business.
 
-use crate::metrics::PolicyLabel;
+use crate::metrics::{EndpointLabel, PolicyLabel};
 use crate::pool::Target;
 use crate::state::Shared;
 use kvgate_core::decision::FailureKind;
@@ -92,6 +92,24 @@ impl Dispatch {
             policy: self.shared.pool.policy_name(),
         };
         m.e2e.get_or_create(&label).observe(e2e.as_secs_f64());
+        let endpoint = EndpointLabel {
+            endpoint: self.target.name.to_string(),
+        };
+        m.output_tokens
+            .get_or_create(&endpoint)
+            .inc_by(u64::from(output_tokens));
+        if let Some(u) = usage {
+            let prompt = u64::from(u.prompt_tokens);
+            m.prompt_tokens.get_or_create(&endpoint).inc_by(prompt);
+            if let Some(cached) = u.cached_tokens {
+                m.cached_tokens
+                    .get_or_create(&endpoint)
+                    .inc_by(u64::from(cached));
+                m.cache_checked_tokens
+                    .get_or_create(&endpoint)
+                    .inc_by(prompt);
+            }
+        }
         if let (true, Some(first)) = (self.stream, self.first) {
             m.ttft
                 .get_or_create(&label)

@@ -130,6 +130,15 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
+    /// Prompt tokens per endpoint, from the engines' usage.
+    pub prompt_tokens: Family<EndpointLabel, Counter>,
+    /// Prompt tokens the engines' prefix caches served, per endpoint (engines that report it).
+    pub cached_tokens: Family<EndpointLabel, Counter>,
+    /// Prompt tokens of answers whose usage reported cached tokens, per endpoint: the hit
+    /// ratio's denominator, so engines that do not report hits do not dilute it.
+    pub cache_checked_tokens: Family<EndpointLabel, Counter>,
+    /// Output tokens per endpoint.
+    pub output_tokens: Family<EndpointLabel, Counter>,
 }
 
 /// Client connections of the listeners.
@@ -313,7 +322,32 @@ impl Metrics {
             "Access-log lines dropped because the writer fell behind",
             access_log_dropped.clone(),
         );
+        let tokens = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Family::<EndpointLabel, Counter>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let prompt_tokens = tokens(
+            &mut registry,
+            "prompt_tokens",
+            "Prompt tokens per endpoint, from the engines' usage",
+        );
+        let cached_tokens = tokens(
+            &mut registry,
+            "cached_tokens",
+            "Prompt tokens served from the engine's prefix cache, per endpoint",
+        );
+        let cache_checked_tokens = tokens(
+            &mut registry,
+            "cache_checked_tokens",
+            "Prompt tokens of answers that reported cached tokens, per endpoint (hit ratio = cached / checked)",
+        );
+        let output_tokens = tokens(&mut registry, "output_tokens", "Output tokens per endpoint");
         Metrics {
+            prompt_tokens,
+            cached_tokens,
+            cache_checked_tokens,
+            output_tokens,
             access_log_dropped,
             connections,
             cache_prediction,
