@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use kvgate_core::EndpointId;
 use std::sync::Arc;
 
-fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     let expected = shared
         .config
         .admin_token

@@ -46,9 +46,10 @@ impl Dispatch {
     pub(crate) fn first_token(&mut self) {
         let now = self.shared.pool.clock().now();
         self.first = Some(now);
-        if let (true, Some(predicted)) = (self.stream, self.target.predicted_ttft) {
+        if self.stream {
             let measured = (now - self.sent).as_secs_f64();
-            if predicted > 0.0 {
+            self.shared.ttft_series.record(measured * 1e3);
+            if let Some(predicted) = self.target.predicted_ttft.filter(|&p| p > 0.0) {
                 self.shared
                     .metrics
                     .ttft_prediction_ratio

@@ -142,7 +142,9 @@ pub(crate) fn router(shared: Arc<Shared>, face: Face) -> Router {
             .route("/ready", get(ready));
     }
     if face == Face::Admin || !separate_admin {
-        router = router.route("/metrics", get(metrics));
+        router = router
+            .route("/metrics", get(metrics))
+            .merge(crate::observe::ui::router());
         if shared.config.admin_token.is_some() {
             router = router.merge(admin::router());
         }

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) stop: watch::Sender<bool>,
     /// One JSON line per request.
     pub(crate) access_log: AccessLog,
+    /// Recent streamed first tokens, for the live page.
+    pub(crate) ttft_series: crate::observe::series::TtftSeries,
 }
 
 impl Shared {
@@ -55,6 +57,7 @@ impl Shared {
             seed,
             stop,
             access_log,
+            ttft_series: Default::default(),
             config,
         })
     }

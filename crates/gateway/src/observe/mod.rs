@@ -3,6 +3,8 @@
 
 pub(crate) mod access_log;
 pub mod decisions;
+pub(crate) mod series;
+pub(crate) mod ui;
 
 use crate::config::ConfigError;
 use serde::{Deserialize, Serialize};
