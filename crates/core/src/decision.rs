@@ -243,6 +243,19 @@ pub enum FailureKind {
     Cancelled,
 }
 
+impl FailureKind {
+    /// A short stable label: `connect`, `server_error`, `overloaded`, `timeout`, `cancelled`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Connect => "connect",
+            FailureKind::ServerError => "server_error",
+            FailureKind::Overloaded => "overloaded",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// Token counts an engine reported for one request (`usage` with
 /// `prompt_tokens_details.cached_tokens`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

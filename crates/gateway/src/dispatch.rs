@@ -5,10 +5,13 @@
 //! [`crate::ending::Ending`]'s business.
 
 use crate::metrics::{EndpointLabel, PolicyLabel};
+use crate::observe::otel::{self, LiveSpan};
 use crate::pool::Target;
 use crate::state::Shared;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::{Nanos, Usage};
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +28,8 @@ pub(crate) struct Dispatch {
     sent: Nanos,
     first: Option<Nanos>,
     done: bool,
+    /// The attempt's trace span, when traces are on.
+    pub(crate) span: Option<LiveSpan>,
 }
 
 impl Dispatch {
@@ -39,6 +44,7 @@ impl Dispatch {
             sent,
             first: None,
             done: false,
+            span: None,
         }
     }
 
@@ -48,6 +54,9 @@ impl Dispatch {
         self.first = Some(now);
         if self.stream {
             let measured = (now - self.sent).as_secs_f64();
+            if let Some(span) = &mut self.span {
+                span.set_attribute(KeyValue::new("gen_ai.server.time_to_first_token", measured));
+            }
             self.shared.ttft_series.record(measured * 1e3);
             if let Some(predicted) = self.target.predicted_ttft.filter(|&p| p > 0.0) {
                 self.shared
@@ -88,6 +97,27 @@ impl Dispatch {
             output_tokens,
             (usage, self.target.prediction),
         );
+        if let Some(mut span) = self.span.take() {
+            let mut attrs = vec![KeyValue::new(
+                "gen_ai.usage.output_tokens",
+                i64::from(output_tokens),
+            )];
+            if let Some(u) = usage {
+                attrs.push(KeyValue::new(
+                    "gen_ai.usage.input_tokens",
+                    i64::from(u.prompt_tokens),
+                ));
+                if let Some(c) = u.cached_tokens {
+                    attrs.push(KeyValue::new("kvgate.usage.cached_tokens", i64::from(c)));
+                }
+            }
+            if let (true, Some(first), true) = (self.stream, self.first, output_tokens > 1) {
+                let tpot = (now - first).as_secs_f64() / f64::from(output_tokens - 1);
+                attrs.push(KeyValue::new("gen_ai.server.time_per_output_token", tpot));
+            }
+            span.set_attributes(attrs);
+            span.end();
+        }
         let m = &self.shared.metrics;
         let label = PolicyLabel {
             policy: self.shared.pool.policy_name(),
@@ -125,6 +155,7 @@ impl Dispatch {
     /// The attempt failed.
     pub(crate) fn fail(mut self, kind: FailureKind, retry_after: Option<Duration>) {
         self.done = true;
+        self.end_failed(kind);
         self.shared.pool.failed(
             self.request,
             self.target.id,
@@ -135,9 +166,19 @@ impl Dispatch {
     }
 }
 
+impl Dispatch {
+    fn end_failed(&mut self, kind: FailureKind) {
+        if let Some(mut span) = self.span.take() {
+            otel::fail(&mut span, kind.label());
+            span.end();
+        }
+    }
+}
+
 impl Drop for Dispatch {
     fn drop(&mut self) {
         if !self.done {
+            self.end_failed(FailureKind::Cancelled);
             self.shared.pool.failed(
                 self.request,
                 self.target.id,

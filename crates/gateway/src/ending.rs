@@ -6,11 +6,14 @@
 
 use crate::observe::access_log::AccessRecord;
 use crate::observe::decisions::DecisionRecord;
+use crate::observe::otel::{self, LiveSpan};
 use crate::parse::Api;
 use crate::state::Shared;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use kvgate_core::resilience::Outcome;
 use kvgate_core::{Request, Usage};
+use opentelemetry::trace::{Span as _, SpanContext};
+use opentelemetry::KeyValue;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -49,6 +52,7 @@ pub(crate) struct Ending {
     outcome: Outcome,
     endpoint: Option<Arc<str>>,
     facts: Facts,
+    span: Option<LiveSpan>,
     armed: bool,
 }
 
@@ -62,8 +66,22 @@ impl Ending {
             outcome: Outcome::Cancelled,
             endpoint: None,
             facts: Facts::default(),
+            span: None,
             armed: true,
         }
+    }
+
+    /// Starts the request's trace span when traces are on, under the client's `traceparent`.
+    pub(crate) fn trace(&mut self, headers: &HeaderMap) {
+        if let Some(t) = &self.shared.tracing {
+            let arrived = SystemTime::now() - self.arrived.elapsed();
+            self.span = Some(t.request_span(headers, arrived));
+        }
+    }
+
+    /// The request span's context, the parent of its attempts' spans.
+    pub(crate) fn span_context(&self) -> Option<SpanContext> {
+        self.span.as_ref().map(|s| s.span_context().clone())
     }
 
     /// The gateway's id of the request.
@@ -100,7 +118,16 @@ impl Ending {
 
     /// Notes who asked for what, once the request parsed.
     pub(crate) fn describe(&mut self, request: &Request, api: Api, stream: bool) {
-        if !self.shared.access_log.enabled() {
+        if let Some(span) = &mut self.span {
+            span.update_name(otel::span_name(api, request.model.as_deref()));
+            span.set_attribute(KeyValue::new("gen_ai.operation.name", otel::operation(api)));
+            if let Some(m) = &request.model {
+                span.set_attribute(KeyValue::new("gen_ai.request.model", m.clone()));
+            }
+            if let Some(s) = &request.session {
+                span.set_attribute(KeyValue::new("gen_ai.conversation.id", s.clone()));
+            }
+        } else if !self.shared.access_log.enabled() {
             return;
         }
         let f = &mut self.facts;
@@ -121,8 +148,70 @@ impl Ending {
             outcome: self.outcome,
             endpoint: self.endpoint.take(),
             facts: std::mem::take(&mut self.facts),
+            span: self.span.take(),
             armed: true,
         }
+    }
+
+    /// Ends the request's span with what is known of the request.
+    fn end_span(&mut self, mut span: LiveSpan) {
+        let f = &self.facts;
+        let mut attrs = vec![
+            KeyValue::new("kvgate.request_id", self.id as i64),
+            KeyValue::new("kvgate.outcome", self.outcome.label()),
+            KeyValue::new("kvgate.attempts", i64::from(f.attempts)),
+        ];
+        if let Some(s) = f.status {
+            attrs.push(KeyValue::new("http.response.status_code", i64::from(s)));
+        }
+        if let Some(e) = &self.endpoint {
+            attrs.push(KeyValue::new("kvgate.endpoint", e.to_string()));
+        }
+        if let Some(d) = &f.decision {
+            attrs.push(KeyValue::new("kvgate.reason", d.label));
+        }
+        if let Some(u) = f.usage {
+            attrs.push(KeyValue::new(
+                "gen_ai.usage.input_tokens",
+                i64::from(u.prompt_tokens),
+            ));
+            if let Some(c) = u.cached_tokens {
+                attrs.push(KeyValue::new("kvgate.usage.cached_tokens", i64::from(c)));
+            }
+        }
+        if let Some(n) = f.usage.map(|u| u.output_tokens).or(f.output_tokens) {
+            attrs.push(KeyValue::new("gen_ai.usage.output_tokens", i64::from(n)));
+        }
+        let ttft = f
+            .first_token
+            .filter(|_| f.stream == Some(true))
+            .map(|t| t - self.arrived);
+        if let Some(ttft) = ttft {
+            attrs.push(KeyValue::new(
+                "gen_ai.server.time_to_first_token",
+                ttft.as_secs_f64(),
+            ));
+        }
+        if let Some(tpot) = ttft.and_then(|t| self.tpot_ms(t)) {
+            attrs.push(KeyValue::new(
+                "gen_ai.server.time_per_output_token",
+                tpot / 1e3,
+            ));
+        }
+        span.set_attributes(attrs);
+        if self.outcome != Outcome::Ok {
+            otel::fail(&mut span, self.outcome.label());
+        }
+        span.end();
+    }
+
+    /// Time per output token after the first, for a stream that ended well with two tokens or
+    /// more.
+    fn tpot_ms(&self, ttft: Duration) -> Option<f64> {
+        let f = &self.facts;
+        let n = f.usage.map(|u| u.output_tokens).or(f.output_tokens)?;
+        (n > 1 && self.outcome == Outcome::Ok)
+            .then(|| (self.arrived.elapsed() - ttft).as_secs_f64() * 1e3 / f64::from(n - 1))
     }
 
     fn log(&self) {
@@ -134,12 +223,7 @@ impl Ending {
             .first_token
             .filter(|_| f.stream == Some(true))
             .map(|t| t - self.arrived);
-        let tpot = match (ttft, output) {
-            (Some(ttft), Some(n)) if n > 1 && self.outcome == Outcome::Ok => {
-                Some(ms(now - self.arrived - ttft) / f64::from(n - 1))
-            }
-            _ => None,
-        };
+        let tpot = ttft.and_then(|t| self.tpot_ms(t));
         let decision = f.decision.as_deref();
         let written = self.shared.access_log.write(&AccessRecord {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -180,6 +264,9 @@ impl Drop for Ending {
             );
             if self.shared.access_log.enabled() {
                 self.log();
+            }
+            if let Some(span) = self.span.take() {
+                self.end_span(span);
             }
         }
     }

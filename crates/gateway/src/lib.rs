@@ -91,7 +91,10 @@ impl Gateway {
             })?,
         };
         Ok(Gateway {
-            shared: Shared::new(config, seed, access_log),
+            shared: {
+                let tracing = observe::otel::Tracing::from_config(&config.observability)?;
+                Shared::new(config, seed, access_log, tracing)
+            },
             tls,
         })
     }
@@ -110,6 +113,13 @@ impl Gateway {
     /// times (pick, first token, end), readers never. For tests and contention diagnostics.
     pub fn pool_lock_acquisitions(&self) -> u64 {
         self.shared.pool.lock_acquisitions()
+    }
+
+    /// Exports the finished spans now, when traces are on (they leave in batches otherwise).
+    pub fn flush_traces(&self) {
+        if let Some(t) = &self.shared.tracing {
+            t.flush();
+        }
     }
 
     /// The Prometheus exposition of the gateway's metrics.

@@ -18,6 +18,7 @@ use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;
 use crate::observe::decisions::DecisionRecord;
+use crate::observe::otel::{self, LiveSpan};
 use crate::parse::{Api, Inference};
 use crate::pool::Attempt;
 use crate::state::Shared;
@@ -28,6 +29,8 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use kvgate_core::resilience::{Attempts, Next, Outcome};
 use kvgate_core::{EndpointId, Nanos, Rejection, Request};
+use opentelemetry::trace::SpanContext;
+use opentelemetry::KeyValue;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::future::Future;
@@ -93,6 +96,7 @@ pub(crate) async fn handle(
         .get(EXPLAIN_HEADER)
         .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes().eq_ignore_ascii_case(b"true"));
     let mut run = Run::new(shared.clone(), inference, headers, ending.id());
+    run.trace = ending.span_context();
     let hedge_after = match run.launch(Attempt::First) {
         Ok(after) => after,
         Err(r) => {
@@ -177,6 +181,8 @@ struct Run {
     hedged_to: Option<EndpointId>,
     last_endpoint: Option<Arc<str>>,
     last_decision: Option<Arc<DecisionRecord>>,
+    /// The request span's context, when traces are on.
+    trace: Option<SpanContext>,
 }
 
 impl Run {
@@ -202,6 +208,7 @@ impl Run {
             hedged_to: None,
             last_endpoint: None,
             last_decision: None,
+            trace: None,
             shared,
         }
     }
@@ -217,12 +224,11 @@ impl Run {
         if attempt == Attempt::Hedge {
             self.hedged_to = Some(target.id);
         }
+        let mut forwarded = self.forwarded.clone();
+        let span = self.attempt_span(&target, attempt, &mut forwarded);
         let mut dispatch = Dispatch::new(self.shared.clone(), self.request.id, target, self.stream);
-        let (client, body, forwarded) = (
-            self.shared.client.clone(),
-            self.body.clone(),
-            self.forwarded.clone(),
-        );
+        dispatch.span = span;
+        let (client, body) = (self.shared.client.clone(), self.body.clone());
         let (api, timeout) = (self.api, self.first_token_timeout);
         let max_retry_after = Duration::from_secs(self.shared.config.retry.max_retry_after_secs);
         self.running.push(Box::pin(async move {
@@ -295,6 +301,37 @@ impl Run {
                 Some((Outcome::UpstreamError, Ok(upstream_failure(error, &name))))
             }
         }
+    }
+
+    /// The attempt's client span, when traces are on; its context replaces the client's
+    /// `traceparent` in what goes upstream.
+    fn attempt_span(
+        &self,
+        target: &crate::pool::Target,
+        attempt: Attempt,
+        forwarded: &mut Arc<HeaderMap>,
+    ) -> Option<LiveSpan> {
+        let (tracing, parent) = (self.shared.tracing.as_ref()?, self.trace.as_ref()?);
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", otel::operation(self.api)),
+            KeyValue::new("kvgate.endpoint", target.name.to_string()),
+            KeyValue::new("kvgate.attempt", attempt.label()),
+            KeyValue::new("kvgate.reason", target.reason),
+            KeyValue::new("kvgate.why", target.decision.why.clone()),
+        ];
+        if let Some(m) = &self.request.model {
+            attrs.push(KeyValue::new("gen_ai.request.model", m.clone()));
+        }
+        if let Ok(uri) = target.base.parse::<axum::http::Uri>() {
+            if let Some(host) = uri.host() {
+                attrs.push(KeyValue::new("server.address", host.to_owned()));
+            }
+            if let Some(port) = uri.port_u16() {
+                attrs.push(KeyValue::new("server.port", i64::from(port)));
+            }
+        }
+        let name = otel::span_name(self.api, self.request.model.as_deref());
+        Some(tracing.attempt_span(parent, name, attrs, Arc::make_mut(forwarded)))
     }
 
     /// Tells the access log how many attempts ran and why the last (or the winning one, the

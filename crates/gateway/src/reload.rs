@@ -133,7 +133,12 @@ mod tests {
         running
             .endpoints
             .push(EndpointConfig::from_url("http://127.0.0.1:2")); // --endpoint
-        let shared = Shared::new(running, 1, crate::observe::access_log::AccessLog::off());
+        let shared = Shared::new(
+            running,
+            1,
+            crate::observe::access_log::AccessLog::off(),
+            None,
+        );
         let mut reloader = Reloader::new(&shared, Some(&file));
         let urls = |s: &Shared| -> Vec<String> {
             s.pool.configs().into_iter().map(|(_, c)| c.url).collect()

@@ -50,6 +50,7 @@ async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), Ap
 async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let mut ending = Ending::new(shared.clone());
     ending.client_request_id(req.headers().get("x-request-id"));
+    ending.trace(req.headers());
     let answer = match read(req, &shared).await {
         Ok((inference, headers)) => {
             ending.describe(&inference.request, inference.api, inference.stream);

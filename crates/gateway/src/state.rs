@@ -34,13 +34,20 @@ pub(crate) struct Shared {
     pub(crate) stop: watch::Sender<bool>,
     /// One JSON line per request.
     pub(crate) access_log: AccessLog,
+    /// OpenTelemetry traces, when on.
+    pub(crate) tracing: Option<crate::observe::otel::Tracing>,
     /// Recent streamed first tokens, for the live page.
     pub(crate) ttft_series: crate::observe::series::TtftSeries,
 }
 
 impl Shared {
     /// Builds the state; endpoints from `config` are added to the pool.
-    pub(crate) fn new(config: Config, seed: u64, access_log: AccessLog) -> Arc<Self> {
+    pub(crate) fn new(
+        config: Config,
+        seed: u64,
+        access_log: AccessLog,
+        tracing: Option<crate::observe::otel::Tracing>,
+    ) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
         let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
@@ -57,6 +64,7 @@ impl Shared {
             seed,
             stop,
             access_log,
+            tracing,
             ttft_series: Default::default(),
             config,
         })

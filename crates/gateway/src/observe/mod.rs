@@ -3,6 +3,7 @@
 
 pub(crate) mod access_log;
 pub mod decisions;
+pub(crate) mod otel;
 pub(crate) mod series;
 pub(crate) mod ui;
 
@@ -19,6 +20,10 @@ pub struct ObservabilityConfig {
     pub access_log: Option<String>,
     /// Decision records kept for `/admin/decisions` and the live page (0 keeps none).
     pub decision_records: usize,
+    /// Where to send OpenTelemetry traces (OTLP over HTTP/protobuf, the full URL, e.g.
+    /// `http://collector:4318/v1/traces`). Unset, the standard `OTEL_EXPORTER_OTLP_*`
+    /// variables decide; with neither, no traces.
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 impl Default for ObservabilityConfig {
@@ -27,6 +32,7 @@ impl Default for ObservabilityConfig {
             access_log: None,
             // A few seconds of traffic at a thousand requests per second; about 1 KiB each.
             decision_records: 2048,
+            otlp_traces_endpoint: None,
         }
     }
 }
