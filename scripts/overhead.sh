@@ -5,7 +5,11 @@
 # closed loop with 64 connections (req/s). Rounds alternate between the builds so that the
 # machine's other tenants weigh on each alike; compare medians across rounds.
 #
-#   scripts/overhead.sh [--rounds N] [--policy P]... [KVGATE_BINARY]...
+#   scripts/overhead.sh [--rounds N] [--policy P]... [--variant "SERVE FLAGS"]... [KVGATE_BINARY]...
+#
+# Each --variant adds a gateway per (binary, policy) started with those extra `kvgate serve`
+# flags, e.g. --variant "--access-log off" --variant "--access-log /tmp/access.log" to measure
+# what the access log costs. Without one, each gateway runs with its defaults.
 #
 # Default: the release build of this tree (built if missing), policies cache_aware and
 # predicted_ttft. Pass an older binary too to measure before/after, e.g.
@@ -17,14 +21,17 @@ cd "$(dirname "$0")/.."
 rounds=2
 policies=()
 binaries=()
+variants=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --policy) policies+=("$2"); shift 2 ;;
+    --variant) variants+=("$2"); shift 2 ;;
     *) binaries+=("$1"); shift ;;
     esac
 done
 [[ ${#policies[@]} -gt 0 ]] || policies=(cache_aware predicted_ttft)
+[[ ${#variants[@]} -gt 0 ]] || variants=("")
 if [[ ${#binaries[@]} -eq 0 ]]; then
     cargo build --release -q -p kvgate
     binaries=("${CARGO_TARGET_DIR:-target}"/release/kvgate)
@@ -40,10 +47,13 @@ names=()
 gateways=()
 for bin in "${binaries[@]}"; do
     for policy in "${policies[@]}"; do
-        # An older build may lack a policy: that pair is skipped.
-        start "$bin" serve --listen 127.0.0.1:0 --endpoint "$engine" --policy "$policy" || continue
-        names+=("$bin $policy")
-        gateways+=("$url")
+        for variant in "${variants[@]}"; do
+            # An older build may lack a policy or a flag: that gateway is skipped.
+            # shellcheck disable=SC2086 # a variant is a list of flags
+            start "$bin" serve --listen 127.0.0.1:0 --endpoint "$engine" --policy "$policy" $variant || continue
+            names+=("$bin $policy $variant")
+            gateways+=("$url")
+        done
     done
 done
 sleep 1
