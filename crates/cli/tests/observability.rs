@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use support::{chat, client, engine, gateway, gateway_with_config};
+use support::{admin_json, chat, client, engine, gateway, gateway_with_config, header};
 
 const TOKEN: &str = "observability-token";
 
@@ -21,15 +21,7 @@ fn system_prompt() -> String {
 }
 
 async fn decisions(base: &str, request: &str) -> Value {
-    client()
-        .get(format!("{base}/admin/decisions?request={request}"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    admin_json(base, &format!("/admin/decisions?request={request}"), TOKEN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,10 +55,9 @@ async fn a_repeated_conversation_is_recorded_as_affinity_with_its_matched_tokens
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let header = |name: &str| r.headers()[name].to_str().unwrap().to_owned();
-        ids.push(header("x-kvgate-request-id"));
-        served.push(header("x-kvgate-endpoint"));
-        let explain = header("x-kvgate-explain");
+        ids.push(header(&r, "x-kvgate-request-id"));
+        served.push(header(&r, "x-kvgate-endpoint"));
+        let explain = header(&r, "x-kvgate-explain");
         assert!(explain.contains("candidates:"), "{explain}");
         r.bytes().await.unwrap();
     }
@@ -122,25 +113,14 @@ async fn a_forced_imbalance_escape_is_recorded_as_an_escape() {
         .await
         .unwrap();
     assert_eq!(long.status(), 200);
-    let busy = long.headers()["x-kvgate-endpoint"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let busy = header(&long, "x-kvgate-endpoint");
     let mut stream = long.bytes_stream();
     stream.next().await.unwrap().unwrap();
     // A scrape sent between the dispatch and the engine's admission of the request reads an
     // idle engine; wait until one sees it running, so the load the policy reads is settled.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let status: Value = http
-            .get(format!("{}/admin/endpoints", g.url))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let status = admin_json(&g.url, "/admin/endpoints", TOKEN).await;
         let running = status["endpoints"]
             .as_array()
             .unwrap()
@@ -164,14 +144,8 @@ async fn a_forced_imbalance_escape_is_recorded_as_an_escape() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let id = r.headers()["x-kvgate-request-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let elsewhere = r.headers()["x-kvgate-endpoint"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let id = header(&r, "x-kvgate-request-id");
+    let elsewhere = header(&r, "x-kvgate-endpoint");
     let d = &decisions(&g.url, &id).await["decisions"][0];
     assert_ne!(elsewhere, busy, "{d}");
     assert_eq!(d["label"], "escape", "{d}");
@@ -243,10 +217,7 @@ async fn the_access_log_has_one_json_line_per_request_under_load() {
                     .await
                     .unwrap();
                 let status = r.status().as_u16();
-                let id = r.headers()["x-kvgate-request-id"]
-                    .to_str()
-                    .unwrap()
-                    .to_owned();
+                let id = header(&r, "x-kvgate-request-id");
                 r.bytes().await.unwrap();
                 (status, id)
             }

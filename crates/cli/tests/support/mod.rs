@@ -210,3 +210,21 @@ pub async fn wait_for(url: &str, what: &str, check: impl Fn(&str) -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `GET {base}{path}` with the admin `token`, as JSON.
+pub async fn admin_json(base: &str, path: &str, token: &str) -> serde_json::Value {
+    client()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// A response header's value as text.
+pub fn header(response: &reqwest::Response, name: &str) -> String {
+    response.headers()[name].to_str().unwrap().to_owned()
+}
