@@ -104,23 +104,45 @@ fn field(object: &[u8], key: &[u8]) -> Option<u32> {
     std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
+/// An unfinished event held back longer than this cannot be the usage chunk (a few hundred
+/// bytes): it is passed on as it comes, so a huge event, or an upstream that never ends one,
+/// costs bounded memory.
+const MAX_HELD: usize = 64 * 1024;
+
 /// Passes a server-sent-events stream through event by event, minus the usage-only chunk.
 #[derive(Debug, Default)]
 pub(crate) struct UsageStripper {
     pending: BytesMut,
+    /// Bytes of `pending` already searched for an event's end, so each byte is searched once
+    /// however the stream is framed.
+    scanned: usize,
+    /// Inside an event too long to be the usage chunk: passed on up to its end.
+    passing: bool,
 }
 
 impl UsageStripper {
     /// The complete events of `data` (with what was held back before), minus a usage-only
-    /// chunk; an incomplete last event is held back until its end arrives.
+    /// chunk; an incomplete last event is held back until its end arrives, up to [`MAX_HELD`].
     pub(crate) fn filter(&mut self, data: &[u8]) -> Bytes {
         self.pending.extend_from_slice(data);
         let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.pending) {
+        loop {
+            // A delimiter may straddle the old and the new bytes: look 3 bytes back.
+            let from = self.scanned.saturating_sub(3);
+            let Some(end) = event_end(&self.pending[from..]).map(|e| from + e) else {
+                self.scanned = self.pending.len();
+                break;
+            };
             let event = self.pending.split_to(end);
-            if !is_usage_chunk(&event) {
+            self.scanned = 0;
+            if std::mem::take(&mut self.passing) || !is_usage_chunk(&event) {
                 out.extend_from_slice(&event);
             }
+        }
+        if self.pending.len() > MAX_HELD {
+            out.extend_from_slice(&self.pending.split());
+            self.scanned = 0;
+            self.passing = true;
         }
         out.freeze()
     }
@@ -128,7 +150,8 @@ impl UsageStripper {
     /// What is left at the end of the stream.
     pub(crate) fn finish(&mut self) -> Bytes {
         let rest = self.pending.split();
-        if is_usage_chunk(&rest) {
+        self.scanned = 0;
+        if !std::mem::take(&mut self.passing) && is_usage_chunk(&rest) {
             Bytes::new()
         } else {
             rest.freeze()
@@ -204,5 +227,38 @@ data: [DONE]\n\n";
         out.extend_from_slice(&s.finish());
         assert!(parse(&out).is_none() && out.ends_with(b"data: [DONE]\n\n"));
         assert!(out.len() < fixture.len());
+    }
+
+    #[test]
+    fn a_huge_event_passes_through_with_bounded_memory() {
+        let big = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "x".repeat(300_000)
+        );
+        let mut stream = big.clone().into_bytes();
+        stream.extend_from_slice(STREAM);
+        let mut expected = big.into_bytes();
+        expected.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\ndata: [DONE]\n\n");
+        for size in [1000, 4096, 100_000] {
+            let mut s = UsageStripper::default();
+            let mut out = Vec::new();
+            for chunk in stream.chunks(size) {
+                out.extend_from_slice(&s.filter(chunk));
+                assert!(
+                    s.pending.len() <= MAX_HELD + size,
+                    "held {}",
+                    s.pending.len()
+                );
+            }
+            out.extend_from_slice(&s.finish());
+            assert_eq!(out, expected, "frames of {size}");
+        }
+        // An upstream that never ends its event is passed on, not buffered.
+        let mut s = UsageStripper::default();
+        let mut passed = 0;
+        for _ in 0..100 {
+            passed += s.filter(&[b'y'; 10_000]).len();
+        }
+        assert!(passed >= 1_000_000 - MAX_HELD - 10_000);
     }
 }

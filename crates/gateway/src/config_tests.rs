@@ -1,0 +1,130 @@
+//! Configuration parsing and validation.
+
+use super::*;
+
+#[test]
+fn the_readme_complete_file_parses_and_names_every_default() {
+    let readme = include_str!("../README.md");
+    let start = readme.find("A complete file").unwrap();
+    let block = &readme[start..];
+    let yaml = block
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let config = Config::from_yaml(yaml).unwrap();
+    assert_eq!(config.listener, ListenerConfig::default());
+    assert!(Config::from_yaml("admin_listen: 127.0.0.1:9090").is_err());
+    assert!(Config::from_yaml("listener: {max_header_bytes: 100}").is_err());
+}
+
+/// Found by fuzzing: `1e300` passed as positive and `Duration::from_secs_f64` panicked when
+/// the listener started. Below four nanoseconds (seen reading the same code) the sweep's
+/// period rounds to zero, which panics in tokio.
+#[test]
+fn listener_timeouts_must_fit_a_duration() {
+    for bad in ["1e300", "1e-10", "-1", ".nan", ".inf"] {
+        for key in ["header_read_timeout_secs", "idle_timeout_secs"] {
+            let yaml = format!("listener: {{{key}: {bad}}}");
+            assert!(
+                matches!(Config::from_yaml(&yaml), Err(ConfigError::Invalid { .. })),
+                "{yaml}"
+            );
+        }
+    }
+    let config =
+        Config::from_yaml("listener: {header_read_timeout_secs: 0.001, idle_timeout_secs: 1e9}")
+            .unwrap();
+    crate::listener::Listening::new(&config.listener, Default::default());
+}
+
+/// Found by fuzzing: these loaded, then building the gateway panicked (tokio's semaphore
+/// beyond its permits, a TTFT window beyond what a `Vec` can hold) or aborted (a window of
+/// 4294967295 samples asked for 32 GiB).
+#[test]
+fn sizes_the_gateway_allocates_from_are_bounded() {
+    for yaml in [
+        "admission: {max_concurrency: 18446744073709551615}",
+        "hedge: {window: 18446744073709551615}",
+        "hedge: {window: 4294967295}",
+    ] {
+        assert!(
+            matches!(Config::from_yaml(yaml), Err(ConfigError::Invalid { .. })),
+            "{yaml}"
+        );
+    }
+    let config =
+        Config::from_yaml("admission: {max_concurrency: 1}\nhedge: {window: 65536}").unwrap();
+    crate::Gateway::with_seed(config, 1).unwrap();
+}
+
+#[test]
+fn yaml_round_trip_with_policy_section() {
+    let config = Config::from_yaml(
+        "endpoints:\n  - url: http://127.0.0.1:9001/v1\n    weight: 2\n    model: m\n    labels: {zone: a}\npolicy:\n  name: cache_aware\n  cache_threshold: 0.5\n",
+    )
+    .unwrap();
+    assert_eq!(config.endpoints[0].base_url(), "http://127.0.0.1:9001");
+    assert_eq!(config.endpoints[0].display_name(), "127.0.0.1:9001");
+    let PolicyConfig::CacheAware(c) = &config.policy else {
+        panic!("{:?}", config.policy)
+    };
+    assert_eq!(c.cache_threshold, 0.5);
+}
+
+#[test]
+fn unknown_fields_and_bad_values_are_refused() {
+    assert!(matches!(
+        Config::from_yaml("endpoint: []"),
+        Err(ConfigError::Yaml(_))
+    ));
+    assert!(matches!(
+        Config::from_yaml("policy: {name: cache_aware, cache_treshold: 0.5}"),
+        Err(ConfigError::Yaml(_))
+    ));
+    assert!(matches!(
+        Config::from_yaml("policy: {name: cache_aware, cache_threshold: 2}"),
+        Err(ConfigError::Policy(_))
+    ));
+    assert!(matches!(
+        Config::from_yaml("endpoints: [{url: 'ftp://x'}]"),
+        Err(ConfigError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn policy_params_are_set_by_name_including_nested_ones() {
+    let mut config = Config::default();
+    config.set_policy("cache_aware").unwrap();
+    config
+        .set_policy_param("balance_abs_threshold", "8")
+        .unwrap();
+    config.set_policy_param("load.expiry_ms", "250").unwrap();
+    config.set_policy_param("key", "text").unwrap();
+    let PolicyConfig::CacheAware(c) = &config.policy else {
+        panic!()
+    };
+    assert_eq!(c.balance_abs_threshold, 8.0);
+    assert_eq!(c.load.expiry_ms, 250);
+    config.set_policy("round_robin").unwrap();
+    assert!(config.set_policy_param("cache_threshold", "0.1").is_err());
+    assert!(config.set_policy("nope").is_err());
+}
+
+/// `interval_ms: 18446744073709551615` used to load, and the scrape loop then overflowed
+/// an `Instant`.
+#[test]
+fn scrape_periods_are_bounded() {
+    for yaml in [
+        "scrape: {interval_ms: 18446744073709551615}",
+        "scrape: {interval_ms: 0}",
+        "scrape: {timeout_ms: 18446744073709551615}",
+        "scrape: {timeout_ms: 0}",
+    ] {
+        assert!(
+            matches!(Config::from_yaml(yaml), Err(ConfigError::Invalid { .. })),
+            "{yaml}"
+        );
+    }
+    Config::from_yaml("scrape: {interval_ms: 86400000, timeout_ms: 1}").unwrap();
+}
