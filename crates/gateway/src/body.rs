@@ -102,9 +102,12 @@ impl Tracked {
                 None => self.events.finish(),
             };
             d.complete(tokens, usage);
-            let facts = self.ending.facts();
-            facts.usage = usage;
-            facts.output_tokens = Some(tokens);
+            if self.ok {
+                // An error body's "tokens" are not output.
+                let facts = self.ending.facts();
+                facts.usage = usage;
+                facts.output_tokens = Some(tokens);
+            }
             self.ending.set(if self.ok {
                 Outcome::Ok
             } else {

