@@ -145,26 +145,6 @@ impl Reason {
             Reason::PredictedTtft { .. } => "predicted",
         }
     }
-
-    /// Every label [`Reason::label`] returns.
-    pub const LABELS: [&'static str; 16] = [
-        "random",
-        "turn",
-        "weighted_turn",
-        "least_loaded",
-        "power_of_choices",
-        "least_kv",
-        "weighted_least_request",
-        "hash_owner",
-        "overflow",
-        "affinity",
-        "miss",
-        "escape",
-        "least_cost",
-        "sampled_cost",
-        "latency",
-        "predicted",
-    ];
 }
 
 impl fmt::Display for Reason {

@@ -168,7 +168,7 @@ impl Ending {
             attrs.push(KeyValue::new("kvgate.endpoint", e.to_string()));
         }
         if let Some(d) = &f.decision {
-            attrs.push(KeyValue::new("kvgate.reason", d.label));
+            attrs.push(KeyValue::new("kvgate.reason", d.reason.label()));
         }
         if let Some(u) = f.usage {
             attrs.push(KeyValue::new(
@@ -245,8 +245,8 @@ impl Ending {
             prompt_tokens: f.usage.map(|u| u.prompt_tokens),
             cached_tokens: f.usage.and_then(|u| u.cached_tokens),
             output_tokens: output,
-            reason: decision.map(|d| d.label),
-            why: decision.map(|d| d.why.as_str()),
+            reason: decision.map(|d| d.reason.label()),
+            why: decision.map(|d| d.reason.to_string()),
         });
         if !written {
             self.shared.metrics.access_log_dropped.inc();

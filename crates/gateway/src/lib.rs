@@ -82,7 +82,7 @@ impl Gateway {
             None => None,
         };
         let access_log = match config.observability.access_log.as_deref() {
-            None => observe::access_log::AccessLog::off(),
+            None => observe::access_log::AccessLog::default(),
             Some(target) => observe::access_log::AccessLog::open(target).map_err(|source| {
                 ConfigError::AccessLog {
                     path: target.to_owned(),

@@ -317,7 +317,7 @@ impl Run {
             KeyValue::new("kvgate.endpoint", target.name.to_string()),
             KeyValue::new("kvgate.attempt", attempt.label()),
             KeyValue::new("kvgate.reason", target.reason),
-            KeyValue::new("kvgate.why", target.decision.why.clone()),
+            KeyValue::new("kvgate.why", target.decision.reason.to_string()),
         ];
         if let Some(m) = &self.request.model {
             attrs.push(KeyValue::new("gen_ai.request.model", m.clone()));

@@ -136,7 +136,7 @@ mod tests {
         let shared = Shared::new(
             running,
             1,
-            crate::observe::access_log::AccessLog::off(),
+            crate::observe::access_log::AccessLog::default(),
             None,
         );
         let mut reloader = Reloader::new(&shared, Some(&file));

@@ -1,6 +1,8 @@
 //! The gateway's routes without a socket (`Router::oneshot`), and over loopback against a
 //! minimal upstream written here, whose every chunk the test releases by hand.
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bytes::Bytes;
@@ -237,9 +239,7 @@ async fn scripted_upstream(rx: mpsc::Receiver<Bytes>) -> String {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = common::serve(app).await;
     url
 }
 
@@ -299,9 +299,7 @@ async fn echo_upstream() -> String {
             axum::Json(serde_json::json!({ "auth": auth }))
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = common::serve(app).await;
     url
 }
 

@@ -1,6 +1,8 @@
 //! How upstream outcomes (slow answers, client errors, Retry-After, deadlines) reach the client,
 //! against a loopback upstream whose every answer the test scripts.
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -55,9 +57,7 @@ async fn upstream(
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = common::serve(app).await;
     (url, hits)
 }
 

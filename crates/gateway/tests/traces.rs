@@ -3,6 +3,8 @@
 //! with a client span per attempt, carrying the GenAI semantic conventions' attributes, under
 //! the client's `traceparent`, with each attempt's context sent upstream.
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -37,9 +39,7 @@ async fn collector() -> (String, Spans) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("{}/v1/traces", common::serve(app).await);
     (url, spans)
 }
 
@@ -79,9 +79,7 @@ async fn upstream(broken: bool) -> (String, Arc<Mutex<Vec<String>>>) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = common::serve(app).await;
     (url, seen)
 }
 

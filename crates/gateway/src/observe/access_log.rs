@@ -80,11 +80,11 @@ pub(crate) struct AccessRecord<'a> {
     pub(crate) reason: Option<&'static str>,
     /// The last pick's reason with its numbers.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) why: Option<&'a str>,
+    pub(crate) why: Option<String>,
 }
 
-/// Where lines go.
-#[derive(Debug)]
+/// Where lines go; the default writes nothing.
+#[derive(Debug, Default)]
 pub(crate) struct AccessLog {
     pending: Option<Arc<Mutex<Vec<u8>>>>,
     /// Wakes the writer early (a full buffer) or, dropped, tells it to drain and stop.
@@ -93,19 +93,10 @@ pub(crate) struct AccessLog {
 }
 
 impl AccessLog {
-    /// A log that writes nothing.
-    pub(crate) fn off() -> Self {
-        AccessLog {
-            pending: None,
-            wake: None,
-            writer: None,
-        }
-    }
-
     /// Opens `target`: `stdout`, `stderr`, `off`, or a file appended to.
     pub(crate) fn open(target: &str) -> io::Result<Self> {
         let out: Box<dyn Write + Send> = match target {
-            "off" => return Ok(AccessLog::off()),
+            "off" => return Ok(AccessLog::default()),
             "stdout" => Box::new(io::stdout()),
             "stderr" => Box::new(io::stderr()),
             path => Box::new(
@@ -219,7 +210,7 @@ mod tests {
             cached_tokens: None,
             output_tokens: Some(2),
             reason: Some("miss"),
-            why: Some("low match (0/40), least loaded"),
+            why: Some("low match (0/40), least loaded".into()),
         }
     }
 

@@ -36,38 +36,73 @@ pub struct Candidate {
     pub chosen: bool,
 }
 
-/// Why one attempt of one request went where it went.
-#[derive(Clone, Debug, Serialize)]
+/// Why one attempt of one request went where it went. Built under the pool's lock at every
+/// pick, so it holds numbers only; its time and reason are formatted when it is serialised.
+#[derive(Clone, Debug)]
 pub struct DecisionRecord {
     /// The gateway's id of the request (its `x-kvgate-request-id` response header).
     pub request: u64,
-    /// Wall-clock time of the pick, RFC 3339.
-    pub at: String,
+    /// Wall-clock time of the pick.
+    pub at: SystemTime,
     /// `first`, `retry` or `hedge`.
     pub attempt: &'static str,
     /// The policy that decided.
     pub policy: &'static str,
     /// The requested model.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The session, if the client named one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// The estimated prompt length in tokens.
     pub prompt_tokens: u32,
     /// The chosen endpoint.
     pub endpoint: Arc<str>,
-    /// [`Reason::label`]: `affinity`, `miss`, `escape`, `hash_owner`, `overflow`, ...
-    pub label: &'static str,
-    /// The reason in words, with its numbers.
-    pub why: String,
-    /// The reason's fields.
+    /// Why, with the numbers; [`Reason::label`] and its `Display` are the record's `label`
+    /// and `why`.
     pub reason: Reason,
     /// What the policy's score means (`predicted_ttft_ms`, `cost`), when it has one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub score: Option<&'static str>,
     /// The winner and the best of the others, best first.
     pub candidates: Vec<Candidate>,
+}
+
+impl Serialize for DecisionRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            request: u64,
+            at: String,
+            attempt: &'static str,
+            policy: &'static str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            model: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            session: Option<&'a str>,
+            prompt_tokens: u32,
+            endpoint: &'a str,
+            label: &'static str,
+            why: String,
+            reason: &'a Reason,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            score: Option<&'static str>,
+            candidates: &'a [Candidate],
+        }
+        Json {
+            request: self.request,
+            at: humantime::format_rfc3339_millis(self.at).to_string(),
+            attempt: self.attempt,
+            policy: self.policy,
+            model: self.model.as_deref(),
+            session: self.session.as_deref(),
+            prompt_tokens: self.prompt_tokens,
+            endpoint: &self.endpoint,
+            label: self.reason.label(),
+            why: self.reason.to_string(),
+            reason: &self.reason,
+            score: self.score,
+            candidates: &self.candidates,
+        }
+        .serialize(serializer)
+    }
 }
 
 /// What a pick saw, borrowed from the pool's state while it holds its lock.
@@ -96,27 +131,32 @@ impl DecisionRecord {
         name: impl Fn(EndpointId) -> Arc<str>,
     ) -> Self {
         let request = scene.request;
-        let score_of = |i: usize| {
-            scene
-                .scores
-                .and_then(|(_, s)| s.iter().find(|(p, _)| *p == i).map(|&(_, v)| v))
-        };
-        let mut candidates: Vec<Candidate> = scene
+        let mut score_at = vec![None; scene.views.len()];
+        for &(i, score) in scene.scores.map_or(&[][..], |(_, s)| s) {
+            if let Some(slot) = score_at.get_mut(i) {
+                *slot = Some(score);
+            }
+        }
+        // Rank on numbers first; only the kept few get their names.
+        let mut ranked: Vec<(EndpointId, Candidate)> = scene
             .views
             .iter()
-            .enumerate()
-            .filter(|(_, v)| v.id == chosen || eligible(v))
-            .map(|(i, v)| Candidate {
-                endpoint: name(v.id),
-                matched_tokens: scene.overlaps.cached_tokens(v.id, request.prompt_tokens),
-                in_flight: v.own_inflight - u32::from(v.id == chosen && v.own_inflight > 0),
-                engine_queue: v.observation.map(|o| o.running + o.waiting),
-                score: score_of(i),
-                chosen: v.id == chosen,
+            .zip(score_at)
+            .filter(|(v, _)| v.id == chosen || eligible(v))
+            .map(|(v, score)| {
+                let candidate = Candidate {
+                    endpoint: Arc::from(""),
+                    matched_tokens: scene.overlaps.cached_tokens(v.id, request.prompt_tokens),
+                    in_flight: v.own_inflight - u32::from(v.id == chosen && v.own_inflight > 0),
+                    engine_queue: v.observation.map(|o| o.running + o.waiting),
+                    score,
+                    chosen: v.id == chosen,
+                };
+                (v.id, candidate)
             })
             .collect();
         // Best first: the winner, then by score where the policy has one, else by match and load.
-        candidates.sort_by(|a, b| {
+        ranked.sort_by(|(_, a), (_, b)| {
             b.chosen
                 .cmp(&a.chosen)
                 .then_with(|| match (a.score, b.score) {
@@ -127,18 +167,23 @@ impl DecisionRecord {
                         .then(a.in_flight.cmp(&b.in_flight)),
                 })
         });
-        candidates.truncate(TOP + 1);
+        ranked.truncate(TOP + 1);
+        let candidates = ranked
+            .into_iter()
+            .map(|(id, c)| Candidate {
+                endpoint: name(id),
+                ..c
+            })
+            .collect();
         DecisionRecord {
             request: request.id,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            at: SystemTime::now(),
             attempt: scene.attempt,
             policy: scene.policy,
             model: request.model.clone(),
             session: request.session.clone(),
             prompt_tokens: request.prompt_tokens,
             endpoint: name(chosen),
-            label: reason.label(),
-            why: reason.to_string(),
             reason: reason.clone(),
             score: scene.scores.map(|(n, _)| n),
             candidates,
@@ -148,7 +193,7 @@ impl DecisionRecord {
     /// A one-line summary for the `x-kvgate-explain` response header: the label, the reason,
     /// then each candidate as `name(matched tokens, in flight[, score])`.
     pub fn summary(&self) -> String {
-        let mut out = format!("{} ({}); candidates:", self.label, self.why);
+        let mut out = format!("{} ({}); candidates:", self.reason.label(), self.reason);
         for c in &self.candidates {
             out.push_str(&format!(
                 " {}{}(matched {}, in flight {}",
@@ -261,7 +306,11 @@ mod tests {
         assert_eq!(names, ["e3", "e0", "e1", "e2", "e4"]);
         assert_eq!(r.candidates[0].matched_tokens, 50);
         assert_eq!(r.candidates[0].in_flight, 2, "before this pick");
-        assert_eq!(r.label, "affinity");
+        assert_eq!(r.reason.label(), "affinity");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["label"], "affinity");
+        assert_eq!(json["why"], "prefix affinity (200/400 matched)");
+        assert!(json["at"].as_str().unwrap().ends_with('Z'));
         assert!(r.summary().starts_with("affinity (prefix affinity (200/400 matched)); candidates: *e3(matched 50, in flight 2)"), "{}", r.summary());
     }
 

@@ -11,6 +11,8 @@ use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
+use kvgate_core::policy::EndpointModel;
+use kvgate_core::EndpointId;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -32,7 +34,7 @@ struct EndpointRow {
     hit_ratio: Option<f64>,
     /// Output tokens generated there.
     output_tokens: u64,
-    /// `predicted_ttft`'s learned slowness against the fleet, when that policy runs.
+    /// The policy's learned slowness against the fleet, when it learns one and has samples.
     speed_factor: Option<f64>,
     /// Its learned prefill speed.
     prefill_tokens_per_second: Option<f64>,
@@ -42,21 +44,23 @@ fn counter(family: &metrics::Family<metrics::EndpointLabel, metrics::Counter>, n
     family.get(&metrics::endpoint(name)).map_or(0, |c| c.get())
 }
 
-fn gauge(
-    family: &metrics::Family<metrics::EndpointLabel, metrics::FloatGauge>,
-    name: &str,
-) -> Option<f64> {
-    family.get(&metrics::endpoint(name)).map(|g| g.get())
-}
-
-fn row(m: &Metrics, status: crate::pool::EndpointStatus, learns: bool) -> EndpointRow {
+fn row(
+    m: &Metrics,
+    status: crate::pool::EndpointStatus,
+    learned: &[(EndpointId, EndpointModel)],
+) -> EndpointRow {
     let name = status.name.clone();
     let checked = counter(&m.cache_checked_tokens, &name);
+    // A model with no samples behind it is the fleet's prior, not something measured there.
+    let model = learned
+        .iter()
+        .find(|(id, model)| *id == status.id && model.samples > 0.0)
+        .map(|&(_, model)| model);
     EndpointRow {
         hit_ratio: (checked > 0).then(|| counter(&m.cached_tokens, &name) as f64 / checked as f64),
         output_tokens: counter(&m.output_tokens, &name),
-        speed_factor: gauge(&m.speed_factor, &name).filter(|_| learns),
-        prefill_tokens_per_second: gauge(&m.prefill_rate, &name).filter(|_| learns),
+        speed_factor: model.map(|m| m.speed_factor),
+        prefill_tokens_per_second: model.map(|m| m.prefill_tokens_per_second),
         status,
     }
 }
@@ -79,12 +83,12 @@ async fn state(
         crate::admin::authorize(&s, &headers)?;
     }
     let policy = s.pool.policy_name();
-    let learns = policy == "predicted_ttft";
+    let learned = s.pool.learned();
     let endpoints: Vec<EndpointRow> = s
         .pool
         .status()
         .into_iter()
-        .map(|e| row(&s.metrics, e, learns))
+        .map(|e| row(&s.metrics, e, &learned))
         .collect();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

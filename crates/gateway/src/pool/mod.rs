@@ -28,6 +28,7 @@ use arc_swap::ArcSwap;
 use axum::http::HeaderValue;
 use endpoint::{About, Endpoint, EndpointInfo};
 use kvgate_core::index::{IndexSpec, Overlaps, Prediction, PrefixCache, TreeKey};
+use kvgate_core::policy::EndpointModel;
 use kvgate_core::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget, Ticket};
 use kvgate_core::{
     Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Rejection,
@@ -154,6 +155,8 @@ pub struct Pool {
     metrics: Arc<Metrics>,
     locks: AtomicU64,
     decisions: DecisionRing,
+    /// What the policy learned of each endpoint at the last upkeep (policies that learn).
+    learned: ArcSwap<Vec<(EndpointId, EndpointModel)>>,
 }
 
 impl Pool {
@@ -175,6 +178,7 @@ impl Pool {
             metrics,
             locks: AtomicU64::new(0),
             decisions: DecisionRing::new(config.observability.decision_records),
+            learned: ArcSwap::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -509,7 +513,7 @@ impl Pool {
             core.router.models(now)
         };
         let snapshot = self.snapshot.load();
-        for (id, m) in models {
+        for &(id, m) in &models {
             let Some(e) = snapshot.get(id) else { continue };
             let label = metrics::endpoint(&e.about.name);
             let set = |family: &metrics::Family<_, metrics::FloatGauge>, v: f64| {
@@ -519,7 +523,14 @@ impl Pool {
             set(&self.metrics.ttft_fixed, m.fixed_seconds);
             set(&self.metrics.speed_factor, m.speed_factor);
         }
+        self.learned.store(Arc::new(models));
         self.cache_mut().maintain(now);
+    }
+
+    /// What the policy learned of each endpoint at the last upkeep; empty for a policy that
+    /// learns nothing.
+    pub fn learned(&self) -> Arc<Vec<(EndpointId, EndpointModel)>> {
+        self.learned.load_full()
     }
 }
 
