@@ -195,7 +195,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                             max_context: 16_000,
                             ..AgenticConfig::default()
                         },
-                        &[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
+                        &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0],
                     ),
                     "tenants" => (
                         &[1.0],

@@ -9,14 +9,19 @@
 //!            queued behind the first call finds its prefix cached but for the chunk computed
 //!            in the iteration that admits it
 //! own      = prompt tokens - cached
-//! queued   = uncached prefill work this router sent there that has not produced a first token
+//! queued   = uncached prefill work this router sent there that is predicted not computed yet:
+//!            each dispatch adds its own tokens, the backlog drains at the endpoint's learned
+//!            prefill rate, and a first token clears everything sent before it (engines admit
+//!            first come, first served)
 //! ttft     = fixed + per_decode * decodes + (queued + own) * (per_token + interference * decodes)
 //! ```
-//! and the minimum wins (ties at random). `fixed`, `per_token` and `interference` are learned
-//! per endpoint from every first token and the engine's usage ([`calibration`]), starting from
-//! the fleet's pooled fit. There is no balance threshold: a hot prefix spreads to a second
-//! replica exactly when recomputing it there is predicted faster than queueing at home, and a
-//! slower replica gets work only while its shorter queue makes up for its speed.
+//! and the pick minimises that plus the delay its own prefill imposes on the queue it joins,
+//! weighted by `externality_weight` (ties at random). `fixed`, `per_token` and `interference`
+//! are learned per endpoint from every first token and the engine's usage ([`calibration`]),
+//! starting from the fleet's pooled fit. There is no balance threshold: a hot prefix spreads to
+//! a second replica exactly when recomputing it there, counting what the duplicated prefill
+//! costs the queue it joins, is predicted faster than queueing at home, and a slower replica
+//! gets work only while its shorter queue makes up for its speed.
 //!
 //! The index it consults mirrors each engine's cache (`mirror_engines`): bounded by the KV
 //! capacity the engine reports, and corrected when usage shows a predicted hit missed. Prompt
@@ -65,6 +70,10 @@ const DOC: PolicyDoc = PolicyDoc {
             "bound the index by engine KV capacity and correct it from usage",
         ),
         ("share_across_tenants", "let tenants share cache affinity"),
+        (
+            "externality_weight",
+            "weight of the delay a request's prefill imposes on the queue behind it",
+        ),
         ("load", "stale-signal handling"),
     ],
 };
@@ -93,6 +102,15 @@ pub struct Config {
     pub chunk_tokens: u32,
     /// Let tenants share cache affinity.
     pub share_across_tenants: bool,
+    /// Weight of the externality term, the delay a request's prefill imposes on the requests
+    /// queued behind it (ρ/(1-ρ) of its prefill time, M/M/1). Agentic traffic is burstier than
+    /// Poisson, so the M/M/1 figure understates that delay (Kingman's G/G/1 approximation
+    /// scales it by (c_a² + c_s²)/2). 3 measured best over `kvgate sim`'s failure-mode sweeps
+    /// (5 seeds each, against 1, 2 and 4: 1 recomputed hot prefixes too eagerly and lost 4-8%
+    /// capacity on fan-out, heterogeneous and mix traffic, 4 held fan-out bursts too long);
+    /// measuring Kingman's factor from the dispatches instead put fan-out bursts at ~15 and
+    /// lost a third of their capacity.
+    pub externality_weight: f64,
     /// Stale-signal handling.
     pub load: LoadConfig,
 }
@@ -109,6 +127,7 @@ impl Default for Config {
             mirror_engines: true,
             chunk_tokens: 2_048,
             share_across_tenants: false,
+            externality_weight: 3.0,
             load: LoadConfig::default(),
         }
     }
@@ -144,6 +163,11 @@ impl Params for Config {
             "must be positive",
         )?;
         check(
+            self.externality_weight >= 0.0 && self.externality_weight.is_finite(),
+            "externality_weight",
+            "must be a finite number, not negative",
+        )?;
+        check(
             self.max_tree_size >= 1,
             "max_tree_size",
             "must be at least 1",
@@ -169,6 +193,8 @@ struct Pending {
     own: f64,
     /// Decoding sequences beside it when it was sent.
     decodes: f64,
+    /// The endpoint's [`Queue::sent`] before it.
+    sent_before: f64,
     /// Its estimated prompt tokens before scaling.
     estimate: u32,
     /// Time to first token, once it came.
@@ -179,14 +205,25 @@ struct Pending {
 
 /// What this router has queued at one endpoint.
 ///
-/// The queued work is every uncached token of dispatches without a first token, whole: part of
-/// the oldest may be computed already, but the same measure is used when the calibration learns
-/// and when it predicts, so the learned rate absorbs the average progress (a drained estimate
-/// would depend on the rate it is meant to teach, and drift with it).
+/// The queued work ahead of a new request is a backlog that drains at the endpoint's predicted
+/// prefill rate: counting every dispatch without a first token whole would charge a request for
+/// the part of a long prompt computed already, which is most of it when that prompt is about to
+/// finish, and make the prediction wrong by up to a whole prompt's prefill time. The drain uses
+/// the rate the calibration is learning, so an error in the rate shows up as a residual the fit
+/// corrects (too fast a drain under-predicts and raises the per-token time, which slows the
+/// drain); the backlog never exceeds the work without a first token, and a first token resets it
+/// to at most the work sent after that request.
 #[derive(Clone, Copy, Debug, Default)]
 struct Queue {
     /// Predicted uncached tokens of dispatches without a first token.
     pending: f64,
+    /// Of `pending`, the tokens predicted not computed at `backlog_at`.
+    backlog: f64,
+    backlog_at: Nanos,
+    /// Uncached tokens ever sent, to tell what was sent after a given dispatch.
+    sent: f64,
+    /// The last dispatch's uncached tokens.
+    last: f64,
     /// Dispatches without a first token.
     waiting: u32,
     /// Dispatches past their first token, not finished.
@@ -195,6 +232,14 @@ struct Queue {
     decodes: f64,
     /// Prefill utilisation.
     busy: Busy,
+}
+
+impl Queue {
+    /// The backlog predicted still to compute at `now`, draining at `seconds_per_token`.
+    fn ahead(&self, now: Nanos, seconds_per_token: f64) -> f64 {
+        let drained = now.saturating_since(self.backlog_at).as_secs_f64() / seconds_per_token;
+        (self.backlog - drained).clamp(0.0, self.pending)
+    }
 }
 
 /// One endpoint's prediction for one request.
@@ -284,21 +329,30 @@ impl PredictedTtft {
 
     /// Prompt tokens `endpoint` will have cached for this prompt when it is admitted: what the
     /// index knows is cached, plus the part of a prefix an earlier dispatch there is still
-    /// prefilling that will be computed by then. With `ahead` tokens queued in front (that
-    /// dispatch's last), the engine admits this one in the iteration that finishes them, and
-    /// the tokens computed in that same iteration, `ahead mod chunk_tokens`, are not cached yet.
+    /// prefilling that will be computed by then. The engine admits this one in the iteration
+    /// that finishes the `ahead` tokens queued in front, and the tokens computed in that same
+    /// iteration, the last `ahead mod chunk_tokens` of the queue, are not cached yet. They are
+    /// the tail of the last dispatch's uncached tokens (`last`): its own suffix first, then
+    /// the end of the shared prefix. When the last dispatch's uncached tokens are fewer than
+    /// the in-flight prefix, an earlier dispatch is computing that prefix and finishes before
+    /// the last one starts (first come, first served): nothing is missed.
     fn cached(
         overlaps: &Overlaps,
         endpoint: EndpointId,
         prompt: f64,
         ahead: f64,
+        last: f64,
         chunk: f64,
     ) -> f64 {
         let o = overlaps.of(endpoint);
         let tokens = |units| f64::from(overlaps.tokens(units, prompt as u32));
         let known = tokens(o.total());
         let in_flight = (tokens(o.pending) - known).max(0.0);
-        let miss = in_flight.min(ahead % chunk);
+        let miss = if last >= in_flight {
+            (ahead % chunk - (last - in_flight)).clamp(0.0, in_flight)
+        } else {
+            0.0
+        };
         (known + in_flight - miss).min(prompt - 1.0).max(0.0)
     }
 
@@ -314,17 +368,18 @@ impl PredictedTtft {
         let c = self.calibration.coefficients(endpoint.0, now);
         let chunk = f64::from(self.config.chunk_tokens.max(1));
         let q = self.queues.entry(endpoint).or_default();
-        let cached = Self::cached(overlaps, endpoint, prompt, q.pending, chunk);
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
             None => q.decodes.max(f64::from(q.decoding)),
         };
         q.decodes = decodes;
+        let ahead = q.ahead(now, c.seconds_per_token(decodes));
+        let cached = Self::cached(overlaps, endpoint, prompt, ahead, q.last.min(ahead), chunk);
         let own = (prompt - cached).max(1.0);
         Prediction {
-            ttft: c.predict(q.pending + own, decodes),
+            ttft: c.predict(ahead + own, decodes),
             own,
-            ahead: q.pending,
+            ahead,
             decodes,
             seconds_per_token: c.seconds_per_token(decodes),
             externality: Self::externality(q, now),
@@ -366,6 +421,7 @@ impl PredictedTtft {
     fn unqueue(&mut self, endpoint: EndpointId, own: f64, now: Nanos) {
         if let Some(q) = self.queues.get_mut(&endpoint) {
             q.pending = (q.pending - own).max(0.0);
+            q.backlog = q.backlog.min(q.pending);
             q.waiting = q.waiting.saturating_sub(1);
             if q.waiting == 0 {
                 q.busy.set(false, now);
@@ -410,9 +466,10 @@ impl Policy for PredictedTtft {
             let p = predictions[i]?;
             Some((i, p.ttft / view.slow_start_factor(i) * 1e3))
         }));
+        let weight = self.config.externality_weight;
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
-                let cost = p.ttft + p.externality * p.own * p.seconds_per_token;
+                let cost = p.ttft + weight * p.externality * p.own * p.seconds_per_token;
                 cost / view.slow_start_factor(i)
             })
         });
@@ -466,6 +523,11 @@ impl Policy for PredictedTtft {
                 self.finish(request.id, endpoint, at);
                 let q = self.queues.entry(endpoint).or_default();
                 q.pending += own;
+                q.backlog = ahead + own;
+                q.backlog_at = q.backlog_at.max(at);
+                let sent_before = q.sent;
+                q.sent += own;
+                q.last = own;
                 q.waiting += 1;
                 q.busy.set(true, at);
                 self.pending.insert(
@@ -474,6 +536,7 @@ impl Policy for PredictedTtft {
                         ahead,
                         own,
                         decodes,
+                        sent_before,
                         estimate: request.prompt_tokens,
                         ttft: None,
                         calibrated: false,
@@ -493,7 +556,14 @@ impl Policy for PredictedTtft {
                     return;
                 }
                 p.ttft = Some(ttft);
-                let own = p.own;
+                let (own, sent_before) = (p.own, p.sent_before);
+                let c = self.calibration.coefficients(endpoint.0, at);
+                if let Some(q) = self.queues.get_mut(&endpoint) {
+                    // First come, first served: what was sent before it is computed too.
+                    let after = q.sent - sent_before - own;
+                    q.backlog = q.ahead(at, c.seconds_per_token(q.decodes)).min(after.max(0.0));
+                    q.backlog_at = at;
+                }
                 self.unqueue(endpoint, own, at);
                 self.queues.entry(endpoint).or_default().decoding += 1;
             }

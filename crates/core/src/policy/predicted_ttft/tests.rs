@@ -96,3 +96,67 @@ fn a_slow_replica_is_learned_and_gets_less_work() {
         "2,000 tokens at 2,000 tokens/s predict about a second"
     );
 }
+
+/// The predicted TTFT and cached tokens of routing `r` at `at` to endpoint 0.
+fn predicted_on_0(routing: &mut Routing, r: &Request, at: Nanos) -> (f64, u32) {
+    let only = |v: &EndpointView| v.id == EndpointId(0);
+    match routing.route(r, at, &only) {
+        Decision::Route(Route {
+            reason:
+                Reason::PredictedTtft {
+                    ttft_ms,
+                    cached_tokens,
+                },
+            ..
+        }) => (ttft_ms, cached_tokens),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn queued_work_drains_at_the_learned_rate_and_a_first_token_clears_what_was_sent_before() {
+    let long = request(1, 0, 8_000);
+    let short = |id| request(id, 0, 100);
+    // Right after an 8,000-token prompt was sent, a short one waits for all of it (the prior
+    // rate is 8,000 tokens/s).
+    let mut r = routing(1);
+    predicted_on_0(&mut r, &long, Nanos::ZERO);
+    let (fresh, _) = predicted_on_0(&mut r, &short(2), Nanos::ZERO);
+    assert!(fresh > 900.0, "{fresh}");
+    // 0.75 s later most of it is computed.
+    let mut r = routing(1);
+    predicted_on_0(&mut r, &long, Nanos::ZERO);
+    let (later, _) = predicted_on_0(&mut r, &short(2), Nanos::from_millis(750));
+    assert!(
+        later < fresh - 600.0 && later > 100.0,
+        "{later} ms after 750 ms of draining, {fresh} ms fresh"
+    );
+    // Its first token means it is all computed, and only what was sent after it is ahead.
+    r.first_token(long.id, EndpointId(0), Nanos::from_millis(200), Nanos::from_millis(200));
+    let (after, _) = predicted_on_0(&mut r, &short(3), Nanos::from_millis(200));
+    assert!(after < 100.0, "{after}");
+}
+
+#[test]
+fn only_the_sibling_admitted_with_the_first_calls_last_chunk_misses_part_of_the_prefix() {
+    let mut r = routing(1);
+    // A 4,000-token shared prefix, 200 tokens of each call's own: the first call computes the
+    // prefix; the second is admitted in the iteration that computes the first's last chunk
+    // (4,200 % 2,048 = 104 tokens, all of them the first call's own suffix), so it finds the
+    // whole prefix cached; so do the later ones, admitted after the first call is done.
+    let at = Nanos::ZERO;
+    let (_, first) = predicted_on_0(&mut r, &request(1, 4_000, 4_200), at);
+    assert_eq!(first, 0);
+    for id in 2..6 {
+        let (_, cached) = predicted_on_0(&mut r, &request(id, 4_000, 4_200), at);
+        assert!((3_984..=4_000).contains(&cached), "call {id}: {cached}");
+    }
+    // When the first call's last chunk holds part of the prefix, the second misses that part.
+    let mut r = routing(1);
+    predicted_on_0(&mut r, &request(11, 5_000, 5_100), at);
+    let (_, second) = predicted_on_0(&mut r, &request(12, 5_000, 5_100), at);
+    // 5,100 % 2,048 = 1,004 tokens in the last iteration: 100 own, 904 of the prefix.
+    assert!((4_080..=4_112).contains(&second), "{second}");
+    let (_, third) = predicted_on_0(&mut r, &request(13, 5_000, 5_100), at);
+    assert!((4_984..=5_000).contains(&third), "{third}");
+}
