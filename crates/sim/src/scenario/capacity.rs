@@ -61,6 +61,12 @@ pub(super) struct Point {
     /// Share of requests whose measured TTFT was within 20% of the router's prediction (null
     /// for policies that do not predict).
     pub predicted_within_20pct: Option<f64>,
+    /// The same share among requests whose measured TTFT was at least 500 ms, where an
+    /// iteration in progress at arrival (up to ~260 ms with a full 2,048-token chunk, which no
+    /// router can see) weighs less than 20%.
+    pub predicted_within_20pct_over_500ms: Option<f64>,
+    /// Median and 90th percentile of |measured - predicted| TTFT, milliseconds.
+    pub prediction_error_ms: Option<[f64; 2]>,
     /// Shares of predicted requests whose predicted cached tokens were within one block of the
     /// engine's (exact), above (over) or below (under): how good the router's index is.
     pub cache_prediction: Option<BTreeMap<&'static str, f64>>,
@@ -133,7 +139,9 @@ pub(super) fn sweep(
             cache_hit_ratio: summary.cache_hit_ratio,
             slo_attainment: summary.slo_attainment,
             assigned: summary.assigned.clone(),
-            predicted_within_20pct: prediction_accuracy(&outcome),
+            predicted_within_20pct: prediction_accuracy(&outcome, 0.0),
+            predicted_within_20pct_over_500ms: prediction_accuracy(&outcome, 500.0),
+            prediction_error_ms: prediction_error(&outcome),
             cache_prediction: cache_prediction(&outcome),
             passed,
             extra: (exp.extra)(&outcome),
@@ -239,17 +247,33 @@ fn render(exp: &Experiment<'_>, results: &[CapacityResult]) -> String {
 
 /// Share of predicted requests (after the first tenth, the warm-up) whose measured TTFT was
 /// within 20% of the prediction.
-pub(super) fn prediction_accuracy(outcome: &Outcome) -> Option<f64> {
+/// (measured, predicted) TTFT in milliseconds of the predicted requests after the first 10%
+/// (the calibration's warm-up).
+fn predictions(outcome: &Outcome) -> impl Iterator<Item = (f64, f64)> + '_ {
     let skip = outcome.records.len() / 10;
+    outcome.records.iter().skip(skip).filter_map(|r| {
+        let (p, first) = (r.predicted_ttft_ms?, r.first_token?);
+        Some(((first - r.arrival).as_millis_f64(), f64::from(p)))
+    })
+}
+
+/// The share of predicted requests measured at `min_ms` or more whose TTFT was within 20% of
+/// the prediction.
+pub(super) fn prediction_accuracy(outcome: &Outcome, min_ms: f64) -> Option<f64> {
     let (mut n, mut ok) = (0u64, 0u64);
-    for r in outcome.records.iter().skip(skip) {
-        if let (Some(p), Some(first)) = (r.predicted_ttft_ms, r.first_token) {
-            let measured = (first - r.arrival).as_millis_f64();
-            n += 1;
-            ok += u64::from((measured - f64::from(p)).abs() <= 0.2 * measured);
-        }
+    for (measured, predicted) in predictions(outcome).filter(|&(m, _)| m >= min_ms) {
+        n += 1;
+        ok += u64::from((measured - predicted).abs() <= 0.2 * measured);
     }
     (n > 0).then(|| round(ok as f64 / n as f64, 4))
+}
+
+/// Median and 90th percentile of the absolute prediction error, milliseconds.
+fn prediction_error(outcome: &Outcome) -> Option<[f64; 2]> {
+    let mut errors: Vec<f64> = predictions(outcome).map(|(m, p)| (m - p).abs()).collect();
+    errors.sort_by(f64::total_cmp);
+    let at = |q| kvgate_core::stats::percentile(&errors, q).map(|e| round(e, 1));
+    Some([at(0.5)?, at(0.9)?])
 }
 
 /// Exact (within 16 tokens), over and under shares of the predicted cached tokens.
