@@ -104,7 +104,7 @@ for name in names:
     rows = []
     for r in d["results"]:
         hit = r.get("cache_hit_ratio")
-        rows.append(f"{r['offered_rate']:>5} {r['achieved_rate']:>6.1f} {100*r['slo_attainment']:>5.1f} "
+        rows.append(f"{r['offered_rate']:>5g} {r['achieved_rate']:>6.1f} {100*r['slo_attainment']:>5.1f} "
                     f"{r['ttft_ms']['p95'] or float('nan'):>7.0f} {hit if hit is None else round(hit, 3)!s:>5}")
     print(f"{name:<20} {cap!s:>9} " + " | ".join(rows))
 EOF

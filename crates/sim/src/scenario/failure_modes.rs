@@ -167,7 +167,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 ..base
             };
             let fleet = fleet(&mut p, &[1.0], 16_384)?;
-            let rates = rates(&mut p, &[0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0])?;
+            let rates = rates(&mut p, &[0.25, 0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0])?;
             let make = move |rate: f64| -> Box<dyn Workload> {
                 Box::new(Bursts::new(BurstsConfig { rate, ..bursts }))
             };
@@ -208,7 +208,17 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                             max_context: 12_000,
                             ..AgenticConfig::default()
                         },
-                        &[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0],
+                        &[0.25, 0.5, 0.75, 1.0, 1.125, 1.25, 1.375, 1.5, 1.75, 2.0],
+                    ),
+                    "replica-loss" => (
+                        &[1.0],
+                        16_384,
+                        AgenticConfig {
+                            requests: 6_000,
+                            max_context: 16_000,
+                            ..AgenticConfig::default()
+                        },
+                        &[1.5, 2.0, 2.5, 3.0, 3.25, 3.5, 3.75, 4.0, 5.0],
                     ),
                     _ => (
                         &[1.0],
@@ -218,7 +228,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                             max_context: 16_000,
                             ..AgenticConfig::default()
                         },
-                        &[2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+                        &[3.0, 4.0, 5.0, 5.5, 6.0, 6.25, 6.5, 6.75, 7.0, 8.0],
                     ),
                 };
             let mut fleet = fleet(&mut p, speeds, kv_blocks)?;
