@@ -167,7 +167,10 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 ..base
             };
             let fleet = fleet(&mut p, &[1.0], 16_384)?;
-            let rates = rates(&mut p, &[0.25, 0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0])?;
+            let rates = rates(
+                &mut p,
+                &[0.25, 0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0],
+            )?;
             let make = move |rate: f64| -> Box<dyn Workload> {
                 Box::new(Bursts::new(BurstsConfig { rate, ..bursts }))
             };

@@ -569,7 +569,9 @@ impl Policy for PredictedTtft {
                 if let Some(q) = self.queues.get_mut(&endpoint) {
                     // First come, first served: what was sent before it is computed too.
                     let after = q.sent - sent_before - own;
-                    q.backlog = q.ahead(at, c.seconds_per_token(q.decodes)).min(after.max(0.0));
+                    q.backlog = q
+                        .ahead(at, c.seconds_per_token(q.decodes))
+                        .min(after.max(0.0));
                     q.backlog_at = at;
                 }
                 self.unqueue(endpoint, own, at);

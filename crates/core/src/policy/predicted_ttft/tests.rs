@@ -132,7 +132,12 @@ fn queued_work_drains_at_the_learned_rate_and_a_first_token_clears_what_was_sent
         "{later} ms after 750 ms of draining, {fresh} ms fresh"
     );
     // Its first token means it is all computed, and only what was sent after it is ahead.
-    r.first_token(long.id, EndpointId(0), Nanos::from_millis(200), Nanos::from_millis(200));
+    r.first_token(
+        long.id,
+        EndpointId(0),
+        Nanos::from_millis(200),
+        Nanos::from_millis(200),
+    );
     let (after, _) = predicted_on_0(&mut r, &short(3), Nanos::from_millis(200));
     assert!(after < 100.0, "{after}");
 }
