@@ -188,16 +188,17 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             Ok(sweep(&exp, &rows, seed, p.finish()?))
         }
         _ => {
+            let standard = AgenticConfig {
+                requests: 6_000,
+                max_context: 16_000,
+                ..AgenticConfig::default()
+            };
             let (speeds, kv_blocks, base, default_rates): (&[f64], u64, AgenticConfig, &[f64]) =
                 match name {
                     "heterogeneous" => (
                         &[1.0, 1.0, 0.4, 0.4],
                         16_384,
-                        AgenticConfig {
-                            requests: 6_000,
-                            max_context: 16_000,
-                            ..AgenticConfig::default()
-                        },
+                        standard,
                         &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0],
                     ),
                     "tenants" => (
@@ -216,21 +217,13 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                     "replica-loss" => (
                         &[1.0],
                         16_384,
-                        AgenticConfig {
-                            requests: 6_000,
-                            max_context: 16_000,
-                            ..AgenticConfig::default()
-                        },
+                        standard,
                         &[1.5, 2.0, 2.5, 3.0, 3.25, 3.5, 3.75, 4.0, 5.0],
                     ),
                     _ => (
                         &[1.0],
                         16_384,
-                        AgenticConfig {
-                            requests: 6_000,
-                            max_context: 16_000,
-                            ..AgenticConfig::default()
-                        },
+                        standard,
                         &[3.0, 4.0, 5.0, 5.5, 6.0, 6.25, 6.5, 6.75, 7.0, 8.0],
                     ),
                 };

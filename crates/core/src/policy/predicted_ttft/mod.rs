@@ -106,8 +106,8 @@ pub struct Config {
     /// queued behind it (ρ/(1-ρ) of its prefill time, M/M/1). Agentic traffic is burstier than
     /// Poisson, so the M/M/1 figure understates that delay (Kingman's G/G/1 approximation
     /// scales it by (c_a² + c_s²)/2). 3 measured best over `kvgate sim`'s failure-mode sweeps
-    /// (5 seeds each, against 1, 2 and 4: 1 recomputed hot prefixes too eagerly and lost 4-8%
-    /// capacity on fan-out, heterogeneous and mix traffic, 4 held fan-out bursts too long);
+    /// (5 seeds each, against 2 and 4: 2 fell below `cache_aware` on the heterogeneous sweep, 4
+    /// held fan-out bursts too long and lost 6% there; docs/routing.md has the table);
     /// measuring Kingman's factor from the dispatches instead put fan-out bursts at ~15 and
     /// lost a third of their capacity.
     pub externality_weight: f64,
@@ -253,8 +253,6 @@ struct Prediction {
     ahead: f64,
     /// Sequences decoding beside it.
     decodes: f64,
-    /// The endpoint's prefill time per token now.
-    seconds_per_token: f64,
     /// [`PredictedTtft::externality`] there now.
     externality: f64,
 }
@@ -381,7 +379,6 @@ impl PredictedTtft {
             own,
             ahead,
             decodes,
-            seconds_per_token: c.seconds_per_token(decodes),
             externality: Self::externality(q, now, ahead * c.seconds_per_token(decodes)),
         }
     }
@@ -475,9 +472,15 @@ impl Policy for PredictedTtft {
             Some((i, p.ttft / view.slow_start_factor(i) * 1e3))
         }));
         let weight = self.config.externality_weight;
+        // The externality is priced in the fleet's prefill time, not the endpoint's: a slow
+        // replica's slowness is already in its predicted TTFT, and charging its queue again per
+        // token pushed work off the slow replicas past the point where their spare capacity was
+        // worth it (the sim's heterogeneous sweep, 5 seeds: 19.5 -> 20.3 req/s).
+        let pooled = self.calibration.fleet(now);
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
-                let cost = p.ttft + weight * p.externality * p.own * p.seconds_per_token;
+                let work = p.own * pooled.seconds_per_token(p.decodes);
+                let cost = p.ttft + weight * p.externality * work;
                 cost / view.slow_start_factor(i)
             })
         });
