@@ -30,12 +30,14 @@
 //! load-reading policy (a slow-starting endpoint's prediction is divided by its factor).
 
 pub mod calibration;
+mod queue;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
 use crate::index::{IndexSpec, Overlaps, TreeKey};
 use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
+use queue::Queue;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
@@ -203,45 +205,6 @@ struct Pending {
     calibrated: bool,
 }
 
-/// What this router has queued at one endpoint.
-///
-/// The queued work ahead of a new request is a backlog that drains at the endpoint's predicted
-/// prefill rate: counting every dispatch without a first token whole would charge a request for
-/// the part of a long prompt computed already, which is most of it when that prompt is about to
-/// finish, and make the prediction wrong by up to a whole prompt's prefill time. The drain uses
-/// the rate the calibration is learning, so an error in the rate shows up as a residual the fit
-/// corrects (too fast a drain under-predicts and raises the per-token time, which slows the
-/// drain); the backlog never exceeds the work without a first token, and a first token resets it
-/// to at most the work sent after that request.
-#[derive(Clone, Copy, Debug, Default)]
-struct Queue {
-    /// Predicted uncached tokens of dispatches without a first token.
-    pending: f64,
-    /// Of `pending`, the tokens predicted not computed at `backlog_at`.
-    backlog: f64,
-    backlog_at: Nanos,
-    /// Uncached tokens ever sent, to tell what was sent after a given dispatch.
-    sent: f64,
-    /// The last dispatch's uncached tokens.
-    last: f64,
-    /// Dispatches without a first token.
-    waiting: u32,
-    /// Dispatches past their first token, not finished.
-    decoding: u32,
-    /// Decoding sequences as the last prediction counted them (own, or scraped when more).
-    decodes: f64,
-    /// Prefill utilisation.
-    busy: Busy,
-}
-
-impl Queue {
-    /// The backlog predicted still to compute at `now`, draining at `seconds_per_token`.
-    fn ahead(&self, now: Nanos, seconds_per_token: f64) -> f64 {
-        let drained = now.saturating_since(self.backlog_at).as_secs_f64() / seconds_per_token;
-        (self.backlog - drained).clamp(0.0, self.pending)
-    }
-}
-
 /// One endpoint's prediction for one request.
 #[derive(Clone, Copy, Debug)]
 struct Prediction {
@@ -253,34 +216,8 @@ struct Prediction {
     ahead: f64,
     /// Sequences decoding beside it.
     decodes: f64,
-    /// [`PredictedTtft::externality`] there now.
+    /// [`Queue::externality`] there now.
     externality: f64,
-}
-
-/// The share of recent time an endpoint had prefill queued (some dispatch of this router
-/// without its first token), exponentially decayed over `TAU_SECS`: its prefill utilisation as
-/// the router can measure it, whatever slows it (decodes, other routers, a slow GPU).
-#[derive(Clone, Copy, Debug, Default)]
-struct Busy {
-    share: f64,
-    at: Nanos,
-    busy: bool,
-}
-
-impl Busy {
-    const TAU_SECS: f64 = 10.0;
-
-    fn at(&self, now: Nanos) -> f64 {
-        let k = (-now.saturating_since(self.at).as_secs_f64() / Self::TAU_SECS).exp();
-        let target = if self.busy { 1.0 } else { 0.0 };
-        target + (self.share - target) * k
-    }
-
-    fn set(&mut self, busy: bool, now: Nanos) {
-        self.share = self.at(now);
-        self.at = self.at.max(now);
-        self.busy = busy;
-    }
 }
 
 /// The predicted-TTFT policy. See the module documentation.
@@ -379,7 +316,7 @@ impl PredictedTtft {
             own,
             ahead,
             decodes,
-            externality: Self::externality(q, now, ahead * c.seconds_per_token(decodes)),
+            externality: q.externality(now, ahead * c.seconds_per_token(decodes)),
         }
     }
 
@@ -400,26 +337,6 @@ impl PredictedTtft {
         if let Some(p) = self.pending.get_mut(&(request, endpoint)) {
             p.calibrated = true;
         }
-    }
-
-    /// What one more uncached token at the endpoint of `queue` costs the requests that come after it
-    /// there, in units of its own prefill time: with prefill utilisation `rho`, work added now
-    /// delays the queue it joins by `rho / (1 - rho)` of its length on average (the M/M/1
-    /// busy-period factor; `rho` capped at 0.9). Greedy TTFT alone would recompute a hot prefix
-    /// on a second replica whenever queueing behind it at home costs as much as the recompute,
-    /// and on a loaded fleet that duplicated prefill is what runs it out of capacity; on an idle
-    /// one it costs nothing and the recompute is free to win.
-    ///
-    /// `rho` is the busy share of the window from [`Busy::TAU_SECS`] ago to the end of the
-    /// `backlog_secs` of prefill already sent there: the decayed past share, with the backlog
-    /// counted as busy time ahead. Work just sent raises it at once rather than over τ, so a run
-    /// of large requests does not all go to the endpoint whose lagging share was lowest (in the
-    /// sim's sweeps, 5 seeds: long-context fan-out 13.1 -> 13.8 req/s, the rest within ±1%).
-    fn externality(queue: &Queue, now: Nanos, backlog_secs: f64) -> f64 {
-        let tau = Busy::TAU_SECS;
-        let backlog = backlog_secs.max(0.0);
-        let rho = ((queue.busy.at(now) * tau + backlog) / (tau + backlog)).clamp(0.0, 0.9);
-        rho / (1.0 - rho)
     }
 
     /// The dispatch without a first token ended at `now`: its work leaves the queue.
