@@ -26,12 +26,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
-if [[ -z "${KVGATE:-}" ]]; then
-    cargo build --release -q -p kvgate
-    KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate
-fi
 mkdir -p "$out"
 source scripts/lib.sh
+kvgate_binary
 
 faults() { # engine-url spec...
     local url=$1 list

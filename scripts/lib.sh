@@ -10,6 +10,14 @@ stop_all() {
 }
 trap stop_all EXIT
 
+# Sets KVGATE to the kvgate binary: as given when set, else a fresh release build.
+kvgate_binary() {
+    if [[ -z "${KVGATE:-}" ]]; then
+        cargo build --release -q -p kvgate
+        KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate
+    fi
+}
+
 # Starts a process that prints "... listening on http://ADDR ..."; sets $url, or returns 1
 # (saying why) if it exits or stays silent for 20 s.
 start() {

@@ -64,14 +64,10 @@ mix)
 *) echo "unknown scenario $scenario" >&2; exit 2 ;;
 esac
 
-kvgate=${KVGATE:-}
-if [[ -z "$kvgate" ]]; then
-    cargo build --release -q -p kvgate
-    kvgate="${CARGO_TARGET_DIR:-target}"/release/kvgate
-fi
 mkdir -p "$out"
-
 source scripts/lib.sh
+kvgate_binary
+kvgate=$KVGATE
 
 IFS=, read -r -a names <<<"$policies"
 for policy in "${names[@]}"; do

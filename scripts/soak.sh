@@ -26,12 +26,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 plot=${plot:-$out/soak.svg}
-if [[ -z "${KVGATE:-}" ]]; then
-    cargo build --release -q -p kvgate
-    KVGATE="${CARGO_TARGET_DIR:-target}"/release/kvgate
-fi
 mkdir -p "$out"
 source scripts/lib.sh
+kvgate_binary
 
 engine_urls=() engine_pids=()
 # Engines started by the fault loop (a subshell) are recorded here and stopped at exit.

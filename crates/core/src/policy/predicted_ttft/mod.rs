@@ -109,7 +109,7 @@ pub struct Config {
     /// Poisson, so the M/M/1 figure understates that delay (Kingman's G/G/1 approximation
     /// scales it by (c_a² + c_s²)/2). 3 measured best over `kvgate sim`'s failure-mode sweeps
     /// (5 seeds each, against 2 and 4: 2 fell below `cache_aware` on the heterogeneous sweep, 4
-    /// held fan-out bursts too long and lost 6% there; docs/routing.md has the table);
+    /// held fan-out bursts too long and lost 3% there; docs/routing.md has the table);
     /// measuring Kingman's factor from the dispatches instead put fan-out bursts at ~15 and
     /// lost a third of their capacity.
     pub externality_weight: f64,
