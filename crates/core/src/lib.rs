@@ -32,6 +32,7 @@ pub mod request;
 pub mod resilience;
 pub mod router;
 pub mod stats;
+pub mod tenancy;
 mod time;
 
 pub use decision::{Decision, Event, Reason, Rejection, Route, Usage};

@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How urgent a request is. Today admission lets batch work use only the first half of the
-/// queue, so a backlog of it never makes interactive requests bounce; it does not reorder the
-/// queue.
+/// How urgent a request is. Admission serves waiting interactive requests before batch ones
+/// (with a bound on how long batch work can be passed over), lets batch work take only half the
+/// queue, and sheds it first when the queue is full.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -67,6 +67,8 @@ pub struct Request {
     pub max_output_tokens: Option<u32>,
     /// Reasoning effort, if the request carries one.
     pub reasoning_effort: Option<ReasoningEffort>,
+    /// An explicit thinking budget in tokens (`thinking.budget_tokens`), if set.
+    pub thinking_budget: Option<u32>,
     /// Priority class.
     pub priority: Priority,
 }
