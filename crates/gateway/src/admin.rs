@@ -4,7 +4,8 @@
 //! - `POST /admin/endpoints/{id}/drain` and `/undrain`: stop or resume new requests;
 //! - `DELETE /admin/endpoints/{id}`: remove (requests already sent there finish);
 //! - `GET /admin/decisions?limit=N&request=ID`: the most recent decision records, newest first
-//!   (at most `limit`, default 50; only those of request `ID` when given).
+//!   (at most `limit`, default 50; only those of request `ID` when given);
+//! - `/admin/status` and `/admin/keys`: see [`crate::tenancy::admin`].
 
 use crate::config::EndpointConfig;
 use crate::error::ApiError;
@@ -145,4 +146,5 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/admin/endpoints/{id}", axum::routing::delete(remove))
         .route("/admin/endpoints/{id}/drain", post(drain))
         .route("/admin/endpoints/{id}/undrain", post(undrain))
+        .merge(crate::tenancy::admin::router())
 }

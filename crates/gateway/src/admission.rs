@@ -1,195 +1,243 @@
 //! Admission: at most `max_concurrency` requests upstream at once, at most `max_queue` waiting
-//! for a slot (FIFO: tokio's semaphore is fair), a 429 with Retry-After when the queue is full,
-//! and a 504 for a request whose deadline passes while it waits (DOMAIN.md §8: shed before the
-//! engine queue grows, and never serve a request nobody waits for any more).
+//! for a slot, a 429 with Retry-After when the queue is full, and a 504 for a request whose
+//! deadline passes while it waits (DOMAIN.md §8: shed before the engine queue grows, and never
+//! serve a request nobody waits for any more).
+//!
+//! Who gets a freed slot is kvgate-core's [`FairQueue`]: the waiting tenant with the least
+//! weighted service (`order: fair`, the default) or plain arrival order (`order: fifo`), and
+//! interactive work before batch work within the starvation bound. The queue only decides when a
+//! request is sent; the routing policy still decides where, on the fleet as it is then.
 
-use crate::config::AdmissionConfig;
+use crate::config::{AdmissionConfig, QueueOrder};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use kvgate_core::Priority;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use kvgate_core::tenancy::{FairQueue, Pushed, TenantDepth, Ticket};
+use kvgate_core::{Nanos, Priority};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
+
+/// Who is asking, as the queue weighs them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Claim<'a> {
+    /// The tenant.
+    pub(crate) tenant: &'a str,
+    /// Its fair-share weight.
+    pub(crate) weight: f64,
+    /// The weighted service of the request's prompt, charged when it is admitted.
+    pub(crate) cost: f64,
+    /// Its priority.
+    pub(crate) priority: Priority,
+}
+
+#[derive(Debug)]
+struct Gate {
+    in_flight: usize,
+    queue: FairQueue<oneshot::Sender<()>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    gate: Mutex<Gate>,
+    config: AdmissionConfig,
+    metrics: Arc<Metrics>,
+    epoch: Instant,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Nanos {
+        Nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// A slot freed: hand it to the next waiter still listening.
+    fn release(&self, gate: &mut Gate) {
+        gate.in_flight -= 1;
+        let now = self.now();
+        while let Some((_, grant)) = gate.queue.pop(now) {
+            self.metrics.queue_depth.dec();
+            if grant.send(()).is_ok() {
+                gate.in_flight += 1;
+                break;
+            }
+        }
+    }
+}
 
 /// The pool's admission gate.
 #[derive(Debug)]
 pub(crate) struct Admission {
-    slots: Arc<Semaphore>,
-    queued: AtomicUsize,
-    config: AdmissionConfig,
-    metrics: Arc<Metrics>,
+    inner: Arc<Inner>,
 }
 
 /// A slot; the request holds it until its response body ends.
 #[derive(Debug)]
 pub(crate) struct Permit {
-    _slot: OwnedSemaphorePermit,
-    metrics: Arc<Metrics>,
+    inner: Arc<Inner>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.metrics.pending.dec();
+        self.inner.metrics.pending.dec();
+        let mut gate = self.inner.lock();
+        self.inner.release(&mut gate);
     }
 }
 
-struct Queued<'a>(&'a Admission);
+/// A request in the queue; dropping it (the client went away, or it timed out) takes it out,
+/// and if a slot was handed to it meanwhile, passes the slot on.
+struct Waiting<'a> {
+    inner: &'a Arc<Inner>,
+    ticket: Ticket,
+    grant: oneshot::Receiver<()>,
+    done: bool,
+}
 
-impl Drop for Queued<'_> {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.queue_depth.dec();
-        self.0.metrics.pending.dec();
+        if self.done {
+            return;
+        }
+        self.inner.metrics.pending.dec();
+        let mut gate = self.inner.lock();
+        if gate.queue.remove(self.ticket).is_some() {
+            self.inner.metrics.queue_depth.dec();
+        } else if self.grant.try_recv().is_ok() {
+            // Granted under the lock just before we took it: give the slot to the next one.
+            self.inner.release(&mut gate);
+        }
     }
 }
 
 impl Admission {
     /// A gate with `config`'s limits.
     pub(crate) fn new(config: AdmissionConfig, metrics: Arc<Metrics>) -> Self {
+        let batch_max_wait = Nanos(config.batch_max_wait_ms.saturating_mul(1_000_000));
         Admission {
-            slots: Arc::new(Semaphore::new(config.max_concurrency)),
-            queued: AtomicUsize::new(0),
-            config,
-            metrics,
+            inner: Arc::new(Inner {
+                gate: Mutex::new(Gate {
+                    in_flight: 0,
+                    queue: FairQueue::new(config.max_queue, batch_max_wait),
+                }),
+                config,
+                metrics,
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    fn permit(&self) -> Permit {
+        Permit {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// The queue key: the tenant when fair, one shared key when first come first served.
+    fn key<'a>(&self, claim: &Claim<'a>) -> &'a str {
+        match self.inner.config.order {
+            QueueOrder::Fair => claim.tenant,
+            QueueOrder::Fifo => "",
         }
     }
 
     /// Waits for a slot, at most until `deadline` (from arrival) or the configured queue
     /// timeout, whichever comes first.
-    ///
-    /// Batch requests (DOMAIN.md §8: work that may wait or be shed) may only take the first half
-    /// of the queue, so a backlog of batch work never makes interactive requests bounce.
     pub(crate) async fn admit(
         &self,
+        claim: Claim<'_>,
         deadline: Option<Duration>,
-        priority: Priority,
     ) -> Result<Permit, ApiError> {
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            self.metrics.pending.inc();
-            return Ok(Permit {
-                _slot: slot,
-                metrics: self.metrics.clone(),
-            });
-        }
-        let bound = match priority {
-            Priority::Interactive => self.config.max_queue,
-            Priority::Batch => self.config.max_queue / 2,
+        let inner = &self.inner;
+        let key = self.key(&claim);
+        let (tx, rx) = oneshot::channel();
+        let (ticket, shed) = {
+            let mut gate = inner.lock();
+            if gate.in_flight < inner.config.max_concurrency && gate.queue.is_empty() {
+                gate.in_flight += 1;
+                gate.queue.admitted(key, claim.weight, claim.cost);
+                inner.metrics.pending.inc();
+                return Ok(self.permit());
+            }
+            let now = inner.now();
+            match gate
+                .queue
+                .push(key, claim.weight, claim.priority, now, claim.cost, tx)
+            {
+                Pushed::Full(_) => return Err(ApiError::overloaded(inner.config.retry_after_secs)),
+                Pushed::Queued(t) => (t, false),
+                // The shed request's receiver sees its sender dropped and answers 429.
+                Pushed::QueuedShedding(t, _shed) => (t, true),
+            }
         };
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= bound {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(ApiError::overloaded(self.config.retry_after_secs));
+        if !shed {
+            inner.metrics.queue_depth.inc();
         }
-        self.metrics.queue_depth.inc();
-        self.metrics.pending.inc();
-        let queued = Queued(self);
+        inner.metrics.pending.inc();
+        let mut waiting = Waiting {
+            inner,
+            ticket,
+            grant: rx,
+            done: false,
+        };
         let started = Instant::now();
         // A client's deadline can shorten the operator's queue timeout, never lengthen it.
-        let queue_timeout = Duration::from_millis(self.config.queue_timeout_ms);
+        let queue_timeout = Duration::from_millis(inner.config.queue_timeout_ms);
         let wait = deadline.map_or(queue_timeout, |d| d.min(queue_timeout));
-        let slot = tokio::time::timeout(wait, self.slots.clone().acquire_owned()).await;
-        self.metrics
+        let granted = tokio::time::timeout(wait, &mut waiting.grant).await;
+        inner
+            .metrics
             .queue_wait
             .observe(started.elapsed().as_secs_f64());
-        drop(queued);
-        match slot {
-            Ok(Ok(slot)) => {
-                self.metrics.pending.inc();
-                Ok(Permit {
-                    _slot: slot,
-                    metrics: self.metrics.clone(),
-                })
+        match granted {
+            Ok(Ok(())) => {
+                waiting.done = true;
+                Ok(self.permit())
             }
-            Ok(Err(_closed)) => Err(ApiError::no_endpoint("the gateway is shutting down")),
-            Err(_elapsed) => Err(ApiError::deadline_exceeded()),
+            Ok(Err(_shed)) => {
+                // Taken out of the queue by the one that shed it.
+                waiting.done = true;
+                inner.metrics.pending.dec();
+                Err(ApiError::shed(inner.config.retry_after_secs))
+            }
+            Err(_elapsed) => {
+                let mut gate = inner.lock();
+                if gate.queue.remove(ticket).is_some() {
+                    inner.metrics.queue_depth.dec();
+                    inner.metrics.pending.dec();
+                    waiting.done = true;
+                    return Err(ApiError::deadline_exceeded());
+                }
+                drop(gate);
+                // A slot arrived as the timer fired: take it. Otherwise it was shed.
+                waiting.done = waiting.grant.try_recv().is_ok();
+                if waiting.done {
+                    Ok(self.permit())
+                } else {
+                    Err(ApiError::shed(inner.config.retry_after_secs))
+                }
+            }
         }
+    }
+
+    /// Charges `weighted` tokens of service to `tenant` (streamed output, corrections).
+    pub(crate) fn charge(&self, tenant: &str, weighted: f64) {
+        if self.inner.config.order == QueueOrder::Fair && weighted != 0.0 {
+            self.inner.lock().queue.charge(tenant, weighted);
+        }
+    }
+
+    /// In flight, queued, and every tenant's place, for the admin status.
+    pub(crate) fn status(&self) -> (usize, usize, Vec<TenantDepth>) {
+        let gate = self.inner.lock();
+        (gate.in_flight, gate.queue.len(), gate.queue.depths())
     }
 }
 
 /// On paused tokio time: every timeout fires exactly when the test's timeline says, however
 /// busy the machine is.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::http::StatusCode;
-
-    #[tokio::test(start_paused = true)]
-    async fn full_queue_is_429_and_late_requests_are_504() {
-        let gate = Admission::new(
-            AdmissionConfig {
-                max_concurrency: 1,
-                max_queue: 1,
-                queue_timeout_ms: 50,
-                retry_after_secs: 2,
-            },
-            Arc::new(Metrics::new()),
-        );
-        let held = gate.admit(None, Priority::Interactive).await.unwrap();
-        let (queued, full) = tokio::join!(
-            gate.admit(Some(Duration::from_millis(30)), Priority::Interactive),
-            async {
-                tokio::task::yield_now().await;
-                gate.admit(None, Priority::Interactive).await
-            }
-        );
-        let full = full.unwrap_err();
-        assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(full.retry_after_secs, Some(2));
-        assert_eq!(queued.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
-        drop(held);
-        assert!(gate.admit(None, Priority::Interactive).await.is_ok());
-        assert_eq!(gate.metrics.pending.get(), 0);
-        assert_eq!(gate.metrics.queue_depth.get(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_client_deadline_cannot_outlast_the_queue_timeout() {
-        let gate = Admission::new(
-            AdmissionConfig {
-                max_concurrency: 1,
-                max_queue: 1,
-                queue_timeout_ms: 20,
-                retry_after_secs: 1,
-            },
-            Arc::new(Metrics::new()),
-        );
-        let _held = gate.admit(None, Priority::Interactive).await.unwrap();
-        let waited = tokio::time::timeout(
-            Duration::from_secs(2),
-            gate.admit(Some(Duration::from_secs(3_600)), Priority::Interactive),
-        )
-        .await
-        .expect("the operator's 20 ms queue timeout must bound an hour-long client deadline");
-        assert_eq!(waited.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn batch_work_only_uses_half_the_queue() {
-        let gate = Admission::new(
-            AdmissionConfig {
-                max_concurrency: 1,
-                max_queue: 2,
-                queue_timeout_ms: 50,
-                retry_after_secs: 1,
-            },
-            Arc::new(Metrics::new()),
-        );
-        let _held = gate.admit(None, Priority::Batch).await.unwrap();
-        let (first, second, interactive) = tokio::join!(
-            gate.admit(None, Priority::Batch),
-            async {
-                tokio::task::yield_now().await;
-                gate.admit(None, Priority::Batch).await
-            },
-            async {
-                tokio::task::yield_now().await;
-                tokio::task::yield_now().await;
-                gate.admit(None, Priority::Interactive).await
-            }
-        );
-        assert_eq!(second.unwrap_err().status, StatusCode::TOO_MANY_REQUESTS);
-        // The interactive request found room in the second half and waited (then timed out).
-        assert_eq!(interactive.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(first.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
-    }
-}
+#[path = "admission_tests.rs"]
+mod tests;

@@ -77,6 +77,7 @@ impl Tracked {
     fn pass(&mut self, data: &Bytes) -> Bytes {
         if self.sse {
             self.events.feed(data);
+            self.ending.streamed(self.events.events);
         }
         self.usage.feed(data);
         match &mut self.strip {

@@ -42,6 +42,8 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Access log and decision records.
     pub observability: crate::observe::ObservabilityConfig,
+    /// API keys, tenants, rate limits, budgets and agent controls.
+    pub tenancy: crate::tenancy::TenancyConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -75,6 +77,7 @@ impl Default for Config {
             listener: ListenerConfig::default(),
             tls: None,
             observability: Default::default(),
+            tenancy: Default::default(),
         }
     }
 }
@@ -225,6 +228,22 @@ pub struct AdmissionConfig {
     pub queue_timeout_ms: u64,
     /// The Retry-After sent with a 429 from a full queue.
     pub retry_after_secs: u64,
+    /// Who gets a freed slot: the tenant with the least weighted service (`fair`) or the
+    /// oldest request (`fifo`).
+    pub order: QueueOrder,
+    /// A waiting batch request goes before interactive ones once it has waited this long.
+    pub batch_max_wait_ms: u64,
+}
+
+/// The order of the admission queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOrder {
+    /// Virtual token counter per tenant (DOMAIN.md §8).
+    #[default]
+    Fair,
+    /// Arrival order.
+    Fifo,
 }
 
 impl Default for AdmissionConfig {
@@ -234,6 +253,8 @@ impl Default for AdmissionConfig {
             max_queue: 4096,
             queue_timeout_ms: 30_000,
             retry_after_secs: 1,
+            order: QueueOrder::Fair,
+            batch_max_wait_ms: 10_000,
         }
     }
 }
@@ -389,6 +410,9 @@ fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
     }
 }
 
+/// More slots or queue places than this is a typo, not a plan.
+const MAX_SLOTS: usize = 1 << 24;
+
 impl Config {
     /// Parses YAML (unknown fields are errors) and validates.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
@@ -477,13 +501,19 @@ impl Config {
         if self.hedge.window > 65_536 {
             return Err(invalid("hedge.window", "must be at most 65536"));
         }
-        // tokio's semaphore, which holds the slots, panics beyond `MAX_PERMITS`.
-        if !(1..=tokio::sync::Semaphore::MAX_PERMITS).contains(&self.admission.max_concurrency) {
+        if !(1..=MAX_SLOTS).contains(&self.admission.max_concurrency) {
             return Err(invalid(
                 "admission.max_concurrency",
-                format!("must be from 1 to {}", tokio::sync::Semaphore::MAX_PERMITS),
+                format!("must be from 1 to {MAX_SLOTS}"),
             ));
         }
+        if self.admission.max_queue > MAX_SLOTS {
+            return Err(invalid(
+                "admission.max_queue",
+                format!("must be at most {MAX_SLOTS}"),
+            ));
+        }
+        self.tenancy.validate()?;
         if self.requests.max_body_bytes == 0 {
             return Err(invalid("requests.max_body_bytes", "must be positive"));
         }

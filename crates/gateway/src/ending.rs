@@ -54,6 +54,8 @@ pub(crate) struct Ending {
     facts: Facts,
     span: Option<LiveSpan>,
     armed: bool,
+    /// The request's standing with its tenant, settled when the request ends.
+    lease: Option<crate::tenancy::Lease>,
 }
 
 impl Ending {
@@ -68,6 +70,7 @@ impl Ending {
             facts: Facts::default(),
             span: None,
             armed: true,
+            lease: None,
         }
     }
 
@@ -150,7 +153,55 @@ impl Ending {
             facts: std::mem::take(&mut self.facts),
             span: self.span.take(),
             armed: true,
+            lease: self.lease.take(),
         }
+    }
+
+    /// Takes the request's tenant lease, to settle when the request ends; the tenant may have
+    /// changed (a key names it).
+    pub(crate) fn lease(&mut self, lease: crate::tenancy::Lease) {
+        if self.shared.access_log.enabled() {
+            self.facts.tenant = Some(lease.tenant.clone()).filter(|t| !t.is_empty());
+        }
+        self.lease = Some(lease);
+    }
+
+    /// `events` output events have streamed so far: the fair queue charges them as they come
+    /// (DOMAIN.md §8: output is charged incrementally), in steps of 16 to keep the lock cold.
+    pub(crate) fn streamed(&mut self, events: u32) {
+        if let Some(lease) = &mut self.lease {
+            let new = events.saturating_sub(lease.streamed);
+            if new >= 16 {
+                lease.streamed = events;
+                let weight = self.shared.tenancy.output_weight();
+                self.shared
+                    .admission
+                    .charge(&lease.tenant, f64::from(new) * weight);
+            }
+        }
+    }
+
+    /// Settles the lease: what the request used replaces what admission estimated.
+    fn settle(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let f = &self.facts;
+        let actual = match (f.usage, self.outcome) {
+            (Some(u), _) => kvgate_core::tenancy::Charge::from_usage(&u),
+            (None, Outcome::Ok | Outcome::StreamError | Outcome::Cancelled) if f.attempts > 0 => {
+                kvgate_core::tenancy::Charge {
+                    input: f64::from(lease.prompt_tokens()),
+                    cached_input: 0.0,
+                    output: f64::from(f.output_tokens.unwrap_or(lease.streamed)),
+                }
+            }
+            _ => kvgate_core::tenancy::Charge::default(),
+        };
+        let tenant = lease.tenant.clone();
+        let now = self.shared.pool.clock().now();
+        let correction = self.shared.tenancy.settle(lease, &actual, now);
+        self.shared.admission.charge(&tenant, correction);
     }
 
     /// Ends the request's span with what is known of the request.
@@ -257,6 +308,7 @@ impl Ending {
 impl Drop for Ending {
     fn drop(&mut self) {
         if self.armed {
+            self.settle();
             self.shared.metrics.request(
                 self.outcome.label(),
                 self.shared.pool.policy_name(),

@@ -21,6 +21,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// Seconds for a `Retry-After` header.
     pub retry_after_secs: Option<u64>,
+    /// Further response headers (`x-ratelimit-*` on a rate-limit refusal).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 #[derive(Serialize)]
@@ -46,6 +48,7 @@ impl ApiError {
             param: None,
             code,
             retry_after_secs: None,
+            headers: Vec::new(),
         }
     }
 
@@ -96,6 +99,66 @@ impl ApiError {
         );
         e.retry_after_secs = Some(retry_after_secs);
         e
+    }
+
+    /// 429 for a batch request shed from a full queue to make room for interactive work.
+    pub fn shed(retry_after_secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "shed",
+            "the gateway's queue is full and batch work was shed for interactive work; retry later"
+                .into(),
+        );
+        e.retry_after_secs = Some(retry_after_secs);
+        e
+    }
+
+    /// 429 for a request over its key's or tenant's rate limit.
+    pub fn rate_limited(message: String) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "rate_limit_exceeded",
+            message,
+        )
+    }
+
+    /// 429 for a request its budget has no room for (OpenAI's `insufficient_quota`); no
+    /// Retry-After, since waiting does not refill a budget.
+    pub fn budget_exceeded(message: String) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "insufficient_quota",
+            "budget_exceeded",
+            message,
+        )
+    }
+
+    /// 401 for a missing or unknown client API key.
+    pub fn invalid_api_key(presented: bool) -> Self {
+        let message = if presented {
+            "the API key is not valid for this gateway"
+        } else {
+            "an API key is required: send `Authorization: Bearer KEY`"
+        };
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            message.into(),
+        )
+    }
+
+    /// 403 for a model the key may not use.
+    pub fn model_not_allowed(key: &str, model: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "model_not_allowed",
+            format!("the key `{key}` may not use the model `{model}`"),
+        )
+        .with_param("model")
     }
 
     /// 504 for a request that waited in the queue past its deadline.
@@ -175,6 +238,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        for (name, value) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(name, v);
+            }
         }
         response
     }

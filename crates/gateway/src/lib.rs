@@ -39,6 +39,7 @@ mod proxy;
 mod reload;
 mod server;
 mod state;
+pub mod tenancy;
 mod upstream;
 mod usage;
 
@@ -93,7 +94,7 @@ impl Gateway {
         Ok(Gateway {
             shared: {
                 let tracing = observe::otel::Tracing::from_config(&config.observability)?;
-                Shared::new(config, seed, access_log, tracing)
+                Shared::new(config, seed, access_log, tracing)?
             },
             tls,
         })
@@ -156,6 +157,9 @@ impl Gateway {
         for status in shared.pool.status() {
             scrape::spawn(shared.clone(), status.id);
         }
+        if shared.tenancy.persists() {
+            tokio::spawn(flush_spend(shared.clone()));
+        }
         let upkeep = shared.clone();
         let mut stop = shared.stop.subscribe();
         tokio::spawn(async move {
@@ -204,6 +208,30 @@ impl Gateway {
         {
             tracing::warn!("grace period over; closing the remaining connections");
         }
+        // Everything settled by now is on disk before the process exits.
+        let last = shared.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || last.tenancy.flush()).await {
+            tracing::error!("could not write spend at shutdown: {e}");
+        }
         Ok(())
+    }
+}
+
+/// Writes settled spend to the tenancy store every `flush_ms` until the gateway stops.
+async fn flush_spend(shared: Arc<Shared>) {
+    let mut stop = shared.stop.subscribe();
+    let mut tick = tokio::time::interval(shared.tenancy.flush_every());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let s = shared.clone();
+        match tokio::task::spawn_blocking(move || s.tenancy.flush()).await {
+            Ok(Err(e)) => tracing::error!("could not write spend: {e}"),
+            Err(e) => tracing::error!("spend writer failed: {e}"),
+            Ok(Ok(_)) => {}
+        }
     }
 }

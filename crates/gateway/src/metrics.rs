@@ -128,6 +128,8 @@ pub struct Metrics {
     pub ttft_prediction_ratio: Histogram,
     /// Client connections.
     pub connections: ConnectionMetrics,
+    /// Per-tenant admission, tokens, refusals, budgets and fan-out serialisation.
+    pub tenants: crate::tenancy::TenantMetrics,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
     /// Prompt tokens per endpoint, from the engines' usage.
@@ -316,6 +318,8 @@ impl Metrics {
         );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
+        let tenants = crate::tenancy::TenantMetrics::new();
+        tenants.register(&mut registry);
         let access_log_dropped = Counter::default();
         registry.register(
             "access_log_dropped",
@@ -350,6 +354,7 @@ impl Metrics {
             output_tokens,
             access_log_dropped,
             connections,
+            tenants,
             cache_prediction,
             prefill_rate,
             ttft_fixed,

@@ -11,7 +11,7 @@ use crate::error::ApiError;
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use kvgate_core::request::estimate_tokens;
-use kvgate_core::{Priority, Prompt, Request};
+use kvgate_core::{Priority, Prompt, ReasoningEffort, Request};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -60,6 +60,9 @@ pub struct Inference {
     /// The gateway added `stream_options.include_usage` to the body: the usage chunk is for
     /// kvgate and is stripped from the client's stream.
     pub strip_usage: bool,
+    /// The prompt without its last message (chat): hash and estimated tokens. Calls that fan
+    /// out from one context share it (fan-out serialisation keys on it).
+    pub shared_head: Option<(u64, u32)>,
 }
 
 /// Validates `body` and `headers` for `api`.
@@ -94,10 +97,15 @@ pub fn parse(
         Some(_) => return Err(type_error("stream", "a boolean")),
     };
     let max_output_tokens = max_tokens(&fields, limits.max_tokens_limit)?;
-    let text = match api {
+    let (text, head_len) = match api {
         Api::Chat => chat_prefix(&fields)?,
-        Api::Completions => completion_prefix(&fields)?,
+        Api::Completions => (completion_prefix(&fields)?, 0),
     };
+    let shared_head = (head_len > 0).then(|| {
+        let head = &text[..head_len];
+        (xxh3_64(head.as_bytes()), estimate_tokens(head))
+    });
+    let (reasoning_effort, thinking_budget) = reasoning(&fields)?;
     let prompt_tokens = estimate_tokens(&text);
     let session = session(headers, &fields, limits);
     let (body, strip_usage) = match stream && limits.stream_usage {
@@ -115,7 +123,8 @@ pub fn parse(
         },
         prompt_tokens,
         max_output_tokens,
-        reasoning_effort: None,
+        reasoning_effort,
+        thinking_budget,
         priority: match header_str(headers, &limits.priority_header) {
             Some("batch") => Priority::Batch,
             _ => Priority::Interactive,
@@ -140,6 +149,7 @@ pub fn parse(
         request,
         deadline,
         strip_usage,
+        shared_head,
     })
 }
 
@@ -236,7 +246,47 @@ fn max_tokens(fields: &Map<String, Value>, limit: u64) -> Result<Option<u32>, Ap
     Ok(out)
 }
 
-fn chat_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {
+/// Reasoning effort (`reasoning_effort`, or the Responses API's `reasoning.effort`) and a
+/// thinking budget (`thinking.budget_tokens`). Unknown effort names are left to the engine.
+fn reasoning(
+    fields: &Map<String, Value>,
+) -> Result<(Option<ReasoningEffort>, Option<u32>), ApiError> {
+    let effort = match fields.get("reasoning_effort") {
+        None | Some(Value::Null) => match fields.get("reasoning") {
+            Some(Value::Object(r)) => r.get("effort"),
+            None | Some(Value::Null) => None,
+            Some(_) => return Err(type_error("reasoning", "an object")),
+        },
+        some => some,
+    };
+    let effort = match effort {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) => match e.as_str() {
+            "none" | "minimal" => Some(ReasoningEffort::Minimal),
+            "low" => Some(ReasoningEffort::Low),
+            "medium" => Some(ReasoningEffort::Medium),
+            "high" | "xhigh" => Some(ReasoningEffort::High),
+            _ => None,
+        },
+        Some(_) => return Err(type_error("reasoning_effort", "a string")),
+    };
+    let budget = match fields.get("thinking") {
+        Some(Value::Object(t)) => match t.get("budget_tokens") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => Some(
+                n.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| type_error("thinking.budget_tokens", "a whole number"))?,
+            ),
+            Some(_) => return Err(type_error("thinking.budget_tokens", "a whole number")),
+        },
+        _ => None,
+    };
+    Ok((effort, budget))
+}
+
+/// The prefix key, and the byte length of its part before the last message.
+fn chat_prefix(fields: &Map<String, Value>) -> Result<(String, usize), ApiError> {
     let messages = match fields.get("messages") {
         None | Some(Value::Null) => {
             return Err(
@@ -261,7 +311,11 @@ fn chat_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {
         }
         Some(_) => return Err(type_error("tools", "an array")),
     }
+    let mut head_len = 0;
     for (i, message) in messages.iter().enumerate() {
+        if i + 1 == messages.len() {
+            head_len = text.len();
+        }
         let Value::Object(m) = message else {
             return Err(type_error(&format!("messages[{i}]"), "an object"));
         };
@@ -297,7 +351,7 @@ fn chat_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {
         }
         text.push('\n');
     }
-    Ok(text)
+    Ok((text, head_len))
 }
 
 fn completion_prefix(fields: &Map<String, Value>) -> Result<String, ApiError> {

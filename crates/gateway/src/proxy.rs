@@ -14,6 +14,7 @@
 
 use crate::body::Tracked;
 use crate::dispatch::Dispatch;
+use crate::admission::Claim;
 use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;
@@ -61,10 +62,12 @@ const HOP_BY_HOP: [HeaderName; 5] = [
     header::UPGRADE,
 ];
 
-/// Serves one validated inference request; `ending` learns how it ended.
+/// Serves one validated inference request of the client with `key`; `ending` learns how it
+/// ended.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
-    inference: Inference,
+    mut inference: Inference,
+    key: Option<Arc<crate::tenancy::KeyConfig>>,
     headers: &HeaderMap,
     ending: &mut Ending,
 ) -> Result<Response<Body>, ApiError> {
@@ -77,8 +80,32 @@ pub(crate) async fn handle(
             return Err(ApiError::unknown_model(model));
         }
     }
-    let priority = inference.request.priority;
-    let admitted = shared.admission.admit(inference.deadline, priority).await;
+    let lease = shared
+        .tenancy
+        .admit(key, &mut inference.request, arrived)
+        .inspect_err(|_| ending.set(Outcome::Refused))?;
+    let (tenant, weight, cost, keyed) = (
+        lease.tenant.clone(),
+        lease.weight,
+        lease.admission_cost(&shared.tenancy),
+        lease.keyed,
+    );
+    ending.lease(lease);
+    // Before the queue: a held call takes no slot while it waits.
+    let held = match crate::tenancy::hold(&shared, &inference, &tenant).await {
+        Ok(h) => h,
+        Err(e) => {
+            ending.set(Outcome::Refused);
+            return Err(e);
+        }
+    };
+    let claim = Claim {
+        tenant: &tenant,
+        weight,
+        cost,
+        priority: inference.request.priority,
+    };
+    let admitted = shared.admission.admit(claim, inference.deadline).await;
     ending.facts().queued = Some(ending.arrived().elapsed());
     let permit = match admitted {
         Ok(p) => p,
@@ -92,10 +119,18 @@ pub(crate) async fn handle(
             return Err(e);
         }
     };
+    let crate::tenancy::Held {
+        _session,
+        mut leader,
+    } = held;
     let explain = headers
         .get(EXPLAIN_HEADER)
         .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes().eq_ignore_ascii_case(b"true"));
     let mut run = Run::new(shared.clone(), inference, headers, ending.id());
+    if keyed {
+        // The client's key is the gateway's, not an engine's.
+        Arc::make_mut(&mut run.forwarded).remove(header::AUTHORIZATION);
+    }
     run.trace = ending.span_context();
     let hedge_after = match run.launch(Attempt::First) {
         Ok(after) => after,
@@ -123,6 +158,9 @@ pub(crate) async fn handle(
         tokio::select! {
             Some((dispatch, result)) = run.running.next() => match result {
                 Ok(ready) => {
+                    if let Some(l) = leader.take() {
+                        l.first_token();
+                    }
                     if run.hedged_to == Some(dispatch.target.id) {
                         shared.metrics.hedges.get_or_create(&metrics::reason("won")).inc();
                     }

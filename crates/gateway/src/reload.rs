@@ -138,7 +138,8 @@ mod tests {
             1,
             crate::observe::access_log::AccessLog::default(),
             None,
-        );
+        )
+        .unwrap();
         let mut reloader = Reloader::new(&shared, Some(&file));
         let urls = |s: &Shared| -> Vec<String> {
             s.pool.configs().into_iter().map(|(_, c)| c.url).collect()

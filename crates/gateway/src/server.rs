@@ -51,15 +51,22 @@ async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response 
     let mut ending = Ending::new(shared.clone());
     ending.client_request_id(req.headers().get("x-request-id"));
     ending.trace(req.headers());
-    let answer = match read(req, &shared).await {
-        Ok((inference, headers)) => {
-            ending.describe(&inference.request, inference.api, inference.stream);
-            proxy::handle(shared, inference, &headers, &mut ending).await
-        }
+    // The key first: a client without one learns nothing else from the gateway.
+    let answer = match shared.tenancy.identify(req.headers()) {
         Err(e) => {
-            ending.set(Outcome::ClientError);
+            ending.set(Outcome::Refused);
             Err(e)
         }
+        Ok(key) => match read(req, &shared).await {
+            Ok((inference, headers)) => {
+                ending.describe(&inference.request, inference.api, inference.stream);
+                proxy::handle(shared, inference, key, &headers, &mut ending).await
+            }
+            Err(e) => {
+                ending.set(Outcome::ClientError);
+                Err(e)
+            }
+        },
     };
     let mut response = match answer {
         Ok(r) => r,

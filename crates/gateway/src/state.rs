@@ -38,23 +38,28 @@ pub(crate) struct Shared {
     pub(crate) tracing: Option<crate::observe::otel::Tracing>,
     /// Recent streamed first tokens, for the live page.
     pub(crate) ttft_series: crate::observe::series::TtftSeries,
+    /// Keys, limits, budgets, agent controls.
+    pub(crate) tenancy: crate::tenancy::Tenancy,
 }
 
 impl Shared {
-    /// Builds the state; endpoints from `config` are added to the pool.
+    /// Builds the state; endpoints from `config` are added to the pool. Fails when the tenancy
+    /// store cannot be opened.
     pub(crate) fn new(
         config: Config,
         seed: u64,
         access_log: AccessLog,
         tracing: Option<crate::observe::otel::Tracing>,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, crate::ConfigError> {
         let metrics = Arc::new(Metrics::new());
+        let tenancy = crate::tenancy::Tenancy::new(&config.tenancy, metrics.clone())?;
         let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
             pool.add(e.clone());
         }
         let (stop, _) = watch::channel(false);
-        Arc::new(Shared {
+        Ok(Arc::new(Shared {
+            tenancy,
             admission: Admission::new(config.admission.clone(), metrics.clone()),
             pool,
             metrics,
@@ -67,6 +72,6 @@ impl Shared {
             tracing,
             ttft_series: Default::default(),
             config,
-        })
+        }))
     }
 }

@@ -32,6 +32,8 @@ pub enum Outcome {
     QueueFull,
     /// The client's deadline passed (in the queue or between attempts).
     Deadline,
+    /// Refused by a key's or tenant's rate limit, budget or model list, or without a valid key.
+    Refused,
 }
 
 impl Outcome {
@@ -46,6 +48,7 @@ impl Outcome {
             Outcome::NoEndpoint => "no_endpoint",
             Outcome::QueueFull => "queue_full",
             Outcome::Deadline => "deadline",
+            Outcome::Refused => "refused",
         }
     }
 }

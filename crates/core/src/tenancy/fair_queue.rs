@@ -25,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 pub struct Ticket(u64);
 
 /// What [`FairQueue::push`] did.
+#[derive(Debug)]
 pub enum Pushed<T> {
     /// Queued.
     Queued(Ticket),
@@ -205,9 +206,10 @@ impl<T> FairQueue<T> {
                 let name = self
                     .tenants
                     .iter()
-                    .filter(|(_, t)| !t.waiting[c].is_empty())
-                    .min_by(|a, b| a.1.counter.total_cmp(&b.1.counter).then(a.0.cmp(b.0)))
-                    .map(|(name, _)| name.clone())?;
+                    .filter_map(|(name, t)| t.waiting[c].front().map(|w| (name, t.counter, w.ticket)))
+                    // Equal counters: the older request first.
+                    .min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)))
+                    .map(|(name, _, _)| name.clone())?;
                 (name, c)
             }
         };
@@ -219,6 +221,20 @@ impl<T> FairQueue<T> {
         self.last_served = t.counter;
         self.forget_idle();
         Some((name, w.item))
+    }
+
+    /// Records that a request of `tenant` was admitted without waiting (a slot was free and
+    /// nobody queued): its prompt is service like any other, so the counter moves the same way.
+    pub fn admitted(&mut self, tenant: &str, weight: f64, cost: f64) {
+        let floor = self.lift_floor();
+        let t = self.tenants.entry(tenant.to_owned()).or_default();
+        t.weight = if weight > 0.0 { weight } else { 1.0 };
+        if !t.is_waiting() {
+            t.counter = t.counter.max(floor);
+        }
+        t.counter += cost / t.weight;
+        self.last_served = t.counter;
+        self.forget_idle();
     }
 
     /// Charges `weighted` tokens of service to `tenant` (output as it streams, or a correction
@@ -341,16 +357,6 @@ mod tests {
         assert_eq!(q.remove(t), Some(7));
         assert_eq!(q.remove(t), None);
         assert!(q.is_empty() && q.pop(Nanos(0)).is_none());
-    }
-
-    impl std::fmt::Debug for Pushed<&str> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            match self {
-                Pushed::Queued(_) => write!(f, "Queued"),
-                Pushed::QueuedShedding(_, s) => write!(f, "Shedding({s})"),
-                Pushed::Full(s) => write!(f, "Full({s})"),
-            }
-        }
     }
 
     proptest! {

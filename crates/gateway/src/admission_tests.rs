@@ -1,0 +1,136 @@
+use super::*;
+use axum::http::StatusCode;
+
+fn gate(max_concurrency: usize, max_queue: usize, queue_timeout_ms: u64) -> Admission {
+    Admission::new(
+        AdmissionConfig {
+            max_concurrency,
+            max_queue,
+            queue_timeout_ms,
+            retry_after_secs: 2,
+            ..AdmissionConfig::default()
+        },
+        Arc::new(Metrics::new()),
+    )
+}
+
+fn claim(tenant: &str, priority: Priority) -> Claim<'_> {
+    Claim {
+        tenant,
+        weight: 1.0,
+        cost: 100.0,
+        priority,
+    }
+}
+
+const I: Priority = Priority::Interactive;
+const B: Priority = Priority::Batch;
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_is_429_and_late_requests_are_504() {
+    let gate = gate(1, 1, 50);
+    let held = gate.admit(claim("t", I), None).await.unwrap();
+    let (queued, full) = tokio::join!(
+        gate.admit(claim("t", I), Some(Duration::from_millis(30))),
+        async {
+            tokio::task::yield_now().await;
+            gate.admit(claim("t", I), None).await
+        }
+    );
+    let full = full.unwrap_err();
+    assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(full.retry_after_secs, Some(2));
+    assert_eq!(queued.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+    drop(held);
+    assert!(gate.admit(claim("t", I), None).await.is_ok());
+    assert_eq!(gate.inner.metrics.pending.get(), 0);
+    assert_eq!(gate.inner.metrics.queue_depth.get(), 0);
+    assert_eq!(gate.status().0, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_deadline_cannot_outlast_the_queue_timeout() {
+    let gate = gate(1, 1, 20);
+    let _held = gate.admit(claim("t", I), None).await.unwrap();
+    let waited = tokio::time::timeout(
+        Duration::from_secs(2),
+        gate.admit(claim("t", I), Some(Duration::from_secs(3_600))),
+    )
+    .await
+    .expect("the operator's 20 ms queue timeout must bound an hour-long client deadline");
+    assert_eq!(waited.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_uses_half_the_queue_and_is_shed_for_interactive_work() {
+    let gate = gate(1, 2, 50);
+    let _held = gate.admit(claim("t", B), None).await.unwrap();
+    let (first, second, interactive, another) = tokio::join!(
+        gate.admit(claim("t", B), None),
+        async {
+            tokio::task::yield_now().await;
+            gate.admit(claim("t", B), None).await
+        },
+        async {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            gate.admit(claim("t", I), None).await
+        },
+        async {
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            gate.admit(claim("u", I), None).await
+        }
+    );
+    assert_eq!(second.unwrap_err().status, StatusCode::TOO_MANY_REQUESTS);
+    // The queue (2) held the first batch request and an interactive one; the second interactive
+    // request shed the batch one and took its place; both interactive ones then timed out.
+    let shed = first.unwrap_err();
+    assert_eq!((shed.status, shed.code), (StatusCode::TOO_MANY_REQUESTS, "shed"));
+    assert_eq!(interactive.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(another.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(gate.inner.metrics.queue_depth.get(), 0);
+    assert_eq!(gate.inner.metrics.pending.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_goes_to_the_tenant_with_least_service_and_cancelled_waiters_leave() {
+    let gate = Arc::new(gate(1, 16, 10_000));
+    let held = gate.admit(claim("heavy", I), None).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, tenant) in ["heavy", "heavy", "heavy", "light"].into_iter().enumerate() {
+        let (gate, order) = (gate.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i as u64)).await;
+            let p = gate.admit(claim(tenant, I), None).await.unwrap();
+            order.lock().unwrap().push(tenant);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(p);
+        }));
+    }
+    // A waiter whose client goes away leaves no trace and takes no slot.
+    let gone = {
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            gate.admit(claim("gone", I), None).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gone.abort();
+    let _ = gone.await;
+    assert_eq!(gate.status().1, 4);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    // Lifted to the heavy tenant's counter on arrival, the light one goes second at the latest,
+    // not after the heavy backlog.
+    assert!(order[..2].contains(&"light"), "{order:?}");
+    assert_eq!(gate.status().0, 0);
+    assert_eq!(gate.inner.metrics.queue_depth.get(), 0);
+    assert_eq!(gate.inner.metrics.pending.get(), 0);
+}

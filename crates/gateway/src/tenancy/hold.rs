@@ -1,0 +1,65 @@
+//! The agent controls a request passes before the admission queue: its session's cap, then
+//! fan-out serialisation (see [`super::fanout`]).
+
+use super::fanout::{Leader, Role};
+use super::sessions::SessionSlot;
+use crate::error::ApiError;
+use crate::parse::Inference;
+use crate::state::Shared;
+use crate::metrics::reason;
+use std::time::{Duration, Instant};
+
+/// What a request holds while it runs: its session slot, and the leadership of its fan-out.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// The session slot, released when the request ends.
+    pub(crate) _session: Option<SessionSlot>,
+    /// Set when this call leads a fan-out: release it at the first token.
+    pub(crate) leader: Option<Leader>,
+}
+
+/// Waits for a session slot (within the queue timeout; 429 when none frees), then, for a call
+/// sharing a new prefix with calls already on their way, for the first of them to reach its
+/// first token.
+pub(crate) async fn hold(shared: &Shared, inference: &Inference, tenant: &str) -> Result<Held, ApiError> {
+    let tenancy = &shared.tenancy;
+    let mut held = Held::default();
+    if let (Some(caps), Some(session)) = (tenancy.sessions(), &inference.request.session) {
+        let timeout = Duration::from_millis(shared.config.admission.queue_timeout_ms);
+        let wait = inference.deadline.map_or(timeout, |d| d.min(timeout));
+        held._session = Some(caps.acquire(session, wait).await.ok_or_else(|| {
+            let mut e = ApiError::rate_limited(format!(
+                "session `{session}` has reached its limit of calls in flight and none ended in time"
+            ));
+            e.retry_after_secs = Some(1);
+            e
+        })?);
+    }
+    let (Some(gate), Some((head, tokens))) = (tenancy.fanout(), inference.shared_head) else {
+        return Ok(held);
+    };
+    if tokens < tenancy.fanout_min_tokens() {
+        return Ok(held);
+    }
+    // Scoped like the prefix cache: per tenant (DOMAIN.md §13) and model.
+    let key = xxhash_rust::xxh3::xxh3_64_with_seed(
+        format!("{tenant}\u{0}{}", inference.request.model.as_deref().unwrap_or("")).as_bytes(),
+        head,
+    );
+    let m = &shared.metrics.tenants;
+    match gate.enter(key) {
+        Role::Pass => {}
+        Role::Lead(l) => {
+            m.fanout.get_or_create(&reason("led")).inc();
+            held.leader = Some(l);
+        }
+        Role::Follow(rx) => {
+            let started = Instant::now();
+            let released = gate.follow(rx).await;
+            m.fanout_wait.observe(started.elapsed().as_secs_f64());
+            let why = if released { "released" } else { "timeout" };
+            m.fanout.get_or_create(&reason(why)).inc();
+        }
+    }
+    Ok(held)
+}
