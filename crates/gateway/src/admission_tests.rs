@@ -87,7 +87,10 @@ async fn batch_uses_half_the_queue_and_is_shed_for_interactive_work() {
     // The queue (2) held the first batch request and an interactive one; the second interactive
     // request shed the batch one and took its place; both interactive ones then timed out.
     let shed = first.unwrap_err();
-    assert_eq!((shed.status, shed.code), (StatusCode::TOO_MANY_REQUESTS, "shed"));
+    assert_eq!(
+        (shed.status, shed.code),
+        (StatusCode::TOO_MANY_REQUESTS, "shed")
+    );
     assert_eq!(interactive.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(another.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(gate.inner.metrics.queue_depth.get(), 0);

@@ -22,7 +22,7 @@ pub struct ApiError {
     /// Seconds for a `Retry-After` header.
     pub retry_after_secs: Option<u64>,
     /// Further response headers (`x-ratelimit-*` on a rate-limit refusal).
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Box<[(&'static str, String)]>,
 }
 
 #[derive(Serialize)]
@@ -48,7 +48,7 @@ impl ApiError {
             param: None,
             code,
             retry_after_secs: None,
-            headers: Vec::new(),
+            headers: Box::new([]),
         }
     }
 
@@ -239,7 +239,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        for (name, value) in self.headers {
+        for (name, value) in self.headers.into_vec() {
             if let Ok(v) = HeaderValue::from_str(&value) {
                 response.headers_mut().insert(name, v);
             }

@@ -12,9 +12,9 @@
 //! ```
 //! The decisions are the pure state machine's; this module only drives it on real time.
 
+use crate::admission::Claim;
 use crate::body::Tracked;
 use crate::dispatch::Dispatch;
-use crate::admission::Claim;
 use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;

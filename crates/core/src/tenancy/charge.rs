@@ -140,7 +140,11 @@ impl ChargeModel {
         if w.input + w.cached_input + w.output == 0.0 {
             return Err("at least one token weight must be positive".into());
         }
-        if !self.effort_multipliers.iter().all(|&m| m.is_finite() && m >= 0.0) {
+        if !self
+            .effort_multipliers
+            .iter()
+            .all(|&m| m.is_finite() && m >= 0.0)
+        {
             return Err("effort multipliers must be finite and not negative".into());
         }
         Ok(())

@@ -206,7 +206,9 @@ impl<T> FairQueue<T> {
                 let name = self
                     .tenants
                     .iter()
-                    .filter_map(|(name, t)| t.waiting[c].front().map(|w| (name, t.counter, w.ticket)))
+                    .filter_map(|(name, t)| {
+                        t.waiting[c].front().map(|w| (name, t.counter, w.ticket))
+                    })
                     // Equal counters: the older request first.
                     .min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)))
                     .map(|(name, _, _)| name.clone())?;
@@ -337,7 +339,10 @@ mod tests {
         let mut q = FairQueue::new(4, bound);
         ticket(q.push("t", 1.0, B, Nanos(0), 1.0, "b1"));
         ticket(q.push("t", 1.0, B, Nanos(0), 1.0, "b2"));
-        assert!(matches!(q.push("t", 1.0, B, Nanos(0), 1.0, "b3"), Pushed::Full(_)));
+        assert!(matches!(
+            q.push("t", 1.0, B, Nanos(0), 1.0, "b3"),
+            Pushed::Full(_)
+        ));
         ticket(q.push("u", 1.0, I, Nanos(0), 1.0, "i1"));
         ticket(q.push("u", 1.0, I, Nanos(0), 1.0, "i2"));
         match q.push("u", 1.0, I, Nanos(0), 1.0, "i3") {

@@ -76,7 +76,9 @@ async fn add(
     s.tenancy.add_key(key)?;
     Ok((
         StatusCode::CREATED,
-        Json(serde_json::json!({ "name": name, "key": created, "persisted": s.tenancy.persists() })),
+        Json(
+            serde_json::json!({ "name": name, "key": created, "persisted": s.tenancy.persists() }),
+        ),
     ))
 }
 

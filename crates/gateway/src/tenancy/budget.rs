@@ -40,7 +40,8 @@ pub(crate) struct Store {
 impl Store {
     /// Opens (or creates) the file.
     pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+        let db =
+            Database::create(path).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
         let tx = db.begin_write().map_err(err)?;
         tx.open_table(SPEND).map_err(err)?;
         tx.open_table(KEYS).map_err(err)?;
@@ -118,7 +119,10 @@ impl Account {
     }
 
     fn limit(&self) -> f64 {
-        self.budget.usd.or(self.budget.tokens).unwrap_or(f64::INFINITY)
+        self.budget
+            .usd
+            .or(self.budget.tokens)
+            .unwrap_or(f64::INFINITY)
     }
 }
 
@@ -197,7 +201,9 @@ impl Budgets {
         let mut ledger = self.ledger();
         let mut holds = Vec::with_capacity(accounts.len());
         for a in accounts {
-            let cost = a.cost(estimate, price).ok_or_else(|| Refusal::NoPrice(model.into()))?;
+            let cost = a
+                .cost(estimate, price)
+                .ok_or_else(|| Refusal::NoPrice(model.into()))?;
             let spent = ledger.spent.get(&a.id).copied().unwrap_or(0.0)
                 + ledger.reserved.get(&a.id).copied().unwrap_or(0.0);
             if spent + cost > a.limit() {
@@ -261,7 +267,9 @@ impl Budgets {
         }
         if let Err(e) = store.write_spend(&rows) {
             // Keep them dirty for the next flush.
-            self.ledger().dirty.extend(rows.into_iter().map(|(id, _)| id));
+            self.ledger()
+                .dirty
+                .extend(rows.into_iter().map(|(id, _)| id));
             return Err(e);
         }
         Ok(rows.len())
@@ -292,22 +300,36 @@ mod tests {
         };
         {
             let b = Budgets::new(Some(Store::open(&dir).unwrap())).unwrap();
-            let r = b.reserve(vec![tokens("key:a", 1000.0)], &estimate, None, "m").unwrap();
+            let r = b
+                .reserve(vec![tokens("key:a", 1000.0)], &estimate, None, "m")
+                .unwrap();
             // In flight, the reservation counts: a second one would exceed.
             assert!(matches!(
                 b.reserve(vec![tokens("key:a", 1000.0)], &estimate, None, "m"),
                 Err(Refusal::Exhausted { .. })
             ));
-            b.settle(r, &Charge { input: 500.0, ..Default::default() }, None);
+            b.settle(
+                r,
+                &Charge {
+                    input: 500.0,
+                    ..Default::default()
+                },
+                None,
+            );
             assert_eq!(b.usage("key:a"), (500.0, 0.0));
             assert_eq!(b.flush().unwrap(), 1);
         }
         let b = Budgets::new(Some(Store::open(&dir).unwrap())).unwrap();
         assert_eq!(b.usage("key:a"), (500.0, 0.0));
-        assert!(b.reserve(vec![tokens("key:a", 1000.0)], &estimate, None, "m").is_err());
+        assert!(b
+            .reserve(vec![tokens("key:a", 1000.0)], &estimate, None, "m")
+            .is_err());
         let usd = Account {
             id: "tenant:t".into(),
-            budget: BudgetConfig { tokens: None, usd: Some(1.0) },
+            budget: BudgetConfig {
+                tokens: None,
+                usd: Some(1.0),
+            },
         };
         assert_eq!(
             b.reserve(vec![usd], &estimate, None, "m").unwrap_err(),

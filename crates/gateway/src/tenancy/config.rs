@@ -161,11 +161,14 @@ impl TenancyConfig {
             if k.name.is_empty() || !names.insert(k.name.as_str()) {
                 return Err(invalid(at("name"), "must be set and unique"));
             }
-            super::keys::parse_sha256(&k.key_sha256).map_err(|why| invalid(at("key_sha256"), why))?;
+            super::keys::parse_sha256(&k.key_sha256)
+                .map_err(|why| invalid(at("key_sha256"), why))?;
             if !hashes.insert(k.key_sha256.to_ascii_lowercase()) {
                 return Err(invalid(at("key_sha256"), "two keys have the same hash"));
             }
-            k.limits.validate().map_err(|why| invalid(at("limits"), why))?;
+            k.limits
+                .validate()
+                .map_err(|why| invalid(at("limits"), why))?;
             if let Some(b) = &k.budget {
                 b.validate(&at("budget"))?;
                 budgets = true;
@@ -176,7 +179,9 @@ impl TenancyConfig {
             if !(t.weight.is_finite() && t.weight > 0.0) {
                 return Err(invalid(at("weight"), "must be a positive number"));
             }
-            t.limits.validate().map_err(|why| invalid(at("limits"), why))?;
+            t.limits
+                .validate()
+                .map_err(|why| invalid(at("limits"), why))?;
             if let Some(b) = &t.budget {
                 b.validate(&at("budget"))?;
                 budgets = true;
@@ -193,7 +198,10 @@ impl TenancyConfig {
             ));
         }
         if !(10..=60_000).contains(&self.flush_ms) {
-            return Err(invalid("tenancy.flush_ms".into(), "must be from 10 to 60000"));
+            return Err(invalid(
+                "tenancy.flush_ms".into(),
+                "must be from 10 to 60000",
+            ));
         }
         if self.agents.session_max_concurrency == Some(0) {
             return Err(invalid(

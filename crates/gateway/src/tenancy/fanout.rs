@@ -100,7 +100,9 @@ impl FanoutGate {
         }
         if heads.len() >= MAX_TRACKED {
             let ttl = self.seen_ttl;
-            heads.retain(|_, h| matches!(h, Head::Seen(at) if at.elapsed() < ttl) || matches!(h, Head::Leading(_)));
+            heads.retain(|_, h| {
+                matches!(h, Head::Seen(at) if at.elapsed() < ttl) || matches!(h, Head::Leading(_))
+            });
             if heads.len() >= MAX_TRACKED {
                 return Role::Pass;
             }
@@ -158,13 +160,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_leader_releases_and_a_slow_one_is_bounded() {
         let gate = FanoutGate::new(Duration::from_millis(500), Duration::from_secs(60));
-        let Role::Lead(leader) = gate.enter(1) else { panic!() };
-        let Role::Follow(rx) = gate.enter(1) else { panic!() };
+        let Role::Lead(leader) = gate.enter(1) else {
+            panic!()
+        };
+        let Role::Follow(rx) = gate.enter(1) else {
+            panic!()
+        };
         drop(leader);
         assert!(gate.follow(rx).await);
         // Still new: the next call leads again.
-        let Role::Lead(_slow) = gate.enter(1) else { panic!() };
-        let Role::Follow(rx) = gate.enter(1) else { panic!() };
+        let Role::Lead(_slow) = gate.enter(1) else {
+            panic!()
+        };
+        let Role::Follow(rx) = gate.enter(1) else {
+            panic!()
+        };
         let started = tokio::time::Instant::now();
         assert!(!gate.follow(rx).await);
         assert_eq!(started.elapsed(), Duration::from_millis(500));

@@ -4,9 +4,9 @@
 use super::fanout::{Leader, Role};
 use super::sessions::SessionSlot;
 use crate::error::ApiError;
+use crate::metrics::reason;
 use crate::parse::Inference;
 use crate::state::Shared;
-use crate::metrics::reason;
 use std::time::{Duration, Instant};
 
 /// What a request holds while it runs: its session slot, and the leadership of its fan-out.
@@ -21,7 +21,11 @@ pub(crate) struct Held {
 /// Waits for a session slot (within the queue timeout; 429 when none frees), then, for a call
 /// sharing a new prefix with calls already on their way, for the first of them to reach its
 /// first token.
-pub(crate) async fn hold(shared: &Shared, inference: &Inference, tenant: &str) -> Result<Held, ApiError> {
+pub(crate) async fn hold(
+    shared: &Shared,
+    inference: &Inference,
+    tenant: &str,
+) -> Result<Held, ApiError> {
     let tenancy = &shared.tenancy;
     let mut held = Held::default();
     if let (Some(caps), Some(session)) = (tenancy.sessions(), &inference.request.session) {
@@ -43,7 +47,11 @@ pub(crate) async fn hold(shared: &Shared, inference: &Inference, tenant: &str) -
     }
     // Scoped like the prefix cache: per tenant (DOMAIN.md §13) and model.
     let key = xxhash_rust::xxh3::xxh3_64_with_seed(
-        format!("{tenant}\u{0}{}", inference.request.model.as_deref().unwrap_or("")).as_bytes(),
+        format!(
+            "{tenant}\u{0}{}",
+            inference.request.model.as_deref().unwrap_or("")
+        )
+        .as_bytes(),
         head,
     );
     let m = &shared.metrics.tenants;

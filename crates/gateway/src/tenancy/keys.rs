@@ -44,7 +44,10 @@ pub(crate) fn generate() -> Result<String, ring::error::Unspecified> {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 24];
     ring::rand::SystemRandom::new().fill(&mut bytes)?;
-    Ok(format!("kvg-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    Ok(format!(
+        "kvg-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
 }
 
 /// The known keys.
@@ -79,7 +82,11 @@ impl KeyStore {
 
     /// Whether any key exists (then every request needs one).
     pub(crate) fn enforced(&self) -> bool {
-        !self.by_digest.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+        !self
+            .by_digest
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// Every key, by name.

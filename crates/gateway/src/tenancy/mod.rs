@@ -130,16 +130,33 @@ fn ratelimit_headers(l: &mut RateLimiter, now: Nanos) -> Vec<(&'static str, Stri
 
 impl Tenancy {
     /// Builds the state; opens the store and loads keys added through the admin API.
-    pub(crate) fn new(config: &TenancyConfig, metrics: Arc<Metrics>) -> Result<Self, crate::ConfigError> {
+    pub(crate) fn new(
+        config: &TenancyConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, crate::ConfigError> {
         let store_err = |e: budget::StoreError| crate::ConfigError::Invalid {
             field: "tenancy.store".into(),
             why: e.to_string(),
         };
-        let store = config.store.as_deref().map(Store::open).transpose().map_err(store_err)?;
-        let stored_keys = store.as_ref().map(Store::keys).transpose().map_err(store_err)?;
+        let store = config
+            .store
+            .as_deref()
+            .map(Store::open)
+            .transpose()
+            .map_err(store_err)?;
+        let stored_keys = store
+            .as_ref()
+            .map(Store::keys)
+            .transpose()
+            .map_err(store_err)?;
         let keys = KeyStore::default();
         let mut named: HashSet<String> = config.tenants.keys().cloned().collect();
-        for k in config.keys.iter().cloned().chain(stored_keys.into_iter().flatten()) {
+        for k in config
+            .keys
+            .iter()
+            .cloned()
+            .chain(stored_keys.into_iter().flatten())
+        {
             named.insert(k.tenant.clone().unwrap_or_else(|| k.name.clone()));
             keys.insert(k).map_err(|why| crate::ConfigError::Invalid {
                 field: "tenancy.keys".into(),
@@ -251,7 +268,10 @@ impl Tenancy {
             .get(model)
             .or_else(|| self.config.prices.get("*"))
             .copied();
-        let reservation = match self.budgets.reserve(accounts, &estimate, price.as_ref(), model) {
+        let reservation = match self
+            .budgets
+            .reserve(accounts, &estimate, price.as_ref(), model)
+        {
             Ok(r) => r,
             Err(refusal) => {
                 self.release_limits(&limiters, &estimate, &Charge::default(), now);
@@ -311,7 +331,7 @@ impl Tenancy {
             if let Err(e) = l.check(now, estimate) {
                 self.refuse(label, e.kind.label());
                 let mut err = rate_limited(&e, if tenant.is_empty() { id } else { tenant });
-                err.headers = ratelimit_headers(l, now);
+                err.headers = ratelimit_headers(l, now).into_boxed_slice();
                 return Err(err);
             }
         }
@@ -478,7 +498,9 @@ impl Tenancy {
         if key.name.is_empty() {
             return Err(bad("name must be set".into()));
         }
-        key.limits.validate().map_err(|w| bad(format!("limits: {w}")))?;
+        key.limits
+            .validate()
+            .map_err(|w| bad(format!("limits: {w}")))?;
         if let Some(b) = &key.budget {
             if self.budgets.store().is_none() {
                 return Err(bad("budgets need tenancy.store".into()));

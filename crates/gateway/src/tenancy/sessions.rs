@@ -70,7 +70,10 @@ impl SessionCaps {
 
     /// Sessions with calls in flight or waiting.
     pub(crate) fn active(&self) -> usize {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 }
 
@@ -84,7 +87,10 @@ mod tests {
         let a = caps.acquire("s", Duration::from_secs(1)).await.unwrap();
         let _b = caps.acquire("s", Duration::from_secs(1)).await.unwrap();
         let _other = caps.acquire("t", Duration::from_secs(1)).await.unwrap();
-        assert!(caps.acquire("s", Duration::from_millis(100)).await.is_none());
+        assert!(caps
+            .acquire("s", Duration::from_millis(100))
+            .await
+            .is_none());
         let (third, ()) = tokio::join!(caps.acquire("s", Duration::from_secs(1)), async {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(a);
