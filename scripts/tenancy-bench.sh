@@ -12,6 +12,7 @@
 #              fan-out serialisation on and off: engine-reported hit ratio and TTFT p95.
 #
 #   scripts/tenancy-bench.sh [fairness|ratelimit|fanout|all] [--duration S] [--out DIR]
+#                            [--max-concurrency N]   (fairness: the gateway's slots, default 24)
 #
 # KVGATE=path/to/kvgate skips the release build. ~12 min for `all` with the defaults.
 set -euo pipefail
@@ -21,8 +22,10 @@ what=${1:-all}
 [[ $# -gt 0 ]] && shift
 duration=60
 out=target/tenancy-bench
+slots=24
 while [[ $# -gt 0 ]]; do
     case "$1" in
+    --max-concurrency) slots="$2"; shift 2 ;;
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
@@ -66,13 +69,15 @@ p95() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0
 jain() { python3 -c 'import sys; x=[float(v) for v in sys.argv[1:]]; print("%.3f" % (sum(x)**2/(len(x)*sum(v*v for v in x))))' "$@"; }
 
 fairness() {
+    rm -f "$out"/access-*.jsonl
     engines 2
     local cfg="$out/fair.yaml"
     for order in alone fifo fair; do
         local o=$order
         [[ $o == alone ]] && o=fair
         cat >"$cfg" <<EOF
-admission: {max_concurrency: 24, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
+admission: {max_concurrency: $slots, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
+observability: {access_log: "$out/access-$order.jsonl"}
 tenancy:
   keys:
     - {name: light, key_sha256: "$(sha kvg-light)", tenant: light}
@@ -101,6 +106,12 @@ EOF
             wait "$ha" "$hb" 2>/dev/null || true
             local light
             light=$(p95 "$out/light-$order.json")
+            python3 - "$out/access-$order.jsonl" <<'PY'
+import json, sys
+q = sorted(r.get("queue_ms") or 0 for r in map(json.loads, open(sys.argv[1])) if r.get("tenant") == "light")
+if q:
+    print(f"light queue wait in the gateway: p50 {q[len(q) // 2]:.0f} ms, p95 {q[int(len(q) * 0.95)]:.0f} ms", file=sys.stderr)
+PY
             printf '| %s | %s ms | %s ms | %.2fx | %s | %s | %s |\n' "$order" "$alone" "$light" \
                 "$(python3 -c "print($light/$alone)")" "$((a1 - a0))" "$((b1 - b0))" \
                 "$(jain $((a1 - a0)) $((b1 - b0)))" >>"$out/fairness.md"
@@ -162,7 +173,7 @@ EOF
         unset 'pids[-1]'
         # Fresh engines: the first run's cache must not serve the second.
         stop_all
-        [[ $serialize == true ]] && engines 4
+        if [[ $serialize == true ]]; then engines 4; fi
     done
 }
 

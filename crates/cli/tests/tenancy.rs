@@ -44,6 +44,10 @@ async fn send(url: &str, key: Option<&str>, max_tokens: u32) -> reqwest::Respons
     r.send().await.unwrap()
 }
 
+async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 async fn spent(url: &str, account: &str) -> f64 {
     let status = admin_json(url, "/admin/status", "admintok").await;
     status["tenancy"]["budgets"]
@@ -115,16 +119,13 @@ async fn keys_limits_and_budgets_hold_across_restarts() {
     assert!(before > 0.0 && before <= 400.0, "{before}");
 
     // A key made through the admin API, returned once.
-    let created: serde_json::Value = client()
-        .post(format!("{}/admin/keys", g.url))
-        .bearer_auth("admintok")
-        .json(&serde_json::json!({"name": "delta", "tenant": "team-d"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = json_of(
+        client()
+            .post(format!("{}/admin/keys", g.url))
+            .bearer_auth("admintok")
+            .json(&serde_json::json!({"name": "delta", "tenant": "team-d"})),
+    )
+    .await;
     let delta = created["key"].as_str().unwrap().to_owned();
     assert_eq!(created["persisted"], true);
     assert_eq!(send(&g.url, Some(&delta), 4).await.status(), 200);
@@ -226,15 +227,12 @@ async fn fanout_serialisation_turns_a_parallel_burst_into_hits() {
             );
             let url = url.clone();
             async move {
-                let v: serde_json::Value = client()
-                    .post(format!("{url}/v1/chat/completions"))
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let v = json_of(
+                    client()
+                        .post(format!("{url}/v1/chat/completions"))
+                        .json(&body),
+                )
+                .await;
                 v["usage"]["prompt_tokens_details"]["cached_tokens"]
                     .as_u64()
                     .unwrap_or(0)

@@ -49,13 +49,24 @@ impl Inner {
         self.gate.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Slots beyond `max_concurrency` for underserved tenants: an eighth, at least one.
+    fn headroom(&self) -> usize {
+        self.config
+            .fair_headroom
+            .unwrap_or((self.config.max_concurrency / 8).max(1))
+    }
+
     fn now(&self) -> Nanos {
         Nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// A slot freed: hand it to the next waiter still listening.
+    /// A slot freed: hand it to the next waiter still listening, unless headroom admissions
+    /// still hold the gate over its limit.
     fn release(&self, gate: &mut Gate) {
         gate.in_flight -= 1;
+        if gate.in_flight >= self.config.max_concurrency {
+            return;
+        }
         let now = self.now();
         while let Some((_, grant)) = gate.queue.pop(now) {
             self.metrics.queue_depth.dec();
@@ -155,7 +166,17 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let (ticket, shed) = {
             let mut gate = inner.lock();
-            if gate.in_flight < inner.config.max_concurrency && gate.queue.is_empty() {
+            let free = gate.in_flight < inner.config.max_concurrency && gate.queue.is_empty();
+            // A tenant with nothing waiting and no more service than the least-served waiting
+            // one would go first anyway: it takes one of the few headroom slots instead of
+            // waiting for a request to end (which, for minute-long streams, is what makes a
+            // light tenant's TTFT suffer behind a heavy backlog even with fair order).
+            let headroom = inner.config.order == QueueOrder::Fair
+                && claim.priority == Priority::Interactive
+                && !gate.queue.is_empty()
+                && gate.in_flight < inner.config.max_concurrency + inner.headroom()
+                && gate.queue.underserved(key);
+            if free || headroom {
                 gate.in_flight += 1;
                 gate.queue.admitted(key, claim.weight, claim.cost);
                 inner.metrics.pending.inc();

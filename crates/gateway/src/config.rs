@@ -233,6 +233,10 @@ pub struct AdmissionConfig {
     pub order: QueueOrder,
     /// A waiting batch request goes before interactive ones once it has waited this long.
     pub batch_max_wait_ms: u64,
+    /// Slots beyond `max_concurrency` that an interactive request of a tenant with nothing
+    /// waiting and no more service than any waiting tenant may take at once (`order: fair`);
+    /// `max_concurrency / 8` (at least 1) when absent, 0 turns it off.
+    pub fair_headroom: Option<usize>,
 }
 
 /// The order of the admission queue.
@@ -255,6 +259,7 @@ impl Default for AdmissionConfig {
             retry_after_secs: 1,
             order: QueueOrder::Fair,
             batch_max_wait_ms: 10_000,
+            fair_headroom: None,
         }
     }
 }
@@ -507,10 +512,12 @@ impl Config {
                 format!("must be from 1 to {MAX_SLOTS}"),
             ));
         }
-        if self.admission.max_queue > MAX_SLOTS {
+        if self.admission.max_queue > MAX_SLOTS
+            || self.admission.fair_headroom.is_some_and(|h| h > MAX_SLOTS)
+        {
             return Err(invalid(
                 "admission.max_queue",
-                format!("must be at most {MAX_SLOTS}"),
+                format!("and admission.fair_headroom must be at most {MAX_SLOTS}"),
             ));
         }
         self.tenancy.validate()?;

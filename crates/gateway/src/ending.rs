@@ -166,6 +166,13 @@ impl Ending {
         self.lease = Some(lease);
     }
 
+    /// The request left the admission queue, which charged its prompt to its tenant.
+    pub(crate) fn admitted(&mut self) {
+        if let Some(lease) = &mut self.lease {
+            lease.admitted = true;
+        }
+    }
+
     /// `events` output events have streamed so far: the fair queue charges them as they come
     /// (DOMAIN.md §8: output is charged incrementally), in steps of 16 to keep the lock cold.
     pub(crate) fn streamed(&mut self, events: u32) {

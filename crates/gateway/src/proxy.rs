@@ -108,7 +108,10 @@ pub(crate) async fn handle(
     let admitted = shared.admission.admit(claim, inference.deadline).await;
     ending.facts().queued = Some(ending.arrived().elapsed());
     let permit = match admitted {
-        Ok(p) => p,
+        Ok(p) => {
+            ending.admitted();
+            p
+        }
         Err(e) => {
             let full = e.status.as_u16() == 429;
             ending.set(if full {

@@ -86,6 +86,7 @@ pub struct FairQueue<T> {
     capacity: usize,
     batch_max_wait: Nanos,
     last_served: f64,
+    largest_cost: f64,
     next_ticket: u64,
 }
 
@@ -110,6 +111,7 @@ impl<T> FairQueue<T> {
             capacity,
             batch_max_wait,
             last_served: 0.0,
+            largest_cost: 0.0,
             next_ticket: 0,
         }
     }
@@ -146,6 +148,7 @@ impl<T> FairQueue<T> {
                 _ => return Pushed::Full(item),
             }
         }
+        self.largest_cost = self.largest_cost.max(cost);
         let floor = self.lift_floor();
         let t = self.tenants.entry(tenant.to_owned()).or_default();
         t.weight = if weight > 0.0 { weight } else { 1.0 };
@@ -225,9 +228,29 @@ impl<T> FairQueue<T> {
         Some((name, w.item))
     }
 
+    /// Whether `tenant` is not backlogged (nothing waiting: it asks for less than its share)
+    /// and is within one request of the most-served waiting tenant: VTC keeps backlogged
+    /// counters within one request's cost of each other and serves a returning tenant in the
+    /// next batch, so a gateway may admit such a tenant at once rather than hold it until a
+    /// slot frees (slots free only when requests end, seconds apart for long streams). "One
+    /// request" is the largest admission cost seen.
+    pub fn underserved(&self, tenant: &str) -> bool {
+        let ceiling = self
+            .tenants
+            .values()
+            .filter(|t| t.is_waiting())
+            .map(|t| t.counter)
+            .max_by(f64::total_cmp)
+            .unwrap_or(self.last_served);
+        self.tenants
+            .get(tenant)
+            .is_none_or(|t| !t.is_waiting() && t.counter <= ceiling + self.largest_cost / t.weight)
+    }
+
     /// Records that a request of `tenant` was admitted without waiting (a slot was free and
     /// nobody queued): its prompt is service like any other, so the counter moves the same way.
     pub fn admitted(&mut self, tenant: &str, weight: f64, cost: f64) {
+        self.largest_cost = self.largest_cost.max(cost);
         let floor = self.lift_floor();
         let t = self.tenants.entry(tenant.to_owned()).or_default();
         t.weight = if weight > 0.0 { weight } else { 1.0 };
@@ -319,6 +342,25 @@ mod tests {
         // within the first two, not after a hundred.
         let order: Vec<u64> = (0..3).map(|_| q.pop(Nanos(200)).unwrap().1).collect();
         assert!(order[..2].contains(&1000), "{order:?}");
+    }
+
+    #[test]
+    fn only_a_tenant_without_backlog_and_below_the_waiting_ones_is_underserved() {
+        let mut q = FairQueue::new(100, Nanos(u64::MAX));
+        q.admitted("heavy", 1.0, 1000.0);
+        q.push("heavy", 1.0, I, Nanos(0), 1000.0, ());
+        assert!(q.underserved("light"), "a new tenant");
+        assert!(!q.underserved("heavy"), "a backlogged tenant");
+        // Lifted to the heavy tenant's 1000 on arrival, then served 100: within one request.
+        q.admitted("light", 1.0, 100.0);
+        assert!(q.underserved("light"));
+        // More than one request (1000) ahead of every waiting tenant: it queues like anyone.
+        q.admitted("light", 1.0, 1000.0);
+        assert!(!q.underserved("light"));
+        // The heavy tenant is served (2000) and queues again: the light one may go again.
+        q.pop(Nanos(0));
+        q.push("heavy", 1.0, I, Nanos(0), 1000.0, ());
+        assert!(q.underserved("light"));
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub(crate) struct Lease {
     price: Option<Price>,
     /// Output tokens already charged to the fair queue while streaming.
     pub(crate) streamed: u32,
+    /// Admission charged the prompt to the fair queue (the request left the queue).
+    pub(crate) admitted: bool,
 }
 
 impl Lease {
@@ -307,6 +309,7 @@ impl Tenancy {
             reservation,
             price,
             streamed: 0,
+            admitted: false,
         })
     }
 
@@ -385,7 +388,13 @@ impl Tenancy {
                 tenant: lease.label.clone(),
             })
             .inc_by(actual.weighted(w));
-        let charged = lease.estimate.weighted_input(w) + f64::from(lease.streamed) * w.output;
+        // Only what was charged is corrected: a request that never left the queue was not.
+        let admission = if lease.admitted {
+            lease.estimate.weighted_input(w)
+        } else {
+            0.0
+        };
+        let charged = admission + f64::from(lease.streamed) * w.output;
         actual.weighted(w) - charged
     }
 
