@@ -145,6 +145,8 @@ EOF
     sleep 60
     t1=$(metric_sum "$gw" "$prefix")
     wait "$b"
+    echo "gateway refusals of the key by limit: $(http GET "$gw/metrics" | grep '^kvgate_tenant_refused_requests_total{tenant="limited"' | tr '\n' ' ')"
+    echo "gateway outcomes: $(http GET "$gw/metrics" | grep '^kvgate_requests_total' | tr '\n' ' ')"
     python3 - "$out/limited.json" "$t0" "$t1" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))["results"][0]
