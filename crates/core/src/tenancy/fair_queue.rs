@@ -148,16 +148,9 @@ impl<T> FairQueue<T> {
                 _ => return Pushed::Full(item),
             }
         }
-        self.largest_cost = self.largest_cost.max(cost);
-        let floor = self.lift_floor();
-        let t = self.tenants.entry(tenant.to_owned()).or_default();
-        t.weight = if weight > 0.0 { weight } else { 1.0 };
-        if !t.is_waiting() {
-            t.counter = t.counter.max(floor);
-        }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        t.waiting[c].push_back(Waiter {
+        self.arrive(tenant, weight, cost).waiting[c].push_back(Waiter {
             ticket,
             since: now,
             cost,
@@ -169,6 +162,19 @@ impl<T> FairQueue<T> {
             Some(item) => Pushed::QueuedShedding(Ticket(ticket), item),
             None => Pushed::Queued(Ticket(ticket)),
         }
+    }
+
+    /// A request of `tenant` arrives: its weight is updated and, if it was not waiting, its
+    /// counter lifted (VTC: idling earns no credit).
+    fn arrive(&mut self, tenant: &str, weight: f64, cost: f64) -> &mut Tenant<T> {
+        self.largest_cost = self.largest_cost.max(cost);
+        let floor = self.lift_floor();
+        let t = self.tenants.entry(tenant.to_owned()).or_default();
+        t.weight = if weight > 0.0 { weight } else { 1.0 };
+        if !t.is_waiting() {
+            t.counter = t.counter.max(floor);
+        }
+        t
     }
 
     /// The counter a tenant that starts waiting is lifted to.
@@ -250,13 +256,7 @@ impl<T> FairQueue<T> {
     /// Records that a request of `tenant` was admitted without waiting (a slot was free and
     /// nobody queued): its prompt is service like any other, so the counter moves the same way.
     pub fn admitted(&mut self, tenant: &str, weight: f64, cost: f64) {
-        self.largest_cost = self.largest_cost.max(cost);
-        let floor = self.lift_floor();
-        let t = self.tenants.entry(tenant.to_owned()).or_default();
-        t.weight = if weight > 0.0 { weight } else { 1.0 };
-        if !t.is_waiting() {
-            t.counter = t.counter.max(floor);
-        }
+        let t = self.arrive(tenant, weight, cost);
         t.counter += cost / t.weight;
         self.last_served = t.counter;
         self.forget_idle();
