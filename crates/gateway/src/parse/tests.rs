@@ -256,3 +256,44 @@ fn a_stream_without_usage_asks_for_it_and_is_marked_for_stripping() {
         "invalid_type"
     );
 }
+
+#[test]
+fn reasoning_effort_and_thinking_budget_are_read_and_bad_types_refused() {
+    let r =
+        chat(r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}"#).unwrap();
+    assert_eq!(r.request.reasoning_effort, Some(ReasoningEffort::High));
+    let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"reasoning":{"effort":"low"},"thinking":{"type":"enabled","budget_tokens":2048}}"#).unwrap();
+    assert_eq!(r.request.reasoning_effort, Some(ReasoningEffort::Low));
+    assert_eq!(r.request.thinking_budget, Some(2048));
+    // A name kvgate does not know is the engine's business.
+    let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"extreme"}"#)
+        .unwrap();
+    assert_eq!(r.request.reasoning_effort, None);
+    for bad in [
+        r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":3}"#,
+        r#"{"messages":[{"role":"user","content":"x"}],"thinking":{"budget_tokens":-1}}"#,
+    ] {
+        assert_eq!(
+            chat(bad).unwrap_err().status,
+            StatusCode::BAD_REQUEST,
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn the_shared_head_is_the_prompt_without_its_last_message() {
+    let call = |task: &str| {
+        chat(&format!(r#"{{"messages":[{{"role":"system","content":"shared context"}},{{"role":"user","content":"{task}"}}]}}"#))
+            .unwrap()
+            .shared_head
+            .unwrap()
+    };
+    assert_eq!(
+        call("task one"),
+        call("task two"),
+        "siblings share the head"
+    );
+    let single = chat(r#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert_eq!(single.shared_head, None, "one message shares nothing");
+}
