@@ -12,7 +12,8 @@
 #              fan-out serialisation on and off: engine-reported hit ratio and TTFT p95.
 #
 #   scripts/tenancy-bench.sh [fairness|ratelimit|fanout|all] [--duration S] [--out DIR]
-#                            [--max-concurrency N]   (fairness: the gateway's slots, default 24)
+#                            [--max-concurrency N] [--headroom N]
+#                            (fairness: the gateway's slots, default 24, and admission.fair_headroom)
 #
 # KVGATE=path/to/kvgate skips the release build. ~12 min for `all` with the defaults.
 set -euo pipefail
@@ -23,9 +24,11 @@ what=${1:-all}
 duration=60
 out=target/tenancy-bench
 slots=24
+headroom=null
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --max-concurrency) slots="$2"; shift 2 ;;
+    --headroom) headroom="$2"; shift 2 ;;
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
@@ -76,7 +79,7 @@ fairness() {
         local o=$order
         [[ $o == alone ]] && o=fair
         cat >"$cfg" <<EOF
-admission: {max_concurrency: $slots, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
+admission: {max_concurrency: $slots, fair_headroom: $headroom, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
 observability: {access_log: "$out/access-$order.jsonl"}
 tenancy:
   keys:
