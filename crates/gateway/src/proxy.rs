@@ -105,7 +105,12 @@ pub(crate) async fn handle(
         cost,
         priority: inference.request.priority,
     };
-    let admitted = shared.admission.admit(claim, inference.deadline).await;
+    // The deadline counts from arrival: time held for a session slot or a fan-out leader is
+    // already spent.
+    let left = inference
+        .deadline
+        .map(|d| d.saturating_sub(ending.arrived().elapsed()));
+    let admitted = shared.admission.admit(claim, left).await;
     ending.facts().queued = Some(ending.arrived().elapsed());
     let permit = match admitted {
         Ok(p) => {
