@@ -80,8 +80,12 @@ async fn keys_limits_and_budgets_hold_across_restarts() {
 
     // 60 requests a minute with a 3 s burst: three go, the fourth gets a 429 whose Retry-After,
     // honoured, works.
-    for _ in 0..3 {
-        assert_eq!(send(&g.url, Some("kvg-alpha"), 4).await.status(), 200);
+    for left in ["2", "1", "0"] {
+        let r = send(&g.url, Some("kvg-alpha"), 4).await;
+        assert_eq!(r.status(), 200);
+        // Every answer tells the client where it stands, as OpenAI's do.
+        assert_eq!(header(&r, "x-ratelimit-limit-requests"), "60");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), left);
     }
     let refused = send(&g.url, Some("kvg-alpha"), 4).await;
     assert_eq!(refused.status(), 429);

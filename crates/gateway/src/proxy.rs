@@ -80,10 +80,11 @@ pub(crate) async fn handle(
             return Err(ApiError::unknown_model(model));
         }
     }
-    let lease = shared
+    let mut lease = shared
         .tenancy
         .admit(key, &mut inference.request, arrived)
         .inspect_err(|_| ending.set(Outcome::Refused))?;
+    let ratelimit_headers = std::mem::take(&mut lease.ratelimit_headers);
     let (tenant, weight, cost, keyed) = (
         lease.tenant.clone(),
         lease.weight,
@@ -179,6 +180,11 @@ pub(crate) async fn handle(
                     let owners = (permit, ending.take());
                     let mut response = respond(ready, dispatch, owners, (run.stream, run.strip_usage));
                     add_explanation(&mut response, explained);
+                    for (name, value) in ratelimit_headers.iter() {
+                        if let Ok(v) = HeaderValue::from_str(value) {
+                            response.headers_mut().insert(*name, v);
+                        }
+                    }
                     return Ok(response);
                 }
                 Err(error) => {

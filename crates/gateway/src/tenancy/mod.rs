@@ -38,6 +38,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+/// Response headers with their values.
+type Headers = Box<[(&'static str, String)]>;
+
 /// The metric label of tenants not named in the configuration.
 const OTHER: &str = "other";
 
@@ -59,6 +62,9 @@ pub(crate) struct Lease {
     pub(crate) streamed: u32,
     /// Admission charged the prompt to the fair queue (the request left the queue).
     pub(crate) admitted: bool,
+    /// `x-ratelimit-*` of the request's first limiter (its key's, else its tenant's) after it
+    /// was charged, for the response (OpenAI sends them on every answer).
+    pub(crate) ratelimit_headers: Headers,
 }
 
 impl Lease {
@@ -249,7 +255,8 @@ impl Tenancy {
         if let Some(t) = tenant_config.filter(|t| t.limits.any()) {
             scopes.push((format!("tenant:{tenant}"), &t.limits));
         }
-        let limiters = self.take_limits(&scopes, &estimate, now, &label, &tenant)?;
+        let (limiters, ratelimit_headers) =
+            self.take_limits(&scopes, &estimate, now, &label, &tenant)?;
         let mut accounts = Vec::new();
         if let Some(b) = key.as_ref().and_then(|k| k.budget) {
             accounts.push(Account {
@@ -310,10 +317,12 @@ impl Tenancy {
             price,
             streamed: 0,
             admitted: false,
+            ratelimit_headers,
         })
     }
 
-    /// Checks every scope, then commits to all of them; the ids committed.
+    /// Checks every scope, then commits to all of them; the ids committed and the first one's
+    /// `x-ratelimit-*` headers.
     fn take_limits(
         &self,
         scopes: &[(String, &LimitsConfig)],
@@ -321,9 +330,9 @@ impl Tenancy {
         now: Nanos,
         label: &str,
         tenant: &str,
-    ) -> Result<Vec<String>, ApiError> {
+    ) -> Result<(Vec<String>, Headers), ApiError> {
         if scopes.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Box::new([])));
         }
         let weights = self.config.charge.weights;
         let mut limiters = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
@@ -339,13 +348,17 @@ impl Tenancy {
             }
         }
         let mut ids = Vec::with_capacity(scopes.len());
+        let mut headers = Vec::new();
         for (id, _) in scopes {
             if let Some(l) = limiters.get_mut(id) {
                 l.commit(now, estimate);
+                if ids.is_empty() {
+                    headers = ratelimit_headers(l, now);
+                }
                 ids.push(id.clone());
             }
         }
-        Ok(ids)
+        Ok((ids, headers.into_boxed_slice()))
     }
 
     fn release_limits(&self, ids: &[String], estimate: &Charge, actual: &Charge, now: Nanos) {
