@@ -43,6 +43,15 @@ pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiE
     }
 }
 
+/// An admin request's JSON body, or a 400 naming `what` did not parse.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("{what}: {e}")))
+}
+
 async fn list(
     State(s): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -77,8 +86,7 @@ async fn add(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     authorize(&s, &headers)?;
-    let config: EndpointConfig = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid("invalid_json", format!("endpoint config: {e}")))?;
+    let config: EndpointConfig = json_body(&body, "endpoint config")?;
     let mut check = crate::Config::default();
     check.endpoints.push(config.clone());
     check

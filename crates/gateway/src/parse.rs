@@ -60,9 +60,10 @@ pub struct Inference {
     /// The gateway added `stream_options.include_usage` to the body: the usage chunk is for
     /// kvgate and is stripped from the client's stream.
     pub strip_usage: bool,
-    /// The prompt without its last message (chat): hash and estimated tokens. Calls that fan
-    /// out from one context share it (fan-out serialisation keys on it).
-    pub shared_head: Option<(u64, u32)>,
+    /// The byte length of the prompt text before its last message (chat), when there is any:
+    /// calls that fan out from one context share that head (fan-out serialisation keys on it,
+    /// hashing it only when the gate is on).
+    pub shared_head: Option<usize>,
 }
 
 /// Validates `body` and `headers` for `api`.
@@ -101,10 +102,7 @@ pub fn parse(
         Api::Chat => chat_prefix(&fields)?,
         Api::Completions => (completion_prefix(&fields)?, 0),
     };
-    let shared_head = (head_len > 0).then(|| {
-        let head = &text[..head_len];
-        (xxh3_64(head.as_bytes()), estimate_tokens(head))
-    });
+    let shared_head = (head_len > 0).then_some(head_len);
     let (reasoning_effort, thinking_budget) = reasoning(&fields)?;
     let prompt_tokens = estimate_tokens(&text);
     let session = session(headers, &fields, limits);

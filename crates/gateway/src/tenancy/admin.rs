@@ -51,8 +51,7 @@ async fn list(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorize(&s, &headers)?;
-    let status = s.tenancy.status(s.pool.clock().now());
-    Ok(Json(serde_json::json!({ "keys": status["keys"] })))
+    Ok(Json(serde_json::json!({ "keys": s.tenancy.keys_json() })))
 }
 
 async fn add(
@@ -61,15 +60,12 @@ async fn add(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     authorize(&s, &headers)?;
-    let mut key: KeyConfig = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid("invalid_json", format!("key config: {e}")))?;
+    let mut key: KeyConfig = crate::admin::json_body(&body, "key config")?;
     let created = if key.key_sha256.is_empty() {
         let k = keys::generate().map_err(|_| ApiError::upstream("no system randomness"))?;
         key.key_sha256 = keys::hex(&keys::digest(&k));
         Some(k)
     } else {
-        keys::parse_sha256(&key.key_sha256)
-            .map_err(|why| ApiError::invalid("invalid_value", format!("key_sha256 {why}")))?;
         None
     };
     let name = key.name.clone();

@@ -147,6 +147,30 @@ impl BudgetConfig {
     }
 }
 
+/// Checks limits and a budget, naming fields through `at`.
+fn check_share(
+    limits: &LimitsConfig,
+    budget: Option<&BudgetConfig>,
+    at: impl Fn(&str) -> String,
+) -> Result<(), crate::ConfigError> {
+    limits
+        .validate()
+        .map_err(|why| invalid(at("limits"), why))?;
+    budget.map_or(Ok(()), |b| b.validate(&at("budget")))
+}
+
+impl KeyConfig {
+    /// Checks one key (from the file or the admin API), naming fields through `at`.
+    pub(crate) fn check(&self, at: impl Fn(&str) -> String) -> Result<(), crate::ConfigError> {
+        if self.name.is_empty() {
+            return Err(invalid(at("name"), "must be set"));
+        }
+        super::keys::parse_sha256(&self.key_sha256)
+            .map_err(|why| invalid(at("key_sha256"), why))?;
+        check_share(&self.limits, self.budget.as_ref(), at)
+    }
+}
+
 impl TenancyConfig {
     /// Checks keys, limits, weights, prices and budgets.
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
@@ -158,34 +182,22 @@ impl TenancyConfig {
         let mut budgets = false;
         for (i, k) in self.keys.iter().enumerate() {
             let at = |f: &str| format!("tenancy.keys[{i}].{f}");
-            if k.name.is_empty() || !names.insert(k.name.as_str()) {
-                return Err(invalid(at("name"), "must be set and unique"));
+            k.check(at)?;
+            if !names.insert(k.name.as_str()) {
+                return Err(invalid(at("name"), "must be unique"));
             }
-            super::keys::parse_sha256(&k.key_sha256)
-                .map_err(|why| invalid(at("key_sha256"), why))?;
             if !hashes.insert(k.key_sha256.to_ascii_lowercase()) {
                 return Err(invalid(at("key_sha256"), "two keys have the same hash"));
             }
-            k.limits
-                .validate()
-                .map_err(|why| invalid(at("limits"), why))?;
-            if let Some(b) = &k.budget {
-                b.validate(&at("budget"))?;
-                budgets = true;
-            }
+            budgets |= k.budget.is_some();
         }
         for (name, t) in &self.tenants {
             let at = |f: &str| format!("tenancy.tenants.{name}.{f}");
             if !(t.weight.is_finite() && t.weight > 0.0) {
                 return Err(invalid(at("weight"), "must be a positive number"));
             }
-            t.limits
-                .validate()
-                .map_err(|why| invalid(at("limits"), why))?;
-            if let Some(b) = &t.budget {
-                b.validate(&at("budget"))?;
-                budgets = true;
-            }
+            check_share(&t.limits, t.budget.as_ref(), at)?;
+            budgets |= t.budget.is_some();
         }
         for (model, p) in &self.prices {
             p.validate()

@@ -39,21 +39,24 @@ pub(crate) async fn hold(
             e
         })?);
     }
-    let (Some(gate), Some((head, tokens))) = (tenancy.fanout(), inference.shared_head) else {
+    let request = &inference.request;
+    let head = inference
+        .shared_head
+        .zip(request.prompt.text.as_deref())
+        .and_then(|(len, text)| text.get(..len));
+    let (Some(gate), Some(head)) = (tenancy.fanout(), head) else {
         return Ok(held);
     };
-    if tokens < tenancy.fanout_min_tokens() {
+    if kvgate_core::request::estimate_tokens(head) < tenancy.fanout_min_tokens() {
         return Ok(held);
     }
     // Scoped like the prefix cache: per tenant (DOMAIN.md §13) and model.
-    let key = xxhash_rust::xxh3::xxh3_64_with_seed(
-        format!(
-            "{tenant}\u{0}{}",
-            inference.request.model.as_deref().unwrap_or("")
-        )
-        .as_bytes(),
-        head,
-    );
+    let mut key = xxhash_rust::xxh3::Xxh3::new();
+    for part in [tenant, request.model.as_deref().unwrap_or(""), head] {
+        key.update(part.as_bytes());
+        key.update(&[0]);
+    }
+    let key = key.digest();
     let m = &shared.metrics.tenants;
     match gate.enter(key) {
         Role::Pass => {}
