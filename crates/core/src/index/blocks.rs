@@ -126,6 +126,8 @@ pub struct BlockIndex {
     blocks: BlockMap<Vec<Holder>>,
     external: HashMap<(EndpointId, u64), u64>,
     unplaced: u64,
+    /// Entries (block, tier) held per endpoint: what bounds an event-fed index's memory.
+    held: HashMap<EndpointId, usize>,
 }
 
 impl BlockIndex {
@@ -137,6 +139,7 @@ impl BlockIndex {
             blocks: BlockMap::default(),
             external: HashMap::new(),
             unplaced: 0,
+            held: HashMap::new(),
         }
     }
 
@@ -159,6 +162,11 @@ impl BlockIndex {
     /// Whether no block is known.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+
+    /// Entries (a block in one tier) `endpoint` holds.
+    pub fn held_by(&self, endpoint: EndpointId) -> usize {
+        self.held.get(&endpoint).copied().unwrap_or(0)
     }
 
     /// Stored events whose parent block was unknown (for example after lost events); their
@@ -279,6 +287,7 @@ impl BlockIndex {
             unit: Unit::Blocks(u32::try_from(self.block_size).unwrap_or(u32::MAX)),
             endpoints,
             block_hashes: Vec::new(),
+            engine: Vec::new(),
         }
     }
 
@@ -339,13 +348,20 @@ impl BlockIndex {
             .find(|x| x.endpoint == endpoint && x.tier == tier)
         {
             Some(x) => x.at = x.at.max(at),
-            None => holders.push(Holder { endpoint, tier, at }),
+            None => {
+                holders.push(Holder { endpoint, tier, at });
+                *self.held.entry(endpoint).or_default() += 1;
+            }
         }
     }
 
     fn release(&mut self, local: u64, endpoint: EndpointId, tier: Option<Tier>) {
         if let Some(holders) = self.blocks.get_mut(&local) {
+            let before = holders.len();
             holders.retain(|x| !(x.endpoint == endpoint && tier.is_none_or(|t| t == x.tier)));
+            if let Some(n) = self.held.get_mut(&endpoint) {
+                *n = n.saturating_sub(before - holders.len());
+            }
             if holders.is_empty() {
                 self.blocks.remove(&local);
             }
@@ -371,12 +387,22 @@ impl PrefixIndex for BlockIndex {
             !holders.is_empty()
         });
         self.external.retain(|(e, _), _| *e != endpoint);
+        self.held.remove(&endpoint);
     }
 
     fn evict(&mut self, now: Nanos) {
         if let Some(ttl) = self.ttl {
+            let held = &mut self.held;
             self.blocks.retain(|_, holders| {
-                holders.retain(|x| now.saturating_since(x.at) <= ttl);
+                holders.retain(|x| {
+                    let keep = now.saturating_since(x.at) <= ttl;
+                    if !keep {
+                        if let Some(n) = held.get_mut(&x.endpoint) {
+                            *n = n.saturating_sub(1);
+                        }
+                    }
+                    keep
+                });
                 !holders.is_empty()
             });
         }

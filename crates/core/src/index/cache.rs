@@ -10,6 +10,7 @@
 //! tree bounds each endpoint's size on insert (amortised LRU, see [`super::radix`]).
 
 use super::blocks::{BlockIndex, KvEvent};
+use super::events::{BatchOutcome, EngineCaches, StreamStatus};
 use super::pending::{self, PendingPrompts, BLOCK_TOKENS};
 use super::radix::RadixTree;
 use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
@@ -97,6 +98,17 @@ pub struct Prediction {
     pub text_bytes: Option<usize>,
     /// Whether the token tree (not the text tree) holds it.
     pub by_tokens: bool,
+    /// When the endpoint has a KV-event stream: the tokens its events alone say it holds, and
+    /// whether the stream was trusted (then `units` is exactly that).
+    pub engine: Option<(u32, bool)>,
+}
+
+impl Prediction {
+    /// Whether this prediction came from a trusted engine event stream, and so should match
+    /// the engine's `cached_tokens` to the token rather than to a block.
+    pub fn is_exact(&self) -> bool {
+        self.engine.is_some_and(|(_, live)| live)
+    }
 }
 
 impl Prediction {
@@ -112,6 +124,8 @@ pub struct PrefixCache {
     index: Index,
     share_across_tenants: bool,
     last_maintained: Option<Nanos>,
+    /// The engines' KV events, laid over `index` for requests with token ids.
+    engines: Option<EngineCaches>,
 }
 
 impl PrefixCache {
@@ -136,6 +150,7 @@ impl PrefixCache {
                 },
                 share_across_tenants,
                 last_maintained: None,
+                engines: None,
             },
             IndexSpec::Blocks {
                 block_size,
@@ -150,8 +165,32 @@ impl PrefixCache {
                 },
                 share_across_tenants,
                 last_maintained: None,
+                engines: None,
             },
         }
+    }
+
+    /// Also takes the engines' KV events ([`Self::kv_batch`]), at most `max_entries` per
+    /// endpoint ([`EngineCaches`]).
+    pub fn with_engine_events(mut self, max_entries: usize) -> Self {
+        self.engines = Some(EngineCaches::new(max_entries));
+        self
+    }
+
+    /// Batch `seq` of `endpoint`'s KV-event stream (`None` when engine events are off).
+    pub fn kv_batch(
+        &mut self,
+        endpoint: EndpointId,
+        seq: u64,
+        events: &[KvEvent],
+        now: Nanos,
+    ) -> Option<BatchOutcome> {
+        Some(self.engines.as_mut()?.batch(endpoint, seq, events, now))
+    }
+
+    /// `endpoint`'s KV-event stream, if it has one.
+    pub fn engine_status(&self, endpoint: EndpointId) -> Option<StreamStatus> {
+        self.engines.as_ref()?.status(endpoint)
     }
 
     fn key<'r>(&self, request: &'r Request) -> PrefixKey<'r> {
@@ -161,6 +200,15 @@ impl PrefixCache {
     /// Every endpoint's overlap with `request` (in the index's units: bytes, tokens or
     /// blocks), and the request's own length in those units.
     pub fn overlaps(&self, request: &Request, now: Nanos) -> Overlaps {
+        let routed = self.routed_overlaps(request, now);
+        match (&self.engines, request.prompt.tokens.as_deref()) {
+            (Some(engines), Some(tokens)) => engines.overlay(routed, tokens, now),
+            _ => routed,
+        }
+    }
+
+    /// What the router's own index holds of `request`.
+    fn routed_overlaps(&self, request: &Request, now: Nanos) -> Overlaps {
         let key = self.key(request);
         match &self.index {
             Index::Radix {
@@ -287,6 +335,9 @@ impl PrefixCache {
             }
             Index::Blocks { index, .. } => index.remove_endpoint(endpoint),
         }
+        if let Some(engines) = &mut self.engines {
+            engines.remove_endpoint(endpoint);
+        }
     }
 
     /// Periodic upkeep on the owner's clock: the radix tree's size trim every eviction interval,
@@ -363,6 +414,11 @@ impl PrefixCache {
             touched: overlap.touched,
             text_bytes: key.text.map(<[u8]>::len),
             by_tokens,
+            engine: overlaps
+                .engine
+                .iter()
+                .find(|(e, _, _)| *e == endpoint)
+                .map(|&(_, tokens, live)| (tokens, live)),
         }
     }
 
@@ -373,6 +429,9 @@ impl PrefixCache {
     /// missed prefix was (LRU order). Also learns the text's bytes per token.
     pub fn correct(&mut self, predicted: &Prediction, usage: (u32, u32), slack: u32) {
         let (prompt_tokens, cached_tokens) = usage;
+        if let (Some(engines), Some((tokens, _))) = (&mut self.engines, predicted.engine) {
+            engines.verified(predicted.endpoint, tokens == cached_tokens);
+        }
         let Index::Radix {
             text,
             tokens,

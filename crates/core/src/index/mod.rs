@@ -14,6 +14,7 @@
 
 pub mod blocks;
 pub mod cache;
+pub mod events;
 mod pending;
 pub mod radix;
 
@@ -121,6 +122,10 @@ pub struct Overlaps {
     /// lookup: the dispatch that follows reuses them instead of hashing the prompt again.
     #[serde(skip)]
     pub(crate) block_hashes: Vec<u64>,
+    /// For endpoints with a KV-event stream: the tokens the engines' events alone say it holds,
+    /// and whether that stream is trusted ([`events::Trust::Live`]).
+    #[serde(skip)]
+    pub(crate) engine: Vec<(EndpointId, u32, bool)>,
 }
 
 impl Overlaps {

@@ -395,6 +395,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             unit: K::UNIT,
             endpoints,
             block_hashes: Vec::new(),
+            engine: Vec::new(),
         }
     }
 
