@@ -63,6 +63,10 @@ pub(crate) struct Args {
     /// Topic frame of KV-event messages.
     #[arg(long, default_value = "kv-events")]
     kv_events_topic: String,
+    /// Tokenize prompts with this model directory's `tokenizer.json` and chat template (as
+    /// vLLM would), instead of the built-in stand-in.
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<std::path::PathBuf>,
     /// A fault active from startup (repeatable), e.g. `429:retry_after=2,p=0.1`; see the README.
     #[arg(long = "fault", value_name = "SPEC")]
     faults: Vec<Fault>,
@@ -97,6 +101,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         seed: args.seed,
         kv_events: args.kv_events.clone(),
         kv_events_topic: args.kv_events_topic.clone(),
+        tokenizer: args.tokenizer.clone(),
         faults: args.faults.clone(),
         admin_token: args.admin_token.clone(),
     };

@@ -71,6 +71,10 @@ pub struct EngineConfig {
     pub kv_events: Option<String>,
     /// Topic frame of each KV-event message (vLLM's `kv_events_config.topic`).
     pub kv_events_topic: String,
+    /// A model directory (`tokenizer.json`, chat template) to tokenize prompts with, as vLLM
+    /// would with that model; without one, the built-in stand-in tokenizer.
+    #[serde(default)]
+    pub tokenizer: Option<std::path::PathBuf>,
     /// Faults active from startup.
     #[serde(with = "fault_specs")]
     pub faults: Vec<Fault>,
@@ -106,6 +110,7 @@ impl Default for EngineConfig {
             seed: 0,
             kv_events: None,
             kv_events_topic: "kv-events".to_owned(),
+            tokenizer: None,
             faults: Vec::new(),
             admin_token: None,
         }

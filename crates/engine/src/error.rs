@@ -16,6 +16,9 @@ pub enum EngineError {
     /// The KV event publisher could not start.
     #[error(transparent)]
     KvEvents(#[from] crate::kv_events::KvEventsError),
+    /// The tokenizer directory could not be loaded.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] kvgate_tokenize::TokenizeError),
     /// The listener failed.
     #[error("listener failed: {0}")]
     Io(#[from] std::io::Error),

@@ -189,7 +189,7 @@ async fn generate(
             .into_response()
         }
     };
-    let parsed = match request::parse(endpoint, &bytes) {
+    let parsed = match request::parse(endpoint, &bytes, shared.tokenizer.as_deref()) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };

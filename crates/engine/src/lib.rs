@@ -110,6 +110,10 @@ async fn start(
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<Result<(), EngineError>>, EngineError> {
     config.validate()?;
+    let tokenizer = match &config.tokenizer {
+        Some(dir) => Some(Arc::new(kvgate_tokenize::ChatTokenizer::load(dir)?)),
+        None => None,
+    };
     let kv_sink = match &config.kv_events {
         Some(endpoint) => Some(
             kv_events::start(endpoint, config.kv_events_topic.clone(), shutdown.clone()).await?,
@@ -132,13 +136,9 @@ async fn start(
     let started_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let shared = Arc::new(state::Shared::new(
-        config,
-        commands,
-        metrics,
-        faults,
-        started_unix,
-    ));
+    let mut shared = state::Shared::new(config, commands, metrics, faults, started_unix);
+    shared.tokenizer = tokenizer;
+    let shared = Arc::new(shared);
     let app = handlers::router(shared);
     Ok(tokio::spawn(async move {
         server::accept_loop(listener, app, shutdown)

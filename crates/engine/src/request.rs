@@ -6,6 +6,7 @@
 
 use crate::error::ApiError;
 use crate::tokenizer;
+use kvgate_tokenize::ChatTokenizer;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -69,14 +70,22 @@ pub(crate) struct Parsed {
 }
 
 /// Parses and validates a body for `endpoint`.
-pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
+///
+/// With the model's `tokenizer` the prompt is rendered and tokenized as vLLM would; without one,
+/// with the stand-in of [`tokenizer`].
+pub(crate) fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: Option<&ChatTokenizer>,
+) -> Result<Parsed, ApiError> {
     let common: Common = serde_json::from_slice(body).map_err(|e| ApiError {
         kind: Some("Bad Request"),
         ..ApiError::bad_request(format!("JSON decode error: {e}"))
     })?;
-    let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(common.messages.as_deref())?,
-        Endpoint::Completions => completion_prompt(common.prompt.as_ref())?,
+    let prompt = match (endpoint, tokenizer) {
+        (Endpoint::Chat, None) => chat_prompt(common.messages.as_deref())?,
+        (Endpoint::Completions, None) => completion_prompt(common.prompt.as_ref())?,
+        (_, Some(tokenizer)) => model_prompt(endpoint, body, tokenizer)?,
     };
     if let Some(n) = common.n {
         if n != 1 {
@@ -215,6 +224,25 @@ fn chat_prompt(messages: Option<&[Value]>) -> Result<Vec<u32>, ApiError> {
     ))
 }
 
+/// The prompt's ids from the model's own tokenizer and chat template.
+fn model_prompt(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: &ChatTokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    let fields: serde_json::Map<String, Value> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))?;
+    let (param, tokens) = match endpoint {
+        Endpoint::Chat => ("messages", tokenizer.chat_prompt(&fields)),
+        Endpoint::Completions => ("prompt", tokenizer.completion_prompt(&fields)),
+    };
+    let tokens = tokens.map_err(|e| ApiError::bad_param(param, e.to_string()))?;
+    if tokens.is_empty() {
+        return Err(ApiError::bad_param(param, "Prompt cannot be empty"));
+    }
+    Ok(tokens)
+}
+
 fn completion_prompt(prompt: Option<&Value>) -> Result<Vec<u32>, ApiError> {
     let bad = || {
         ApiError::bad_param(
@@ -261,7 +289,7 @@ mod tests {
             "temperature":0.7,"top_p":0.9,"n":1,"stop":["\n"],"user":"u1","stream":true,
             "stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"f"}}],
             "tool_choice":"auto","seed":3}"#;
-        let parsed = parse(Endpoint::Chat, body).unwrap();
+        let parsed = parse(Endpoint::Chat, body, None).unwrap();
         assert_eq!(parsed.max_tokens, Some(5));
         assert!(parsed.stream && parsed.include_usage);
         assert!(!parsed.prompt.is_empty());
@@ -270,17 +298,21 @@ mod tests {
     #[test]
     fn completion_prompts_in_every_accepted_shape() {
         assert_eq!(
-            parse(Endpoint::Completions, br#"{"prompt":[5,6,7]}"#)
+            parse(Endpoint::Completions, br#"{"prompt":[5,6,7]}"#, None)
                 .unwrap()
                 .prompt,
             vec![5, 6, 7]
         );
-        let a = parse(Endpoint::Completions, br#"{"prompt":"hello there"}"#)
+        let a = parse(Endpoint::Completions, br#"{"prompt":"hello there"}"#, None)
             .unwrap()
             .prompt;
-        let b = parse(Endpoint::Completions, br#"{"prompt":["hello there"]}"#)
-            .unwrap()
-            .prompt;
+        let b = parse(
+            Endpoint::Completions,
+            br#"{"prompt":["hello there"]}"#,
+            None,
+        )
+        .unwrap()
+        .prompt;
         assert_eq!(a, b);
     }
 
@@ -299,7 +331,7 @@ mod tests {
             (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
             (Endpoint::Chat, br#"{"messages":"hi"}"#, None),
         ] {
-            let err = parse(endpoint, body).unwrap_err();
+            let err = parse(endpoint, body, None).unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
             assert_eq!(err.param, param, "{}", String::from_utf8_lossy(body));
         }

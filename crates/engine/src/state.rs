@@ -18,6 +18,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Mutex<MetricsState>>,
     pub(crate) faults: Arc<FaultState>,
     pub(crate) cache_info: CacheInfo,
+    /// The model's tokenizer, when configured (else the stand-in of `tokenizer.rs`).
+    pub(crate) tokenizer: Option<Arc<kvgate_tokenize::ChatTokenizer>>,
     /// Unix seconds at startup (`created` of the model card).
     pub(crate) started_unix: u64,
     /// Mixed into response ids so that engines with different ids (or seeds) never repeat
@@ -47,6 +49,7 @@ impl Shared {
             metrics,
             faults,
             cache_info,
+            tokenizer: None,
             started_unix,
             id_salt,
             next_id: AtomicU64::new(1),

@@ -132,7 +132,8 @@ impl ChatTemplate {
                 ))
             }
         };
-        let flag = |name: &str, default: bool| body.get(name).and_then(Value::as_bool).unwrap_or(default);
+        let flag =
+            |name: &str, default: bool| body.get(name).and_then(Value::as_bool).unwrap_or(default);
         let continue_final = flag("continue_final_message", false);
         let mut vars = Map::new();
         for (name, token) in &self.specials {
@@ -182,7 +183,9 @@ impl ChatTemplate {
     /// arguments parsed from their JSON text.
     fn message(&self, message: &Value) -> Result<Value, TokenizeError> {
         let Value::Object(fields) = message else {
-            return Err(TokenizeError::Request("every message must be an object".into()));
+            return Err(TokenizeError::Request(
+                "every message must be an object".into(),
+            ));
         };
         let mut out = fields.clone();
         let content = match (fields.get("content"), self.format) {

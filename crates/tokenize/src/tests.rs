@@ -29,8 +29,14 @@ fn chat_prompts_render_and_encode_as_transformers_does() {
             "add_generation_prompt".into(),
             case["add_generation_prompt"].clone(),
         );
-        let text = tok.render_chat(&body).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(text, case["text"].as_str().unwrap(), "{name}: rendered text");
+        let text = tok
+            .render_chat(&body)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            text,
+            case["text"].as_str().unwrap(),
+            "{name}: rendered text"
+        );
         let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         assert_eq!(tok.chat_prompt(&body).unwrap(), ids, "{name}: ids");
     }
@@ -55,10 +61,12 @@ fn completion_prompts_encode_with_and_without_special_tokens() {
 fn a_growing_conversation_keeps_its_token_prefix() {
     let tok = ChatTokenizer::load(&dir()).unwrap();
     let turn = |n: usize| {
-        let mut messages = vec![serde_json::json!({"role": "system", "content": "You route requests."})];
+        let mut messages =
+            vec![serde_json::json!({"role": "system", "content": "You route requests."})];
         for i in 0..n {
             messages.push(serde_json::json!({"role": "user", "content": format!("question {i} about the cache")}));
-            messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {i}")}));
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": format!("answer {i}")}));
         }
         messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
         let mut body = Map::new();
@@ -68,7 +76,11 @@ fn a_growing_conversation_keeps_its_token_prefix() {
     let (short, long) = (turn(1), turn(3));
     // Everything up to the last user turn of the shorter conversation is shared.
     let shared = short.iter().zip(&long).take_while(|(a, b)| a == b).count();
-    assert!(shared + 12 >= short.len(), "shared {shared} of {}", short.len());
+    assert!(
+        shared + 12 >= short.len(),
+        "shared {shared} of {}",
+        short.len()
+    );
 }
 
 #[test]
@@ -76,8 +88,14 @@ fn bad_inputs_are_errors_not_panics() {
     let tok = ChatTokenizer::load(&dir()).unwrap();
     let mut body = Map::new();
     assert!(tok.render_chat(&body).is_err());
-    body.insert("messages".into(), serde_json::json!([{"role": "nobody", "content": "x"}]));
-    assert!(matches!(tok.render_chat(&body), Err(TokenizeError::Template(_))));
+    body.insert(
+        "messages".into(),
+        serde_json::json!([{"role": "nobody", "content": "x"}]),
+    );
+    assert!(matches!(
+        tok.render_chat(&body),
+        Err(TokenizeError::Template(_))
+    ));
     body.insert("messages".into(), serde_json::json!(["not an object"]));
     assert!(tok.render_chat(&body).is_err());
     body.insert("prompt".into(), serde_json::json!([1, -2]));
