@@ -16,8 +16,10 @@
 //! | `disconnect_mid` | `after=K` (1) | the connection is reset after K streamed tokens |
 //! | `slow_decode` | `factor=F` (4) | every engine iteration that decodes takes F times longer |
 //! | `drain` | | new requests get 503 and `/health` reports 503; running ones finish |
+//! | `kv_drop` | | each KV-event batch is lost with probability `p` (its sequence number is used, so subscribers see the gap) |
 //!
-//! `slow_decode` and `drain` act on the whole engine (`p` is ignored); the others are drawn per
+//! `slow_decode` and `drain` act on the whole engine (`p` is ignored), `kv_drop` on KV-event
+//! batches; the others are drawn per
 //! request from a seeded random source, in the order listed by the operator, and the first
 //! error-response fault drawn wins. Non-streamed requests meet the stream faults too: stalls
 //! delay the response, `disconnect_mid` resets once K tokens were generated.
@@ -67,6 +69,8 @@ pub enum FaultKind {
     },
     /// Refuse new requests with 503; finish running ones.
     Draining,
+    /// KV-event batches are lost (drawn per batch with the fault's probability).
+    DropKvEvents,
 }
 
 /// A fault and the probability that a request meets it.
@@ -156,7 +160,8 @@ impl FromStr for Fault {
             "disconnect_mid" => FaultKind::DisconnectMidStream { after_tokens: after.unwrap_or(1) },
             "slow_decode" => FaultKind::SlowDecode { factor: factor.unwrap_or(4.0) },
             "drain" => FaultKind::Draining,
-            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain)")),
+            "kv_drop" => FaultKind::DropKvEvents,
+            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop)")),
         };
         let used_keys_ok = match kind {
             FaultKind::RateLimited { .. } => ms.is_none() && after.is_none() && factor.is_none(),
@@ -209,6 +214,7 @@ impl fmt::Display for Fault {
                 "slow_decode"
             }
             FaultKind::Draining => "drain",
+            FaultKind::DropKvEvents => "kv_drop",
         };
         if self.probability < 1.0 {
             params.push(format!("p={}", self.probability));
@@ -284,6 +290,25 @@ impl FaultState {
             .fold(1.0, f64::max)
     }
 
+    /// Whether the next KV-event batch is lost (`kv_drop`).
+    pub(crate) fn drop_kv_batch(&self) -> bool {
+        let active = self.active.read().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = active
+            .iter()
+            .find(|f| f.kind == FaultKind::DropKvEvents)
+            .map(|f| f.probability)
+        else {
+            return false;
+        };
+        p >= 1.0
+            || self
+                .rng
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .random::<f64>()
+                < p
+    }
+
     /// Draws the faults one new request meets.
     pub(crate) fn draw(&self) -> RequestFaults {
         let active = self.active.read().unwrap_or_else(|e| e.into_inner());
@@ -298,7 +323,7 @@ impl FaultState {
             };
             match fault.kind {
                 FaultKind::Draining => out.refuse = out.refuse.or(Some(FaultKind::Draining)),
-                FaultKind::SlowDecode { .. } => {}
+                FaultKind::SlowDecode { .. } | FaultKind::DropKvEvents => {}
                 FaultKind::RateLimited { .. }
                 | FaultKind::InternalError
                 | FaultKind::Unavailable

@@ -18,7 +18,9 @@
 //! endpoint is connected to (one subscriber binds, every engine connects). Batches published
 //! while nobody is subscribed are lost, and the sequence number shows the gap.
 
+use crate::faults::FaultState;
 use kvgate_core::index::blocks::{KvEvent, Tier};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -151,6 +153,7 @@ pub struct KvEventsError {
 pub(crate) async fn start(
     endpoint: &str,
     topic: String,
+    faults: Arc<FaultState>,
     shutdown: CancellationToken,
 ) -> Result<KvEventSink, KvEventsError> {
     let mut socket = zeromq::PubSocket::new();
@@ -188,6 +191,9 @@ pub(crate) async fn start(
             message.push_back(seq.to_be_bytes().to_vec().into());
             message.push_back(payload.into());
             seq += 1;
+            if faults.drop_kv_batch() {
+                continue;
+            }
             if socket.send(message).await.is_err() {
                 break;
             }

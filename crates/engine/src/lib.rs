@@ -114,14 +114,20 @@ async fn start(
         Some(dir) => Some(Arc::new(kvgate_tokenize::ChatTokenizer::load(dir)?)),
         None => None,
     };
+    let faults = Arc::new(faults::FaultState::new(config.faults.clone(), config.seed));
     let kv_sink = match &config.kv_events {
         Some(endpoint) => Some(
-            kv_events::start(endpoint, config.kv_events_topic.clone(), shutdown.clone()).await?,
+            kv_events::start(
+                endpoint,
+                config.kv_events_topic.clone(),
+                faults.clone(),
+                shutdown.clone(),
+            )
+            .await?,
         ),
         None => None,
     };
     let metrics = Arc::new(Mutex::new(metrics::MetricsState::default()));
-    let faults = Arc::new(faults::FaultState::new(config.faults.clone(), config.seed));
     let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
     let model = backend::build(&config);
     tokio::spawn(scheduler::run(

@@ -94,6 +94,7 @@ async fn add(
         .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?;
     let id = s.pool.add(config);
     crate::scrape::spawn(s.clone(), id);
+    crate::engine_state::subscriber::spawn(s.clone(), id);
     Ok((StatusCode::CREATED, Json(serde_json::json!({ "id": id }))))
 }
 

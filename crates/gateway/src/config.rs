@@ -44,6 +44,11 @@ pub struct Config {
     pub observability: crate::observe::ObservabilityConfig,
     /// API keys, tenants, rate limits, budgets and agent controls.
     pub tenancy: crate::tenancy::TenancyConfig,
+    /// Per model, a directory with its `tokenizer.json` and chat template (`*` for any model):
+    /// prompts are then tokenized as the engine will, for exact prefix matching.
+    pub tokenizers: BTreeMap<String, std::path::PathBuf>,
+    /// Ingesting the engines' KV-cache events (each endpoint's `kv_events`).
+    pub kv_events: crate::engine_state::KvEventsConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -78,6 +83,8 @@ impl Default for Config {
             tls: None,
             observability: Default::default(),
             tenancy: Default::default(),
+            tokenizers: BTreeMap::new(),
+            kv_events: Default::default(),
         }
     }
 }
@@ -101,6 +108,10 @@ pub struct EndpointConfig {
     /// (for engines started with `--api-key`, as vLLM and SGLang allow); never reported by the
     /// admin API. Upstreams are plain HTTP: TLS to hosted providers is not supported yet.
     pub api_key: Option<String>,
+    /// The engine's KV-event publisher: `tcp://HOST:PORT` to connect to an engine that binds
+    /// (vLLM `"endpoint": "tcp://*:PORT"`), or `bind:tcp://HOST:PORT` to listen for an engine
+    /// that connects.
+    pub kv_events: Option<String>,
 }
 
 impl Default for EndpointConfig {
@@ -112,6 +123,7 @@ impl Default for EndpointConfig {
             model: None,
             labels: BTreeMap::new(),
             api_key: None,
+            kv_events: None,
         }
     }
 }
@@ -489,7 +501,15 @@ impl Config {
                     "must be positive",
                 ));
             }
+            if let Some(Err(why)) = e
+                .kv_events
+                .as_deref()
+                .map(crate::engine_state::EventSource::parse)
+            {
+                return Err(invalid(format!("endpoints[{i}].kv_events"), why));
+            }
         }
+        self.kv_events.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }

@@ -41,6 +41,8 @@ pub(crate) struct Facts {
     pub(crate) output_tokens: Option<u32>,
     /// The last pick's record.
     pub(crate) decision: Option<Arc<DecisionRecord>>,
+    /// What the prefix cache predicted the answering endpoint held of the prompt.
+    pub(crate) prediction: Option<kvgate_core::index::Prediction>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -302,6 +304,10 @@ impl Ending {
             e2e_ms: ms(now - self.arrived),
             prompt_tokens: f.usage.map(|u| u.prompt_tokens),
             cached_tokens: f.usage.and_then(|u| u.cached_tokens),
+            predicted_cached_tokens: f
+                .prediction
+                .zip(f.usage)
+                .map(|(p, u)| p.cached_tokens(u.prompt_tokens)),
             output_tokens: output,
             reason: decision.map(|d| d.reason.label()),
             why: decision.map(|d| d.reason.to_string()),

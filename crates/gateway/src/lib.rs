@@ -31,6 +31,7 @@ mod body;
 mod clock;
 mod dispatch;
 mod ending;
+pub mod engine_state;
 #[cfg(test)]
 mod fuzz;
 mod listener;
@@ -156,6 +157,7 @@ impl Gateway {
         let shared = self.shared.clone();
         for status in shared.pool.status() {
             scrape::spawn(shared.clone(), status.id);
+            crate::engine_state::subscriber::spawn(shared.clone(), status.id);
         }
         if shared.tenancy.persists() {
             tokio::spawn(flush_spend(shared.clone()));

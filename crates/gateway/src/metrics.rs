@@ -4,7 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 pub use prometheus_client::metrics::counter::Counter;
 pub use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+pub use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -141,6 +141,8 @@ pub struct Metrics {
     pub cache_checked_tokens: Family<EndpointLabel, Counter>,
     /// Output tokens per endpoint.
     pub output_tokens: Family<EndpointLabel, Counter>,
+    /// Exact tokenization and KV-event ingestion.
+    pub engine_state: crate::engine_state::EngineStateMetrics,
 }
 
 /// Client connections of the listeners.
@@ -320,6 +322,8 @@ impl Metrics {
         connections.register(&mut registry);
         let tenants = crate::tenancy::TenantMetrics::new();
         tenants.register(&mut registry);
+        let engine_state = crate::engine_state::EngineStateMetrics::new();
+        engine_state.register(&mut registry);
         let access_log_dropped = Counter::default();
         registry.register(
             "access_log_dropped",
@@ -348,6 +352,7 @@ impl Metrics {
         );
         let output_tokens = tokens(&mut registry, "output_tokens", "Output tokens per endpoint");
         Metrics {
+            engine_state,
             prompt_tokens,
             cached_tokens,
             cache_checked_tokens,

@@ -12,6 +12,7 @@ use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use kvgate_core::request::estimate_tokens;
 use kvgate_core::{Priority, Prompt, ReasoningEffort, Request};
+use kvgate_tokenize::ChatTokenizer;
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -64,6 +65,9 @@ pub struct Inference {
     /// calls that fan out from one context share that head (fan-out serialisation keys on it,
     /// hashing it only when the gate is on).
     pub shared_head: Option<usize>,
+    /// When the model has a tokenizer: how rendering and tokenizing the prompt went (its time,
+    /// or why it failed; the request then goes on keyed by text).
+    pub tokenized: Option<Result<Duration, String>>,
 }
 
 /// Validates `body` and `headers` for `api`.
@@ -72,6 +76,19 @@ pub fn parse(
     headers: &HeaderMap,
     body: Bytes,
     limits: &RequestConfig,
+) -> Result<Inference, ApiError> {
+    parse_with(api, headers, body, limits, |_| None)
+}
+
+/// [`parse`], and the prompt's token ids from `tokenizer_for` the request's model, if it has
+/// one: rendered and encoded as the engine will (see `kvgate_tokenize`), once per request,
+/// before any lock is taken.
+pub fn parse_with<'t>(
+    api: Api,
+    headers: &HeaderMap,
+    body: Bytes,
+    limits: &RequestConfig,
+    tokenizer_for: impl FnOnce(Option<&str>) -> Option<&'t ChatTokenizer>,
 ) -> Result<Inference, ApiError> {
     if body.len() > limits.max_body_bytes {
         return Err(ApiError::too_large(limits.max_body_bytes));
@@ -104,7 +121,21 @@ pub fn parse(
     };
     let shared_head = (head_len > 0).then_some(head_len);
     let (reasoning_effort, thinking_budget) = reasoning(&fields)?;
-    let prompt_tokens = estimate_tokens(&text);
+    let mut prompt_tokens = estimate_tokens(&text);
+    let mut tokens = None;
+    let tokenized = tokenizer_for(model.as_deref()).map(|tokenizer| {
+        let started = std::time::Instant::now();
+        let ids = match api {
+            Api::Chat => tokenizer.chat_prompt(&fields),
+            Api::Completions => tokenizer.completion_prompt(&fields),
+        };
+        ids.map(|ids| {
+            prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+            tokens = Some(ids);
+            started.elapsed()
+        })
+        .map_err(|e| e.to_string())
+    });
     let session = session(headers, &fields, limits);
     let (body, strip_usage) = match stream && limits.stream_usage {
         true => with_stream_usage(body, &mut fields)?,
@@ -117,7 +148,7 @@ pub fn parse(
         model,
         prompt: Prompt {
             text: Some(text),
-            tokens: None,
+            tokens,
         },
         prompt_tokens,
         max_output_tokens,
@@ -148,6 +179,7 @@ pub fn parse(
         deadline,
         strip_usage,
         shared_head,
+        tokenized,
     })
 }
 

@@ -394,6 +394,7 @@ impl Run {
         facts.decision = answered
             .map(|d| d.target.decision.clone())
             .or_else(|| self.last_decision.clone());
+        facts.prediction = answered.and_then(|d| d.target.prediction);
     }
 
     /// The 503 when no endpoint can take the request: every endpoint may be inside a

@@ -69,6 +69,7 @@ impl Reloader {
             {
                 let id = shared.pool.add(e.clone());
                 crate::scrape::spawn(shared.clone(), id);
+                crate::engine_state::subscriber::spawn(shared.clone(), id);
                 self.managed.push(id);
             }
         }

@@ -2,6 +2,7 @@
 
 use crate::ending::Ending;
 use crate::error::ApiError;
+use crate::metrics::ReasonLabel;
 use crate::parse::{self, Api, Inference};
 use crate::state::Shared;
 use crate::{admin, proxy};
@@ -43,7 +44,25 @@ async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), Ap
                 ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
             }
         })?;
-    let inference = parse::parse(api, &parts.headers, bytes, limits)?;
+    let inference = parse::parse_with(api, &parts.headers, bytes, limits, |model| {
+        state.tokenizers.get(model)
+    })?;
+    let m = &state.metrics.engine_state;
+    match &inference.tokenized {
+        Some(Ok(took)) => {
+            m.tokenized
+                .get_or_create(&ReasonLabel { reason: "ok" })
+                .inc();
+            m.tokenize_seconds.observe(took.as_secs_f64());
+        }
+        Some(Err(why)) => {
+            m.tokenized
+                .get_or_create(&ReasonLabel { reason: "error" })
+                .inc();
+            tracing::debug!(error = %why, "prompt not tokenized; routing by text");
+        }
+        None => {}
+    }
     Ok((inference, parts.headers))
 }
 

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) ttft_series: crate::observe::series::TtftSeries,
     /// Keys, limits, budgets, agent controls.
     pub(crate) tenancy: crate::tenancy::Tenancy,
+    /// The models' tokenizers, for prompts tokenized as their engines will.
+    pub(crate) tokenizers: crate::engine_state::Tokenizers,
 }
 
 impl Shared {
@@ -53,6 +55,7 @@ impl Shared {
     ) -> Result<Arc<Self>, crate::ConfigError> {
         let metrics = Arc::new(Metrics::new());
         let tenancy = crate::tenancy::Tenancy::new(&config.tenancy, metrics.clone())?;
+        let tokenizers = crate::engine_state::Tokenizers::load(&config.tokenizers)?;
         let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
             pool.add(e.clone());
@@ -60,6 +63,7 @@ impl Shared {
         let (stop, _) = watch::channel(false);
         Ok(Arc::new(Shared {
             tenancy,
+            tokenizers,
             admission: Admission::new(config.admission.clone(), metrics.clone()),
             pool,
             metrics,

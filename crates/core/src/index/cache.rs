@@ -177,6 +177,14 @@ impl PrefixCache {
         self
     }
 
+    /// Takes over `from`'s engine KV-event state (a new index for a new policy keeps what the
+    /// engines reported).
+    pub fn carry_engine_events(&mut self, from: &mut PrefixCache) {
+        if from.engines.is_some() {
+            self.engines = from.engines.take();
+        }
+    }
+
     /// Batch `seq` of `endpoint`'s KV-event stream (`None` when engine events are off).
     pub fn kv_batch(
         &mut self,

@@ -132,7 +132,11 @@ impl EngineCaches {
             Some(s) if seq == 0 || seq + 1 < s.next_seq.saturating_sub(1024) => {
                 // A restarted engine's publisher counts from 0 again (the second test allows a
                 // restart noticed late, after its stream has gone some way).
-                let trust = if seq == 0 { Trust::Live } else { Trust::Unknown };
+                let trust = if seq == 0 {
+                    Trust::Live
+                } else {
+                    Trust::Unknown
+                };
                 (BatchOutcome::Restarted, trust)
             }
             Some(s) if seq < s.next_seq => return BatchOutcome::Stale,
@@ -166,7 +170,9 @@ impl EngineCaches {
             }
             if let KvEvent::BlockStored { block_size, .. } = event {
                 let size = (*block_size as usize).max(1);
-                let index = self.index.get_or_insert_with(|| BlockIndex::new(size, None));
+                let index = self
+                    .index
+                    .get_or_insert_with(|| BlockIndex::new(size, None));
                 if index.block_size() != size {
                     // Engines with another block size cannot be matched on this index.
                     stream.trust = Trust::Unknown;
@@ -263,7 +269,8 @@ impl EngineCaches {
                 None => a,
                 Some(stream) => {
                     let x = engine_tokens(&exact.of(id));
-                    out.engine.push((id, x.total(), stream.trust == Trust::Live));
+                    out.engine
+                        .push((id, x.total(), stream.trust == Trust::Live));
                     let x = Overlap {
                         pending: a.pending,
                         ..x

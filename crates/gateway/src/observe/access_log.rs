@@ -73,6 +73,10 @@ pub(crate) struct AccessRecord<'a> {
     /// Prompt tokens the engine's prefix cache served, when it says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cached_tokens: Option<u32>,
+    /// What the gateway predicted the engine would serve from its cache (with the engine's
+    /// usage, to compare).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) predicted_cached_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) output_tokens: Option<u32>,
     /// The last pick's reason label (`affinity`, `miss`, `escape`, ...).
@@ -208,6 +212,7 @@ mod tests {
             e2e_ms: 3.5,
             prompt_tokens: Some(10),
             cached_tokens: None,
+            predicted_cached_tokens: None,
             output_tokens: Some(2),
             reason: Some("miss"),
             why: Some("low match (0/40), least loaded".into()),

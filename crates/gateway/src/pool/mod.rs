@@ -90,7 +90,10 @@ impl Attempt {
 /// The prefix cache for `policy`: its own index, or, for a policy that consults none, one
 /// mirroring the engines, so every request's cached tokens are predicted and scored
 /// (`kvgate_cache_prediction_total`) whatever the policy.
-fn cache_for(policy: &PolicyConfig) -> PrefixCache {
+///
+/// Every cache also takes the engines' KV events, laid over its index for endpoints that
+/// publish them (inert for those that do not).
+fn cache_for(policy: &PolicyConfig, max_event_entries: usize) -> PrefixCache {
     let spec = policy.index().unwrap_or(IndexSpec::Radix {
         key: TreeKey::Auto,
         max_size: 67_108_864,
@@ -98,7 +101,7 @@ fn cache_for(policy: &PolicyConfig) -> PrefixCache {
         share_across_tenants: false,
         mirror_engines: true,
     });
-    PrefixCache::new(&spec)
+    PrefixCache::new(&spec).with_engine_events(max_event_entries)
 }
 
 /// Everything under the pool's lock.
@@ -157,6 +160,8 @@ pub struct Pool {
     decisions: DecisionRing,
     /// What the policy learned of each endpoint at the last upkeep (policies that learn).
     learned: ArcSwap<Vec<(EndpointId, EndpointModel)>>,
+    /// The KV-event index's bound per endpoint.
+    max_event_entries: usize,
 }
 
 impl Pool {
@@ -171,7 +176,11 @@ impl Pool {
             breaker: config.breaker.clone(),
         };
         let pool = Pool {
-            cache: RwLock::new(cache_for(&config.policy)),
+            cache: RwLock::new(cache_for(
+                &config.policy,
+                config.kv_events.max_entries_per_endpoint,
+            )),
+            max_event_entries: config.kv_events.max_entries_per_endpoint,
             snapshot: ArcSwap::default(),
             core: Mutex::new(core),
             clock,
@@ -220,7 +229,10 @@ impl Pool {
             core.router.set_policy(policy);
             self.publish(&core);
         }
-        *self.cache_mut() = cache_for(policy);
+        let mut cache = self.cache_mut();
+        let mut fresh = cache_for(policy, self.max_event_entries);
+        fresh.carry_engine_events(&mut cache);
+        *cache = fresh;
     }
 
     /// Adds an endpoint; it joins now (blackout and slow start count from here).

@@ -5,6 +5,8 @@
 use super::Pool;
 use crate::metrics;
 use kvgate_core::decision::FailureKind;
+use kvgate_core::index::blocks::KvEvent;
+use kvgate_core::index::events::{BatchOutcome, StreamStatus};
 use kvgate_core::index::Prediction;
 use kvgate_core::resilience::Ticket;
 use kvgate_core::{EndpointId, Nanos, Usage};
@@ -106,7 +108,9 @@ impl Pool {
         cache.correct(&p, (usage.prompt_tokens, cached), block);
         drop(cache);
         let predicted = p.cached_tokens(usage.prompt_tokens);
-        let result = if predicted.abs_diff(cached) <= block {
+        // A prediction from a complete event stream is to the token; others to a block.
+        let slack = if p.is_exact() { 0 } else { block };
+        let result = if predicted.abs_diff(cached) <= slack {
             "exact"
         } else if predicted > cached {
             "over"
@@ -117,6 +121,20 @@ impl Pool {
             .cache_prediction
             .get_or_create(&metrics::ResultLabel { result })
             .inc();
+    }
+
+    /// Batch `seq` of `endpoint`'s KV events arrived; returns what it did to the stream and
+    /// the stream's state after it.
+    pub fn kv_batch(
+        &self,
+        endpoint: EndpointId,
+        seq: u64,
+        events: &[KvEvent],
+    ) -> Option<(BatchOutcome, StreamStatus)> {
+        let now = self.clock.now();
+        let mut cache = self.cache_mut();
+        let outcome = cache.kv_batch(endpoint, seq, events, now)?;
+        Some((outcome, cache.engine_status(endpoint)?))
     }
 
     /// `request` failed on `endpoint`. Connection errors, 5xx and timeouts count against the

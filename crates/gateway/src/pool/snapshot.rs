@@ -69,6 +69,11 @@ impl Pool {
         self.snapshot.load().get(id).map(|e| e.about.base.clone())
     }
 
+    /// Where an endpoint still in the pool publishes KV events, if configured.
+    pub fn kv_events_of(&self, id: EndpointId) -> Option<String> {
+        self.snapshot.load().get(id)?.about.config.kv_events.clone()
+    }
+
     /// The display name of an endpoint still in the pool.
     pub fn name_of(&self, id: EndpointId) -> Option<Arc<str>> {
         self.snapshot.load().get(id).map(|e| e.about.name.clone())

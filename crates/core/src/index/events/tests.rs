@@ -37,7 +37,12 @@ fn a_complete_stream_predicts_to_the_token() {
     let mut caches = EngineCaches::new(1000);
     let prompt: Vec<u32> = (0..13).collect();
     assert_eq!(
-        caches.batch(EndpointId(0), 0, &[stored(&prompt[..12], None, 100)], Nanos(0)),
+        caches.batch(
+            EndpointId(0),
+            0,
+            &[stored(&prompt[..12], None, 100)],
+            Nanos(0)
+        ),
         BatchOutcome::InOrder
     );
     // The router believed endpoint 1 held 9 tokens; it has no stream, so that stands.
@@ -119,7 +124,12 @@ fn exact_predictions_in_a_row_restore_trust() {
 #[test]
 fn another_block_size_is_not_matched() {
     let mut caches = EngineCaches::new(1000);
-    caches.batch(EndpointId(0), 0, &[stored(&[1, 2, 3, 4], None, 1)], Nanos(0));
+    caches.batch(
+        EndpointId(0),
+        0,
+        &[stored(&[1, 2, 3, 4], None, 1)],
+        Nanos(0),
+    );
     let odd = KvEvent::BlockStored {
         block_hashes: vec![9],
         parent_block_hash: None,
@@ -134,10 +144,24 @@ fn another_block_size_is_not_matched() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store { endpoint: u32, parent: Option<u8>, first: u8, blocks: u8, host: bool },
-    Remove { endpoint: u32, first: u8, n: u8 },
-    Clear { endpoint: u32 },
-    Skip { endpoint: u32 },
+    Store {
+        endpoint: u32,
+        parent: Option<u8>,
+        first: u8,
+        blocks: u8,
+        host: bool,
+    },
+    Remove {
+        endpoint: u32,
+        first: u8,
+        n: u8,
+    },
+    Clear {
+        endpoint: u32,
+    },
+    Skip {
+        endpoint: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
