@@ -46,22 +46,43 @@ fn bench(c: &mut Criterion) {
     let tok = ChatTokenizer::load(&dir).unwrap();
     let body = conversation(8192, &tok);
     let tokens = tok.chat_prompt(&body).unwrap().len();
+    // A prompt never seen: the whole text through the tokenizer.
     c.bench_function(
-        &format!("chat_prompt_and_block_hashes/{tokens}_tokens"),
+        &format!("cold_chat_prompt_and_block_hashes/{tokens}_tokens"),
         |b| {
             b.iter(|| {
-                let ids = tok.chat_prompt(black_box(&body)).unwrap();
+                let text = tok.render_chat(black_box(&body)).unwrap();
+                let ids = tok.encode_whole(&text, false).unwrap();
                 black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
             })
         },
     );
-    c.bench_function("render_only", |b| {
-        b.iter(|| black_box(tok.render_chat(black_box(&body)).unwrap()))
-    });
-    let text = tok.render_chat(&body).unwrap();
-    c.bench_function("encode_only", |b| {
-        b.iter(|| black_box(tok.encode(black_box(&text), false).unwrap()))
-    });
+    // The next turn of a conversation: the same history and a new user message (~150 tokens,
+    // different every iteration), as a multi-turn chat or an agent loop sends them.
+    let mut turn = 0u64;
+    let mut next = body.clone();
+    c.bench_function(
+        &format!("next_turn_chat_prompt_and_block_hashes/{tokens}_tokens"),
+        |b| {
+            b.iter(|| {
+                turn += 1;
+                let Some(Value::Array(messages)) = next.get_mut("messages") else {
+                    unreachable!()
+                };
+                if messages.len() > 1 + body["messages"].as_array().unwrap().len() {
+                    messages.pop();
+                }
+                let words: Vec<&str> = (0..120)
+                    .map(|i| WORDS[((turn * 31 + i * 7) % 16) as usize])
+                    .collect();
+                messages.push(
+                    json!({"role": "user", "content": format!("turn {turn}: {}", words.join(" "))}),
+                );
+                let ids = tok.chat_prompt(black_box(&next)).unwrap();
+                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
+            })
+        },
+    );
 }
 
 criterion_group!(benches, bench);

@@ -21,6 +21,7 @@
 //!   differently only makes the router's cache prediction wrong for that request.
 
 mod json;
+mod pieces;
 mod template;
 
 use serde_json::{Map, Value};
@@ -56,7 +57,13 @@ pub enum TokenizeError {
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
+    /// Encodes between special tokens with long stretches remembered, when that is exact.
+    pieces: Option<pieces::PieceEncoder>,
 }
+
+/// Token ids the piece cache keeps (16 MiB of ids): the distinct long messages and system
+/// prompts of a busy gateway's recent conversations.
+const REMEMBERED_IDS: usize = 1 << 22;
 
 fn load_error(file: &str, message: impl ToString) -> TokenizeError {
     TokenizeError::Load {
@@ -124,8 +131,14 @@ fn special_tokens(config: Option<&Value>) -> Vec<(String, String)> {
 impl ChatTokenizer {
     /// Loads `dir/tokenizer.json` and the chat template the directory holds, if any.
     pub fn load(dir: &Path) -> Result<Self, TokenizeError> {
-        let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| load_error("tokenizer.json", e))?;
+        // transformers' fast tokenizers neither truncate nor pad unless a call asks.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| load_error("tokenizer.json", e))?;
+        tokenizer.with_padding(None);
+        let pieces = pieces::PieceEncoder::new(&tokenizer, REMEMBERED_IDS);
         let config = read_json(dir, "tokenizer_config.json")?;
         let template = match template_source(dir, config.as_ref())? {
             Some(source) => Some(ChatTemplate::new(source, special_tokens(config.as_ref()))?),
@@ -134,6 +147,7 @@ impl ChatTokenizer {
         Ok(ChatTokenizer {
             tokenizer,
             template,
+            pieces,
         })
     }
 
@@ -151,6 +165,18 @@ impl ChatTokenizer {
     /// The ids of `text`, with the tokenizer's post-processing (BOS and the like) when
     /// `add_special_tokens`.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        if let (Some(pieces), false) = (&self.pieces, add_special_tokens) {
+            return pieces.encode(&self.tokenizer, text);
+        }
+        self.encode_whole(text, add_special_tokens)
+    }
+
+    /// [`Self::encode`] without the piece cache.
+    pub fn encode_whole(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())

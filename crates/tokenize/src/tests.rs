@@ -103,3 +103,52 @@ fn bad_inputs_are_errors_not_panics() {
     let missing = ChatTokenizer::load(std::path::Path::new("no/such/dir"));
     assert!(matches!(missing, Err(TokenizeError::Load { .. })));
 }
+
+#[test]
+fn piece_encoding_equals_whole_encoding() {
+    let tok = ChatTokenizer::load(&dir()).unwrap();
+    let pieces = tok
+        .pieces
+        .as_ref()
+        .expect("the test tokenizer cuts position-independently");
+    let words = [
+        "the",
+        " cache",
+        "<|im_start|>",
+        "<|im_end|>",
+        "\n",
+        "  ",
+        "é",
+        "東京",
+        "<s>",
+        "user",
+        "<|im",
+        "_end|>",
+        ".",
+        "0",
+    ];
+    let mut state = 1u64;
+    for case in 0..300 {
+        let mut text = String::new();
+        let len = 1 + case % 120;
+        for _ in 0..len {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            text.push_str(words[(state >> 59) as usize % words.len()]);
+            if state % 7 == 0 {
+                // A long stretch, so the cache path is taken too.
+                text.push_str(&" the cache router".repeat(20));
+            }
+        }
+        let whole = tok.encode_whole(&text, false).unwrap();
+        assert_eq!(tok.encode(&text, false).unwrap(), whole, "{text:?}");
+        // Twice: the second time from the cache.
+        assert_eq!(
+            tok.encode(&text, false).unwrap(),
+            whole,
+            "{text:?} (cached)"
+        );
+    }
+    assert!(pieces.remembered() > 0);
+}

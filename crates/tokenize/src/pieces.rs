@@ -1,0 +1,165 @@
+//! Encoding a rendered chat prompt piece by piece, with the long pieces' ids remembered.
+//!
+//! Why this is exact: a tokenizer first cuts the text at its added (special) tokens and encodes
+//! every stretch between them on its own (Hugging Face `AddedVocabulary::extract_and_normalize`),
+//! so `encode(text)` is the concatenation of the stretches' encodings and the added tokens' ids.
+//! A chat template puts special tokens around every message, so a conversation's earlier
+//! messages are the same stretches turn after turn, and a shared system prompt the same stretch
+//! request after request: only the new message needs the tokenizer (at ~12 MB/s, about 2.7 ms
+//! for an 8k-token prompt on our machines, against well under a millisecond for the rest).
+//!
+//! It holds only when the cut is position-independent: every added token matches its raw text
+//! (not `normalized`) without `lstrip`, `rstrip` or `single_word`, and no pre-tokenizer treats
+//! the first stretch differently (Metaspace `prepend_scheme: first`). [`PieceEncoder::new`]
+//! checks that and returns `None` otherwise; the caller then encodes whole texts.
+
+use crate::TokenizeError;
+use daachorse::{DoubleArrayAhoCorasick, DoubleArrayAhoCorasickBuilder, MatchKind};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokenizers::Tokenizer;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Stretches shorter than this are encoded every time: hashing and locking would cost about as
+/// much as the tokenizer.
+const MIN_CACHED_BYTES: usize = 256;
+
+/// Remembered ids, in two generations: a lookup that hits the older one moves the entry to the
+/// newer; when the newer holds half the capacity, the older is dropped. Memory stays under
+/// `capacity` ids (4 bytes each) plus the maps' overhead.
+#[derive(Debug, Default)]
+struct Generations {
+    current: HashMap<(u64, usize), Arc<[u32]>>,
+    previous: HashMap<(u64, usize), Arc<[u32]>>,
+    current_ids: usize,
+}
+
+/// See the module documentation.
+pub(crate) struct PieceEncoder {
+    matcher: DoubleArrayAhoCorasick<u32>,
+    cache: Mutex<Generations>,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for PieceEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PieceEncoder")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PieceEncoder {
+    /// `None` when `tokenizer` cuts text in a way that depends on position (see the module
+    /// documentation); otherwise remembers up to `capacity` ids.
+    pub(crate) fn new(tokenizer: &Tokenizer, capacity: usize) -> Option<Self> {
+        let added = tokenizer.get_added_tokens_decoder();
+        if added
+            .values()
+            .any(|t| t.normalized || t.lstrip || t.rstrip || t.single_word)
+        {
+            return None;
+        }
+        let pre = serde_json::to_string(&tokenizer.get_pre_tokenizer()).ok()?;
+        if pre.contains("\"prepend_scheme\":\"first\"") {
+            return None;
+        }
+        let patterns: Vec<(String, u32)> = added
+            .iter()
+            .filter(|(_, t)| !t.content.is_empty())
+            .map(|(&id, t)| (t.content.clone(), id))
+            .collect();
+        if patterns.is_empty() {
+            return None;
+        }
+        let matcher = DoubleArrayAhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build_with_values(patterns)
+            .ok()?;
+        Some(PieceEncoder {
+            matcher,
+            cache: Mutex::default(),
+            capacity,
+        })
+    }
+
+    /// The ids of `text` without special tokens added around it: what
+    /// `tokenizer.encode(text, false)` gives.
+    pub(crate) fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        let mut at = 0;
+        for m in self.matcher.leftmost_find_iter(text) {
+            self.stretch(tokenizer, &text[at..m.start()], &mut out)?;
+            out.push(m.value());
+            at = m.end();
+        }
+        self.stretch(tokenizer, &text[at..], &mut out)?;
+        Ok(out)
+    }
+
+    fn stretch(
+        &self,
+        tokenizer: &Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        let encode = || {
+            tokenizer
+                .encode_fast(piece, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizeError::Encode(e.to_string()))
+        };
+        if piece.len() < MIN_CACHED_BYTES {
+            out.extend(encode()?);
+            return Ok(());
+        }
+        let key = (xxh3_64(piece.as_bytes()), piece.len());
+        if let Some(ids) = self.lookup(key) {
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        let ids: Arc<[u32]> = encode()?.into();
+        out.extend_from_slice(&ids);
+        self.remember(key, ids);
+        Ok(())
+    }
+
+    fn lookup(&self, key: (u64, usize)) -> Option<Arc<[u32]>> {
+        let mut g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ids) = g.current.get(&key) {
+            return Some(ids.clone());
+        }
+        let ids = g.previous.remove(&key)?;
+        g.current_ids += ids.len();
+        g.current.insert(key, ids.clone());
+        Some(ids)
+    }
+
+    fn remember(&self, key: (u64, usize), ids: Arc<[u32]>) {
+        let mut g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if g.current_ids + ids.len() > self.capacity / 2 {
+            g.previous = std::mem::take(&mut g.current);
+            g.current_ids = 0;
+        }
+        g.current_ids += ids.len();
+        g.current.insert(key, ids);
+    }
+
+    /// Ids remembered now.
+    #[cfg(test)]
+    pub(crate) fn remembered(&self) -> usize {
+        let g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        g.current
+            .values()
+            .chain(g.previous.values())
+            .map(|v| v.len())
+            .sum()
+    }
+}
