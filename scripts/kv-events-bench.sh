@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 policy=predicted_ttft
-rate=1
+rate=0.2
 duration=120
 blocks=1536
 tenants=16
@@ -90,7 +90,7 @@ if [[ $tokens_only == true ]]; then
 fi
 echo "== policy $policy, $tenants tenants, $blocks blocks of 16 tokens per engine, $rate sessions/s for ${duration}s"
 "$kvgate" bench "${urls[@]}" --workload agentic --agentic-tenants "$tenants" \
-    --agentic-max-context $((max_len - 1024)) --rate "$rate" --duration "$duration" --ignore-eos \
+    --agentic-max-context $((max_len / 4)) --rate "$rate" --duration "$duration" --ignore-eos \
     --slo-ttft-ms 1000 --timeout-s 120 --seed 1 --no-progress --json "$out/bench.json" \
     --plot "$out/bench.svg" | tee "$out/bench.txt"
 

@@ -1,6 +1,6 @@
 # Shared by the real-vLLM scripts: installs vLLM's CPU build and the tiny model when missing
 # (../shared/real-vllm/), builds kvgate unless $KVGATE names a binary, starts two engines on
-# $P0 and $P1, and stops them (and every PID in `pids`) on exit. Source it after `set -euo
+# $P0 and $P1 (KV events to $KV0 and $KV1), and stops them (and every PID in `pids`) on exit. Source it after `set -euo
 # pipefail`; it sets SHARED, ENGINE_DIR, PY, P0, P1, GW, KVGATE and pids.
 SHARED=${SHARED:-../shared}
 export ENGINE_DIR=${ENGINE_DIR:-.real-vllm}
@@ -16,5 +16,8 @@ cleanup() {
   for port in $P0 $P1; do [ -f "$ENGINE_DIR/logs/$port.pid" ] && kill "$(cat "$ENGINE_DIR/logs/$port.pid")" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-"$SHARED/real-vllm/start_engine.sh" small-llama $P0 5557 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
-"$SHARED/real-vllm/start_engine.sh" small-llama $P1 5558 --block-size 32 --num-gpu-blocks-override 1024 --enforce-eager
+# BLOCKS: KV blocks of 32 tokens per engine (small pools force evictions). Each engine publishes
+# KV events by connecting to 127.0.0.1:KV0 / KV1 (a subscriber binds there).
+BLOCKS=${BLOCKS:-1024} KV0=${KV0:-5557} KV1=${KV1:-5558}
+"$SHARED/real-vllm/start_engine.sh" small-llama $P0 $KV0 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager
+"$SHARED/real-vllm/start_engine.sh" small-llama $P1 $KV1 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager

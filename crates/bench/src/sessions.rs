@@ -15,7 +15,7 @@ use kvgate_sim::workload::{Spec, Workload};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// The words token ids become: `" xyz"`, from a fixed mix of the id.
 pub fn render(tokens: &[u32]) -> String {
@@ -38,6 +38,11 @@ pub fn render(tokens: &[u32]) -> String {
 pub struct Sessions {
     workload: Box<dyn Workload + Send>,
     rng: ChaCha8Rng,
+    seed: u64,
+    /// Each session's own random stream (keyed by `tag >> 1`, the workloads' session id): what
+    /// a session does next must not depend on the order in which other sessions' answers came
+    /// back, or two targets of one run would see different sessions after the first answers.
+    session_rngs: HashMap<u64, ChaCha8Rng>,
     limits: Limits,
     next_open: Option<Spec>,
     follow_ups: BinaryHeap<Reverse<(Nanos, u64)>>,
@@ -61,6 +66,8 @@ impl Sessions {
         let mut s = Sessions {
             workload,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            seed,
+            session_rngs: HashMap::new(),
             limits,
             next_open: None,
             follow_ups: BinaryHeap::new(),
@@ -134,8 +141,13 @@ impl Source for Sessions {
     fn completed(&mut self, tag: u64, at_s: f64) {
         self.waiting = self.waiting.saturating_sub(1);
         let mut out = Vec::new();
+        let session = tag >> 1;
+        let seed = self.seed;
+        let rng = self.session_rngs.entry(session).or_insert_with(|| {
+            ChaCha8Rng::seed_from_u64(seed ^ session.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        });
         self.workload
-            .on_complete(tag, Nanos::from_secs_f64(at_s), &mut self.rng, &mut out);
+            .on_complete(tag, Nanos::from_secs_f64(at_s), rng, &mut out);
         for spec in out {
             if self.in_limits(spec.arrival) {
                 let k = self.specs.len() as u64;

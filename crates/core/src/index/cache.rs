@@ -107,7 +107,8 @@ impl Prediction {
     /// Whether this prediction came from a trusted engine event stream, and so should match
     /// the engine's `cached_tokens` to the token rather than to a block.
     pub fn is_exact(&self) -> bool {
-        self.engine.is_some_and(|(_, live)| live)
+        self.engine
+            .is_some_and(|(tokens, live)| live && self.unit == Unit::Tokens && tokens == self.units)
     }
 }
 
@@ -396,7 +397,10 @@ impl PrefixCache {
     }
 
     /// What this index predicted for `request` on `endpoint`, kept from the pick until the
-    /// engine's usage arrives ([`Self::correct`]).
+    /// engine's usage arrives ([`Self::correct`]): what the endpoint holds, or, when more, what
+    /// prompts sent there and still in prefill will have put in its cache by the time this one
+    /// is prefilled (engines cache a block once computed, so a request queued behind its
+    /// prefix's first sender finds it).
     pub fn prediction(
         &self,
         request: &Request,
@@ -416,7 +420,7 @@ impl PrefixCache {
         let overlap = overlaps.of(endpoint);
         Prediction {
             endpoint,
-            units: overlap.total(),
+            units: overlap.total().max(overlap.pending),
             total: overlaps.total,
             unit: overlaps.unit,
             touched: overlap.touched,

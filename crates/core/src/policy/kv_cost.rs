@@ -29,7 +29,7 @@
 //! approximate indexer, 120 s).
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
-use crate::index::{IndexSpec, Overlap};
+use crate::index::{IndexSpec, Overlap, Overlaps, Unit};
 use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Request, Route};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
@@ -194,9 +194,37 @@ impl KvCost {
 
     /// The request's prefill blocks: its full hashed blocks or its estimated length in blocks,
     /// whichever is larger.
-    fn request_blocks(&self, request: &Request, hashed: u32) -> f64 {
+    fn request_blocks(&self, request: &Request, overlaps: &Overlaps) -> f64 {
         let by_len = (request.prompt_tokens as usize).div_ceil(self.config.block_size);
-        by_len.max(hashed as usize) as f64
+        let hashed = self.blocks(overlaps, request, overlaps.total);
+        (by_len as f64).max(hashed)
+    }
+
+    /// `units` of the index as blocks of this policy's size: a block index counts blocks, an
+    /// index laid over by engine KV events counts tokens.
+    fn blocks(&self, overlaps: &Overlaps, request: &Request, units: u32) -> f64 {
+        match overlaps.unit {
+            Unit::Blocks(_) => f64::from(units),
+            _ => {
+                f64::from(overlaps.tokens(units, request.prompt_tokens))
+                    / self.config.block_size.max(1) as f64
+            }
+        }
+    }
+
+    fn overlap_in_blocks(&self, overlaps: &Overlaps, request: &Request, id: EndpointId) -> Overlap {
+        let o = overlaps.of(id);
+        if let Unit::Blocks(_) = overlaps.unit {
+            return o;
+        }
+        let b = |units: u32| self.blocks(overlaps, request, units).floor() as u32;
+        Overlap {
+            device: b(o.device),
+            host: b(o.host),
+            disk: b(o.disk),
+            pending: b(o.pending),
+            ..o
+        }
     }
 
     fn finish(&mut self, request: u64, endpoint: EndpointId) {
@@ -220,7 +248,7 @@ impl Policy for KvCost {
         let views = fleet.views();
         let view = LoadView::new(fleet, &self.config.load, query.now);
         let overlaps = query.overlaps;
-        let prefill_blocks = self.request_blocks(query.request, overlaps.total);
+        let prefill_blocks = self.request_blocks(query.request, overlaps);
         let pending: Vec<EndpointBlocks> = views
             .iter()
             .map(|e| self.per_endpoint.get(&e.id).copied().unwrap_or_default())
@@ -235,7 +263,7 @@ impl Policy for KvCost {
             let own = pending[i];
             let inputs = CostInputs {
                 prefill_blocks,
-                overlap: overlaps.of(e.id),
+                overlap: self.overlap_in_blocks(overlaps, query.request, e.id),
                 decode_blocks: own.active,
                 active_requests: view.load(i),
                 normalized_excess_prefill: (own.prefill - min_pending) / prefill_blocks.max(1.0),
@@ -275,8 +303,8 @@ impl Policy for KvCost {
                 // endpoint holds is counted once, as Dynamo's active-block tracking counts
                 // unique blocks. Counting every request's whole prompt made the home of a hot
                 // prefix look loaded in proportion to its hits, and pushed its requests away.
-                let shared = f64::from(overlaps.of(endpoint).total());
-                let blocks = (self.request_blocks(request, overlaps.total) - shared).max(1.0);
+                let shared = f64::from(self.overlap_in_blocks(overlaps, request, endpoint).total());
+                let blocks = (self.request_blocks(request, overlaps) - shared).max(1.0);
                 self.finish(request.id, endpoint);
                 self.active.insert(
                     (request.id, endpoint),
