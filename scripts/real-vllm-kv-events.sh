@@ -7,12 +7,13 @@
 # access log), then the share that matched exactly, and the same with KV events off.
 #
 # usage: scripts/real-vllm-kv-events.sh      (from the repository root; ~4 min after the install)
-# env:   SHARED, ENGINE_DIR, KVGATE as for real-vllm-e2e.sh; BLOCKS (default 96 blocks of 32 tokens)
-#        CONVERSATIONS (6), TURNS (6), POLICY (consistent_hash)
+# env:   SHARED, ENGINE_DIR, KVGATE as for real-vllm-e2e.sh; BLOCKS (default 96 blocks of 32 tokens,
+#        with VLLM_ARGS=--max-model-len 2048)
+#        CONVERSATIONS (10), TURNS (6), POLICY (consistent_hash)
 set -euo pipefail
-export BLOCKS=${BLOCKS:-96}
+export BLOCKS=${BLOCKS:-96} VLLM_ARGS=${VLLM_ARGS:---max-model-len 2048}
 . "$(dirname "$0")/real-vllm-lib.sh"
-CONVERSATIONS=${CONVERSATIONS:-6} TURNS=${TURNS:-6} POLICY=${POLICY:-consistent_hash}
+CONVERSATIONS=${CONVERSATIONS:-10} TURNS=${TURNS:-6} POLICY=${POLICY:-consistent_hash}
 
 run_phase() {  # tag events(true|false)
   local config="$ENGINE_DIR/logs/gateway-kv-$1.yaml" log="$ENGINE_DIR/logs/gateway-kv-$1.access.log"

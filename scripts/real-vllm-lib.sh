@@ -17,7 +17,8 @@ cleanup() {
 }
 trap cleanup EXIT
 # BLOCKS: KV blocks of 32 tokens per engine (small pools force evictions). Each engine publishes
-# KV events by connecting to 127.0.0.1:KV0 / KV1 (a subscriber binds there).
+# KV events by connecting to 127.0.0.1:KV0 / KV1 (a subscriber binds there). VLLM_ARGS: more
+# engine flags (the last of a repeated flag wins).
 BLOCKS=${BLOCKS:-1024} KV0=${KV0:-5557} KV1=${KV1:-5558}
-"$SHARED/real-vllm/start_engine.sh" small-llama $P0 $KV0 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager
-"$SHARED/real-vllm/start_engine.sh" small-llama $P1 $KV1 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager
+"$SHARED/real-vllm/start_engine.sh" small-llama $P0 $KV0 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager ${VLLM_ARGS:-}
+"$SHARED/real-vllm/start_engine.sh" small-llama $P1 $KV1 --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager ${VLLM_ARGS:-}

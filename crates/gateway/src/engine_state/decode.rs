@@ -192,7 +192,7 @@ mod tests {
         );
         let bytes = std::fs::read(path).unwrap();
         let mut at = 0;
-        let mut u32_at = |at: &mut usize| {
+        let u32_at = |at: &mut usize| {
             let v = u32::from_be_bytes(bytes[*at..*at + 4].try_into().unwrap()) as usize;
             *at += 4;
             v
