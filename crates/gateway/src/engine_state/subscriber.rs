@@ -97,6 +97,10 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
         };
         warned = false;
         loop {
+            // The endpoint left the pool: stop (and free a bound address for its successor).
+            if shared.pool.name_of(id).is_none() {
+                return;
+            }
             let message = match tokio::time::timeout(idle, socket.recv()).await {
                 Ok(Ok(m)) => m,
                 Ok(Err(e)) => {
@@ -108,12 +112,7 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
                 // Quiet: a bound socket just waits; a connecting one reconnects, in case the
                 // engine restarted behind it.
                 Err(_) if matches!(source, EventSource::Connect(_)) => break,
-                Err(_) => {
-                    if shared.pool.name_of(id).is_none() {
-                        return;
-                    }
-                    continue;
-                }
+                Err(_) => continue,
             };
             let frames: Vec<&[u8]> = message.iter().map(|f| f.as_ref()).collect();
             let batch = match decode(&frames) {

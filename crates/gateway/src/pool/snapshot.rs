@@ -35,6 +35,9 @@ pub struct EndpointStatus {
     pub observation: Option<Observation>,
     /// Requests this gateway has in flight there.
     pub inflight: u32,
+    /// Its KV-event stream (trust, entries held, next sequence number), once one arrived.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<kvgate_core::index::events::StreamStatus>,
 }
 
 /// The endpoints as last published: read without the lock.
@@ -140,6 +143,7 @@ impl Pool {
     pub fn status(&self) -> Vec<EndpointStatus> {
         let now = self.clock.now();
         let snapshot = self.snapshot.load();
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         snapshot
             .endpoints
             .iter()
@@ -171,6 +175,7 @@ impl Pool {
                     breaker,
                     observation: e.observation,
                     inflight,
+                    kv_events: cache.engine_status(e.id),
                 }
             })
             .collect()
