@@ -6,7 +6,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{client, engine, gateway, get_text, metric};
+use support::{client, engine, gateway, get_text, metric, Pki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -239,37 +239,6 @@ async fn header_limits_http2_and_the_admin_listener() {
     assert_eq!(status(format!("{}/admin/endpoints", g.url)).await, 404);
     assert_eq!(status(format!("{admin}/v1/models")).await, 404);
     assert_eq!(status(format!("{}/ready", g.url)).await, 200);
-}
-
-/// A test CA with a server certificate for 127.0.0.1 and a client certificate, as PEM.
-struct Pki {
-    ca: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "kvgate test CA");
-        let ca = params.self_signed(&ca_key).unwrap();
-        Pki { ca, ca_key }
-    }
-
-    /// (certificate PEM, key PEM, certificate DER) signed by the CA.
-    fn issue(&self, names: &[&str], client: bool) -> (String, String, Vec<u8>) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        let mut params = rcgen::CertificateParams::new(names).unwrap();
-        if client {
-            params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        }
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
-        (cert.pem(), key.serialize_pem(), cert.der().to_vec())
-    }
 }
 
 fn peer_certificate(r: &reqwest::Response) -> Vec<u8> {

@@ -8,6 +8,8 @@ use kvgate_core::PolicyConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use crate::endpoint_config::EndpointConfig;
+
 /// Everything `kvgate serve` needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -86,71 +88,6 @@ impl Default for Config {
             tokenizers: BTreeMap::new(),
             kv_events: Default::default(),
         }
-    }
-}
-
-/// One upstream engine.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EndpointConfig {
-    /// Base URL, `http://host:port` (a trailing `/v1` is accepted and ignored).
-    pub url: String,
-    /// Display name for metrics and the `x-kvgate-endpoint` response header; the URL's
-    /// authority when absent.
-    pub name: Option<String>,
-    /// Relative capacity (1.0 nominal).
-    pub weight: f64,
-    /// The model it serves; discovered from its `/v1/models` when absent.
-    pub model: Option<String>,
-    /// Free-form labels, reported by the admin API.
-    pub labels: BTreeMap<String, String>,
-    /// A key sent to this endpoint as `Authorization: Bearer KEY` in place of the client's own
-    /// (for engines started with `--api-key`, as vLLM and SGLang allow); never reported by the
-    /// admin API. Upstreams are plain HTTP: TLS to hosted providers is not supported yet.
-    pub api_key: Option<String>,
-    /// The engine's KV-event publisher: `tcp://HOST:PORT` to connect to an engine that binds
-    /// (vLLM `"endpoint": "tcp://*:PORT"`), or `bind:tcp://HOST:PORT` to listen for an engine
-    /// that connects.
-    pub kv_events: Option<String>,
-}
-
-impl Default for EndpointConfig {
-    fn default() -> Self {
-        EndpointConfig {
-            url: String::new(),
-            name: None,
-            weight: 1.0,
-            model: None,
-            labels: BTreeMap::new(),
-            api_key: None,
-            kv_events: None,
-        }
-    }
-}
-
-impl EndpointConfig {
-    /// An endpoint at `url` with default settings.
-    pub fn from_url(url: impl Into<String>) -> Self {
-        EndpointConfig {
-            url: url.into(),
-            ..EndpointConfig::default()
-        }
-    }
-
-    /// The base URL without trailing `/` or `/v1`.
-    pub fn base_url(&self) -> &str {
-        let url = self.url.trim_end_matches('/');
-        url.strip_suffix("/v1").unwrap_or(url)
-    }
-
-    /// The name used in metrics and headers.
-    pub fn display_name(&self) -> String {
-        self.name.clone().unwrap_or_else(|| {
-            let base = self.base_url();
-            base.split_once("://")
-                .map_or(base, |(_, rest)| rest)
-                .to_string()
-        })
     }
 }
 
@@ -479,35 +416,7 @@ impl Config {
         self.policy.validate()?;
         self.observability.validate()?;
         for (i, e) in self.endpoints.iter().enumerate() {
-            let base = e.base_url();
-            if !(base.starts_with("http://") && base.len() > "http://".len()) {
-                return Err(invalid(
-                    format!("endpoints[{i}].url"),
-                    format!("{:?} must be an http:// URL", e.url),
-                ));
-            }
-            if e.api_key
-                .as_deref()
-                .is_some_and(|k| k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()))
-            {
-                return Err(invalid(
-                    format!("endpoints[{i}].api_key"),
-                    "must be non-empty printable ASCII without spaces",
-                ));
-            }
-            if !(e.weight.is_finite() && e.weight > 0.0) {
-                return Err(invalid(
-                    format!("endpoints[{i}].weight"),
-                    "must be positive",
-                ));
-            }
-            if let Some(Err(why)) = e
-                .kv_events
-                .as_deref()
-                .map(crate::engine_state::EventSource::parse)
-            {
-                return Err(invalid(format!("endpoints[{i}].kv_events"), why));
-            }
+            e.check(i)?;
         }
         self.kv_events.validate()?;
         if self.retry.max_attempts == 0 {

@@ -127,3 +127,31 @@ fn scrape_periods_are_bounded() {
     }
     Config::from_yaml("scrape: {interval_ms: 86400000, timeout_ms: 1}").unwrap();
 }
+
+#[test]
+fn endpoints_take_https_tiers_aliases_and_headers_and_refuse_what_cannot_work() {
+    let ok = Config::from_yaml(
+        "endpoints:\n  - {url: 'https://api.example.com/v1', tier: 1, model: m, served_as: [chat, fast], headers: {x-project: p}}",
+    )
+    .unwrap();
+    assert_eq!(ok.endpoints[0].tier, 1);
+    assert_eq!(ok.endpoints[0].base_url(), "https://api.example.com");
+    for bad in [
+        "endpoints: [{url: 'ftp://x'}]",
+        "endpoints: [{url: 'https://'}]",
+        // An alias needs the name to send upstream instead.
+        "endpoints: [{url: 'http://x:1', served_as: [chat]}]",
+        "endpoints: [{url: 'http://x:1', model: m, served_as: [m]}]",
+        "endpoints: [{url: 'http://x:1', headers: {Authorization: 'Bearer k'}}]",
+        "endpoints: [{url: 'http://x:1', headers: {'bad header': v}}]",
+        "endpoints: [{url: 'http://x:1', kv_events: 'ipc:///tmp/x'}]",
+    ] {
+        assert_invalid(bad);
+    }
+    // A CA file that is not there fails the start, naming the file.
+    let config =
+        Config::from_yaml("endpoints: [{url: 'https://127.0.0.1:1', ca_file: no/such/ca.pem}]")
+            .unwrap();
+    let err = crate::Gateway::new(config).unwrap_err().to_string();
+    assert!(err.contains("no/such/ca.pem"), "{err}");
+}

@@ -31,6 +31,7 @@ mod body;
 mod clock;
 mod dispatch;
 mod ending;
+pub mod endpoint_config;
 pub mod engine_state;
 #[cfg(test)]
 mod fuzz;
@@ -48,7 +49,7 @@ pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig}
 pub use error::ApiError;
 pub use listener::tls::TlsError;
 pub use pool::EndpointStatus;
-pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER};
+pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, SPILLOVER_TIER_HEADER};
 pub use server::REQUEST_ID_HEADER;
 
 use state::Shared;

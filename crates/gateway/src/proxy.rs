@@ -43,6 +43,8 @@ type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, Attemp
 
 /// The response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-kvgate-endpoint";
+/// Response header naming the priority tier that served a request, when not the first.
+pub const SPILLOVER_TIER_HEADER: &str = "x-kvgate-spillover-tier";
 
 /// A request header: `1` asks for [`EXPLAIN_HEADER`] on the response, the pick's reason and
 /// candidates in one line.
@@ -285,15 +287,16 @@ impl Run {
         let max_retry_after = Duration::from_secs(self.shared.config.retry.max_retry_after_secs);
         self.running.push(Box::pin(async move {
             let t = &dispatch.target;
-            let send = upstream::attempt(
-                &client,
-                &t.base,
-                api,
-                body,
-                &forwarded,
-                t.authorization.as_ref(),
-                max_retry_after,
-            );
+            let body = match &t.send_model {
+                Some(model) => upstream::renamed(&body, model),
+                None => body,
+            };
+            let headers = upstream::Headers {
+                forwarded: &forwarded,
+                authorization: t.authorization.as_ref(),
+                configured: &t.headers,
+            };
+            let send = upstream::attempt(&client, &t.base, api, body, headers, max_retry_after);
             let result = match timeout {
                 Some(limit) => tokio::time::timeout(limit, send)
                     .await
@@ -434,6 +437,14 @@ fn respond(
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if let Ok(v) = HeaderValue::from_str(&dispatch.target.name) {
         head.headers.insert(ENDPOINT_HEADER, v);
+    }
+    if dispatch.target.tier > 0 {
+        // Served below the first tier: every higher-priority endpoint was out, cooling down
+        // or over its limits when this request was placed.
+        head.headers.insert(
+            SPILLOVER_TIER_HEADER,
+            HeaderValue::from(dispatch.target.tier),
+        );
     }
     let ok = head.status.is_success();
     let facts = ending.facts();

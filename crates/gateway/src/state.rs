@@ -56,6 +56,15 @@ impl Shared {
         let metrics = Arc::new(Metrics::new());
         let tenancy = crate::tenancy::Tenancy::new(&config.tenancy, metrics.clone())?;
         let tokenizers = crate::engine_state::Tokenizers::load(&config.tokenizers)?;
+        let ca_files: Vec<&std::path::Path> = config
+            .endpoints
+            .iter()
+            .filter_map(|e| e.ca_file.as_deref())
+            .collect();
+        let client = upstream::client(&ca_files).map_err(|e| crate::ConfigError::Invalid {
+            field: "endpoints[].ca_file".into(),
+            why: e.to_string(),
+        })?;
         let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
         for e in &config.endpoints {
             pool.add(e.clone());
@@ -67,7 +76,7 @@ impl Shared {
             admission: Admission::new(config.admission.clone(), metrics.clone()),
             pool,
             metrics,
-            client: upstream::client(),
+            client,
             draining: AtomicBool::new(false),
             next_request: AtomicU64::new(1),
             seed,

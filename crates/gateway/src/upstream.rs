@@ -7,24 +7,86 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvgate_core::decision::FailureKind;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use rustls::RootCertStore;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// The pooled keep-alive HTTP/1.1 client shared by every request and scrape.
-pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// The pooled keep-alive client shared by every request and scrape: plain HTTP/1.1 to `http://`
+/// upstreams, TLS to `https://` ones with HTTP/2 when the server offers it (ALPN), else
+/// HTTP/1.1.
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Builds the client: TCP_NODELAY, 90 s idle keep-alive, up to 1,024 idle connections per host.
-pub(crate) fn client() -> HttpClient {
+/// Why the upstream client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {why}")]
+pub(crate) struct UpstreamTlsError {
+    path: String,
+    why: String,
+}
+
+/// The certificates `https://` upstreams are checked against: the system's roots (none on a
+/// machine without a CA bundle) plus every endpoint's `ca_file` (for self-signed or private CAs).
+fn roots(ca_files: &[&Path]) -> Result<RootCertStore, UpstreamTlsError> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _ignored) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        tracing::debug!("no system CA certificates found; https upstreams need a ca_file");
+    }
+    for path in ca_files {
+        let error = |why: String| UpstreamTlsError {
+            path: path.display().to_string(),
+            why,
+        };
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| error(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| error(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(error("no certificate in the file".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| error(e.to_string()))?;
+        }
+    }
+    Ok(roots)
+}
+
+/// Builds the client: TCP_NODELAY, 5 s connect timeout, 90 s idle keep-alive, up to 1,024 idle
+/// connections per host, TLS (rustls, ring) trusting [`roots`].
+pub(crate) fn client(ca_files: &[&Path]) -> Result<HttpClient, UpstreamTlsError> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
+    connector.enforce_http(false);
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| UpstreamTlsError {
+        path: String::new(),
+        why: e.to_string(),
+    })?
+    .with_root_certificates(roots(ca_files)?)
+    .with_no_client_auth();
+    let https = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(connector);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
-        .build(connector)
+        .build(https))
 }
 
 /// The client headers an engine may need: its API key, the accepted encodings of the answer,
@@ -127,16 +189,41 @@ impl std::fmt::Display for AttemptError {
     }
 }
 
+/// `body` (a JSON object the parser accepted) with its `model` replaced: an alias becomes the
+/// deployment's own model name. Field order is kept.
+pub(crate) fn renamed(body: &Bytes, model: &str) -> Bytes {
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
+        Ok(mut fields) => {
+            fields.insert("model".into(), serde_json::Value::String(model.to_owned()));
+            serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
+        }
+        Err(_) => body.clone(),
+    }
+}
+
+/// What an attempt sends besides the body: the client's forwarded headers, the endpoint's key
+/// and its configured headers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Headers<'a> {
+    pub(crate) forwarded: &'a HeaderMap,
+    pub(crate) authorization: Option<&'a HeaderValue>,
+    pub(crate) configured: &'a HeaderMap,
+}
+
 /// Sends one attempt and waits for its first body bytes.
 pub(crate) async fn attempt(
     client: &HttpClient,
     base: &str,
     api: Api,
     body: Bytes,
-    forwarded: &HeaderMap,
-    authorization: Option<&HeaderValue>,
+    headers: Headers<'_>,
     max_retry_after: Duration,
 ) -> Result<Ready, AttemptError> {
+    let Headers {
+        forwarded,
+        authorization,
+        configured,
+    } = headers;
     let uri = format!("{base}{}", api.path());
     let mut request = Request::builder()
         .method(Method::POST)
@@ -144,7 +231,7 @@ pub(crate) async fn attempt(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .map_err(|e| AttemptError::Connect(e.to_string()))?;
-    for (name, value) in forwarded {
+    for (name, value) in forwarded.iter().chain(configured) {
         request.headers_mut().insert(name, value.clone());
     }
     if let Some(auth) = authorization {
@@ -280,5 +367,59 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out["authorization"], "Bearer k");
         assert!(out.get("cookie").is_none());
+    }
+
+    #[tokio::test]
+    async fn an_attempt_sends_the_key_the_configured_headers_and_the_renamed_model() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Head and the small body arrive together or in a few reads.
+            while !String::from_utf8_lossy(&seen).contains("}") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&seen).to_lowercase()
+        });
+        let client = client(&[]).unwrap();
+        let mut configured = HeaderMap::new();
+        configured.insert("x-project", HeaderValue::from_static("p1"));
+        let key = HeaderValue::from_static("Bearer sk-up");
+        let body = renamed(
+            &Bytes::from_static(br#"{"model":"chat","stream":false}"#),
+            "m-7b",
+        );
+        assert_eq!(&body[..], br#"{"model":"m-7b","stream":false}"#);
+        let headers = Headers {
+            forwarded: &HeaderMap::new(),
+            authorization: Some(&key),
+            configured: &configured,
+        };
+        let ready = attempt(
+            &client,
+            &base,
+            Api::Chat,
+            body,
+            headers,
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ready.head.status, StatusCode::OK);
+        let seen = server.await.unwrap();
+        assert!(seen.contains("x-project: p1"), "{seen}");
+        assert!(seen.contains("authorization: bearer sk-up"), "{seen}");
+        assert!(seen.contains(r#""model":"m-7b""#), "{seen}");
     }
 }

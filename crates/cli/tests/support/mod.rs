@@ -228,3 +228,34 @@ pub async fn admin_json(base: &str, path: &str, token: &str) -> serde_json::Valu
 pub fn header(response: &reqwest::Response, name: &str) -> String {
     response.headers()[name].to_str().unwrap().to_owned()
 }
+
+/// A test CA with a server certificate for 127.0.0.1 and a client certificate, as PEM.
+pub struct Pki {
+    pub ca: rcgen::Certificate,
+    pub ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kvgate test CA");
+        let ca = params.self_signed(&ca_key).unwrap();
+        Pki { ca, ca_key }
+    }
+
+    /// (certificate PEM, key PEM, certificate DER) signed by the CA.
+    pub fn issue(&self, names: &[&str], client: bool) -> (String, String, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
+        if client {
+            params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+    }
+}

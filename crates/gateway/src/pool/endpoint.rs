@@ -4,7 +4,7 @@
 //! published snapshot ([`super::Snapshot`]).
 
 use crate::config::EndpointConfig;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use kvgate_core::resilience::{Breaker, BreakerConfig, BreakerView};
 use kvgate_core::{EndpointId, Health, Nanos, Observation};
 use std::sync::atomic::AtomicU32;
@@ -18,25 +18,58 @@ pub(crate) struct About {
     pub(crate) config: EndpointConfig,
     pub(crate) models: Vec<String>,
     pub(crate) authorization: Option<HeaderValue>,
+    /// `config.headers`, checked and ready to send.
+    pub(crate) headers: Arc<HeaderMap>,
+    /// `config.model`, sent upstream in place of an alias (`served_as`).
+    pub(crate) upstream_model: Option<Arc<str>>,
 }
 
 impl About {
     pub(crate) fn new(config: EndpointConfig, models: Vec<String>) -> Self {
+        let headers = config
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((
+                    HeaderName::from_bytes(k.as_bytes()).ok()?,
+                    HeaderValue::from_str(v).ok()?,
+                ))
+            })
+            .collect();
         About {
             name: config.display_name().into(),
             base: config.base_url().into(),
             authorization: authorization(&config),
+            headers: Arc::new(headers),
+            upstream_model: config.model.as_deref().map(Arc::from),
             models,
             config,
         }
     }
 
-    /// Whether it serves `model` (an endpoint of unknown model serves anything).
+    /// Whether it serves `model`, by name or alias (an endpoint of unknown model serves
+    /// anything).
     pub(crate) fn serves(&self, model: Option<&str>) -> bool {
         match model {
-            Some(m) => self.models.is_empty() || self.models.iter().any(|x| x == m),
+            Some(m) => {
+                self.models.is_empty()
+                    || self.models.iter().any(|x| x == m)
+                    || self.config.served_as.iter().any(|x| x == m)
+            }
             None => true,
         }
+    }
+
+    /// The model name to send upstream when a request names `model`: the endpoint's own
+    /// name when `model` is one of its aliases.
+    pub(crate) fn rename(&self, model: Option<&str>) -> Option<Arc<str>> {
+        let model = model?;
+        self.config
+            .served_as
+            .iter()
+            .any(|a| a == model)
+            .then(|| self.upstream_model.clone())
+            .flatten()
     }
 }
 

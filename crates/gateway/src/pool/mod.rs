@@ -63,6 +63,12 @@ pub struct Target {
     pub prediction: Option<Prediction>,
     /// The policy's predicted time to first token, seconds, when it predicts one.
     pub predicted_ttft: Option<f64>,
+    /// Headers configured for this endpoint, sent with the attempt.
+    pub headers: Arc<axum::http::HeaderMap>,
+    /// The model name to send in place of the request's (the request named an alias).
+    pub send_model: Option<Arc<str>>,
+    /// The endpoint's priority tier.
+    pub tier: u32,
 }
 
 /// Which attempt of a request a pick is for.
@@ -102,6 +108,22 @@ fn cache_for(policy: &PolicyConfig, max_event_entries: usize) -> PrefixCache {
         mirror_engines: true,
     });
     PrefixCache::new(&spec).with_engine_events(max_event_entries)
+}
+
+/// The priority tiers of the endpoints serving `model`, highest priority (lowest number)
+/// first; `[0]` when none does (the pick then rejects as before).
+fn tiers_serving(endpoints: &[Endpoint], model: Option<&str>) -> Vec<u32> {
+    let mut tiers: Vec<u32> = endpoints
+        .iter()
+        .filter(|e| e.info.about.serves(model))
+        .map(|e| e.info.about.config.tier)
+        .collect();
+    tiers.sort_unstable();
+    tiers.dedup();
+    if tiers.is_empty() {
+        tiers.push(0);
+    }
+    tiers
 }
 
 /// Everything under the pool's lock.
@@ -349,15 +371,26 @@ impl Pool {
                 Attempt::Retry => &[(true, true), (true, false), (false, false)],
                 _ => &[(true, true), (true, false)],
             };
+            // Priority tiers inside each pass: a healthy endpoint of a lower tier is preferred
+            // to one of a higher tier that is cooling down (a 429, a failure), as LiteLLM's
+            // cooldowns send traffic to the next deployment group.
+            let tiers = tiers_serving(endpoints, model);
+            let tier_of = |v: &EndpointView| {
+                endpoints
+                    .binary_search_by_key(&v.id, |e| e.info.id)
+                    .map_or(u32::MAX, |k| endpoints[k].info.about.config.tier)
+            };
             let mut decision = Decision::Reject(Rejection::NoRoutableEndpoint);
-            let mut pass = passes[0];
-            for &(fresh, cool) in passes {
-                pass = (fresh, cool);
-                decision = core
-                    .router
-                    .pick(request, overlaps, now, &|v| accept(v, fresh, cool));
-                if !matches!(decision, Decision::Reject(_)) {
-                    break;
+            let mut pass = (passes[0].0, passes[0].1, tiers[0]);
+            'passes: for &(fresh, cool) in passes {
+                for &tier in &tiers {
+                    pass = (fresh, cool, tier);
+                    decision = core.router.pick(request, overlaps, now, &|v| {
+                        tier_of(v) == tier && accept(v, fresh, cool)
+                    });
+                    if !matches!(decision, Decision::Reject(_)) {
+                        break 'passes;
+                    }
                 }
             }
             self.metrics
@@ -378,7 +411,7 @@ impl Pool {
             let record = Arc::new(DecisionRecord::new(
                 &scene,
                 (route.endpoint, &route.reason),
-                |v| accept(v, pass.0, pass.1),
+                |v| tier_of(v) == pass.2 && accept(v, pass.0, pass.1),
                 |id| {
                     endpoints
                         .binary_search_by_key(&id, |e| e.info.id)
@@ -392,6 +425,7 @@ impl Pool {
             // The predicate let only endpoints whose breaker admits traffic through.
             let ticket = e.breaker.acquire(now).unwrap_or_default();
             let changed = e.sync_breaker();
+            let about = e.info.about.clone();
             let target = Target {
                 ticket,
                 id: route.endpoint,
@@ -410,6 +444,9 @@ impl Pool {
                     Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
                     _ => None,
                 },
+                headers: about.headers.clone(),
+                send_model: about.rename(model),
+                tier: about.config.tier,
             };
             self.metrics
                 .picks

@@ -161,7 +161,14 @@ impl Pool {
             changed |= until > e.info.avoid_until;
             e.info.avoid_until = e.info.avoid_until.max(until);
         }
-        if matches!(kind, FailureKind::Cancelled | FailureKind::Overloaded) {
+        if kind == FailureKind::Overloaded {
+            // A 429 is no fault of health (the breaker does not count it) but says "not now":
+            // the endpoint cools down at once, so a lower tier or a peer takes the next request
+            // (LiteLLM cools a deployment down on its first 429).
+            e.breaker.release(ticket);
+            e.cool_down(now);
+            changed = true;
+        } else if kind == FailureKind::Cancelled {
             e.breaker.release(ticket);
         } else {
             e.breaker.record(ticket, false, now);

@@ -105,7 +105,13 @@ impl Pool {
         let mut models: Vec<String> = snapshot
             .endpoints
             .iter()
-            .flat_map(|e| e.about.models.iter().cloned())
+            .flat_map(|e| {
+                e.about
+                    .models
+                    .iter()
+                    .chain(&e.about.config.served_as)
+                    .cloned()
+            })
             .collect();
         models.sort();
         models.dedup();
