@@ -155,24 +155,48 @@ impl Router {
         now: Nanos,
         accept: &dyn Fn(&EndpointView) -> bool,
     ) -> Decision {
+        let decision = self.choose(request, overlaps, now, accept);
+        if let Decision::Route(route) = &decision {
+            self.commit(request, route.endpoint, overlaps, now);
+        }
+        decision
+    }
+
+    /// The policy's choice among the endpoints `accept` lets through, not yet recorded: a
+    /// caller weighing several choices (priority tiers, spillover) records the one it sends
+    /// with [`Self::commit`]. Nothing is counted as dispatched until then.
+    pub fn choose(
+        &mut self,
+        request: &Request,
+        overlaps: &Overlaps,
+        now: Nanos,
+        accept: &dyn Fn(&EndpointView) -> bool,
+    ) -> Decision {
         let query = Query {
             request,
             fleet: Fleet::new(&self.views, accept),
             overlaps,
             now,
         };
-        let decision = self.policy.select(&query, &mut self.rng);
-        if let Decision::Route(route) = &decision {
-            self.ledger.dispatched(route.endpoint, request.id, now);
-            self.refresh(route.endpoint);
-            self.policy.observe(&Event::Dispatched {
-                request,
-                endpoint: route.endpoint,
-                at: now,
-                overlaps,
-            });
-        }
-        decision
+        self.policy.select(&query, &mut self.rng)
+    }
+
+    /// Records that `request` goes to `endpoint` (ledger, policy's `Dispatched` event).
+    pub fn commit(
+        &mut self,
+        request: &Request,
+        endpoint: EndpointId,
+        overlaps: &Overlaps,
+        now: Nanos,
+    ) {
+        self.ledger.dispatched(endpoint, request.id, now);
+        self.refresh(endpoint);
+        self.policy.observe(&Event::Dispatched {
+            request,
+            endpoint,
+            at: now,
+            overlaps,
+        });
     }
 
     /// The first token of `request` arrived from `endpoint` `ttft` after its dispatch.

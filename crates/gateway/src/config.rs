@@ -51,6 +51,8 @@ pub struct Config {
     pub tokenizers: BTreeMap<String, std::path::PathBuf>,
     /// Ingesting the engines' KV-cache events (each endpoint's `kv_events`).
     pub kv_events: crate::engine_state::KvEventsConfig,
+    /// When a priority tier passes requests it could take to the next one.
+    pub spillover: crate::endpoint_config::SpilloverConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -87,6 +89,7 @@ impl Default for Config {
             tenancy: Default::default(),
             tokenizers: BTreeMap::new(),
             kv_events: Default::default(),
+            spillover: Default::default(),
         }
     }
 }
@@ -419,6 +422,7 @@ impl Config {
             e.check(i)?;
         }
         self.kv_events.validate()?;
+        self.spillover.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }

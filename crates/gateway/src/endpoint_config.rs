@@ -163,3 +163,50 @@ impl EndpointConfig {
         })
     }
 }
+
+/// When a tier that could take a request passes it to the next tier anyway (Azure OpenAI's
+/// spillover from provisioned to pay-as-you-go capacity): the self-hosted tier is up but would
+/// answer late. Off unless a threshold is set; the last tier never spills.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpilloverConfig {
+    /// Spill when the policy predicts a time to first token above this (policies that
+    /// predict one: `predicted_ttft`).
+    pub ttft_ms: Option<f64>,
+    /// Spill when the chosen endpoint's scraped queue (`vllm:num_requests_waiting`) holds at
+    /// least this many requests.
+    pub queue: Option<u32>,
+}
+
+impl SpilloverConfig {
+    /// Why `route` (to the endpoint seen as `view`) should go to the next tier instead, if it
+    /// should.
+    pub(crate) fn reason(
+        &self,
+        route: &kvgate_core::Route,
+        view: Option<&kvgate_core::EndpointView>,
+    ) -> Option<&'static str> {
+        if let (Some(limit), kvgate_core::Reason::PredictedTtft { ttft_ms, .. }) =
+            (self.ttft_ms, &route.reason)
+        {
+            if *ttft_ms > limit {
+                return Some("ttft");
+            }
+        }
+        let waiting = view.and_then(|v| v.observation).map(|o| o.waiting);
+        match (self.queue, waiting) {
+            (Some(limit), Some(waiting)) if waiting >= limit => Some("queue"),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.ttft_ms.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+            return Err(invalid("spillover.ttft_ms".into(), "must be positive"));
+        }
+        if self.queue == Some(0) {
+            return Err(invalid("spillover.queue".into(), "must be at least 1"));
+        }
+        Ok(())
+    }
+}

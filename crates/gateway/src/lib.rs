@@ -49,7 +49,7 @@ pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig}
 pub use error::ApiError;
 pub use listener::tls::TlsError;
 pub use pool::EndpointStatus;
-pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, SPILLOVER_TIER_HEADER};
+pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, SPILLOVER_REASON_HEADER, SPILLOVER_TIER_HEADER};
 pub use server::REQUEST_ID_HEADER;
 
 use state::Shared;

@@ -143,6 +143,8 @@ pub struct Metrics {
     pub output_tokens: Family<EndpointLabel, Counter>,
     /// Exact tokenization and KV-event ingestion.
     pub engine_state: crate::engine_state::EngineStateMetrics,
+    /// Attempts placed below the first priority tier, by why (`unavailable`, `ttft`, `queue`).
+    pub spillover: Family<ReasonLabel, Counter>,
 }
 
 /// Client connections of the listeners.
@@ -324,6 +326,12 @@ impl Metrics {
         tenants.register(&mut registry);
         let engine_state = crate::engine_state::EngineStateMetrics::new();
         engine_state.register(&mut registry);
+        let spillover = Family::default();
+        registry.register(
+            "spillover",
+            "Attempts placed below the first priority tier: unavailable (every higher tier out), ttft or queue (spilled by the spillover thresholds)",
+            spillover.clone(),
+        );
         let access_log_dropped = Counter::default();
         registry.register(
             "access_log_dropped",
@@ -352,6 +360,7 @@ impl Metrics {
         );
         let output_tokens = tokens(&mut registry, "output_tokens", "Output tokens per endpoint");
         Metrics {
+            spillover,
             engine_state,
             prompt_tokens,
             cached_tokens,

@@ -45,6 +45,8 @@ type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, Attemp
 pub const ENDPOINT_HEADER: &str = "x-kvgate-endpoint";
 /// Response header naming the priority tier that served a request, when not the first.
 pub const SPILLOVER_TIER_HEADER: &str = "x-kvgate-spillover-tier";
+/// Why it was not the first tier: `unavailable`, `ttft` or `queue`.
+pub const SPILLOVER_REASON_HEADER: &str = "x-kvgate-spillover-reason";
 
 /// A request header: `1` asks for [`EXPLAIN_HEADER`] on the response, the pick's reason and
 /// candidates in one line.
@@ -439,12 +441,15 @@ fn respond(
         head.headers.insert(ENDPOINT_HEADER, v);
     }
     if dispatch.target.tier > 0 {
-        // Served below the first tier: every higher-priority endpoint was out, cooling down
-        // or over its limits when this request was placed.
+        // Served below the first tier: a higher tier was out (down, cooling down, in a
+        // Retry-After window) or spilled the request over (`spillover`).
+        let reason = dispatch.target.spilled.unwrap_or("unavailable");
         head.headers.insert(
             SPILLOVER_TIER_HEADER,
             HeaderValue::from(dispatch.target.tier),
         );
+        head.headers
+            .insert(SPILLOVER_REASON_HEADER, HeaderValue::from_static(reason));
     }
     let ok = head.status.is_success();
     let facts = ending.facts();

@@ -16,6 +16,7 @@
 mod endpoint;
 mod outcome;
 mod snapshot;
+mod tiers;
 
 pub use crate::clock::Clock;
 pub use snapshot::EndpointStatus;
@@ -31,8 +32,7 @@ use kvgate_core::index::{IndexSpec, Overlaps, Prediction, PrefixCache, TreeKey};
 use kvgate_core::policy::EndpointModel;
 use kvgate_core::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget, Ticket};
 use kvgate_core::{
-    Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Rejection,
-    Request, Router,
+    EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Rejection, Request, Router,
 };
 use rand::RngCore;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,6 +69,9 @@ pub struct Target {
     pub send_model: Option<Arc<str>>,
     /// The endpoint's priority tier.
     pub tier: u32,
+    /// Why a higher tier was passed over although it could take the request (`ttft`,
+    /// `queue`); `None` when it could not.
+    pub spilled: Option<&'static str>,
 }
 
 /// Which attempt of a request a pick is for.
@@ -110,22 +113,6 @@ fn cache_for(policy: &PolicyConfig, max_event_entries: usize) -> PrefixCache {
     PrefixCache::new(&spec).with_engine_events(max_event_entries)
 }
 
-/// The priority tiers of the endpoints serving `model`, highest priority (lowest number)
-/// first; `[0]` when none does (the pick then rejects as before).
-fn tiers_serving(endpoints: &[Endpoint], model: Option<&str>) -> Vec<u32> {
-    let mut tiers: Vec<u32> = endpoints
-        .iter()
-        .filter(|e| e.info.about.serves(model))
-        .map(|e| e.info.about.config.tier)
-        .collect();
-    tiers.sort_unstable();
-    tiers.dedup();
-    if tiers.is_empty() {
-        tiers.push(0);
-    }
-    tiers
-}
-
 /// Everything under the pool's lock.
 #[derive(Debug)]
 struct Core {
@@ -136,6 +123,7 @@ struct Core {
     budget: RetryBudget,
     hedge: HedgeDelay,
     breaker: BreakerConfig,
+    spillover: crate::endpoint_config::SpilloverConfig,
 }
 
 impl Core {
@@ -196,6 +184,7 @@ impl Pool {
             budget: RetryBudget::new(config.retry.budget.clone()),
             hedge: HedgeDelay::new(config.hedge.clone()),
             breaker: config.breaker.clone(),
+            spillover: config.spillover.clone(),
         };
         let pool = Pool {
             cache: RwLock::new(cache_for(
@@ -371,35 +360,28 @@ impl Pool {
                 Attempt::Retry => &[(true, true), (true, false), (false, false)],
                 _ => &[(true, true), (true, false)],
             };
-            // Priority tiers inside each pass: a healthy endpoint of a lower tier is preferred
-            // to one of a higher tier that is cooling down (a 429, a failure), as LiteLLM's
-            // cooldowns send traffic to the next deployment group.
-            let tiers = tiers_serving(endpoints, model);
-            let tier_of = |v: &EndpointView| {
-                endpoints
-                    .binary_search_by_key(&v.id, |e| e.info.id)
-                    .map_or(u32::MAX, |k| endpoints[k].info.about.config.tier)
-            };
-            let mut decision = Decision::Reject(Rejection::NoRoutableEndpoint);
-            let mut pass = (passes[0].0, passes[0].1, tiers[0]);
-            'passes: for &(fresh, cool) in passes {
-                for &tier in &tiers {
-                    pass = (fresh, cool, tier);
-                    decision = core.router.pick(request, overlaps, now, &|v| {
-                        tier_of(v) == tier && accept(v, fresh, cool)
-                    });
-                    if !matches!(decision, Decision::Reject(_)) {
-                        break 'passes;
-                    }
-                }
-            }
+            let placed = tiers::place(
+                tiers::Scene {
+                    router: &mut core.router,
+                    spillover: &core.spillover,
+                    endpoints,
+                    request,
+                    overlaps,
+                    now,
+                },
+                passes,
+                &accept,
+            );
             self.metrics
                 .decision
                 .observe(started.elapsed().as_secs_f64());
-            let route = match decision {
-                Decision::Route(route) => route,
-                Decision::Reject(r) => return Err(r),
-            };
+            let tiers::Placement {
+                route,
+                pass,
+                spilled: spill_reason,
+            } = placed?;
+            let tier_of = |v: &EndpointView| tiers::tier_of(endpoints, v);
+            core.router.commit(request, route.endpoint, overlaps, now);
             let scene = PickScene {
                 request,
                 attempt: attempt.label(),
@@ -447,6 +429,7 @@ impl Pool {
                 headers: about.headers.clone(),
                 send_model: about.rename(model),
                 tier: about.config.tier,
+                spilled: spill_reason,
             };
             self.metrics
                 .picks
@@ -455,6 +438,13 @@ impl Pool {
                     reason: target.reason,
                 })
                 .inc();
+            if target.tier > 0 {
+                let reason = target.spilled.unwrap_or("unavailable");
+                self.metrics
+                    .spillover
+                    .get_or_create(&metrics::ReasonLabel { reason })
+                    .inc();
+            }
             if changed {
                 self.publish(core);
             }

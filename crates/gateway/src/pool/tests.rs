@@ -364,3 +364,45 @@ fn cache_predictions_are_scored_against_usage_whatever_the_policy() {
         "{text}"
     );
 }
+
+#[test]
+fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispatched() {
+    let mut config = Config::default();
+    config.set_policy("least_outstanding").unwrap();
+    config.spillover.queue = Some(4);
+    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let local = pool.add(EndpointConfig {
+        model: Some("m".into()),
+        served_as: vec!["chat".into()],
+        ..EndpointConfig::from_url("http://local:1")
+    });
+    let hosted = pool.add(EndpointConfig {
+        model: Some("m-hosted".into()),
+        served_as: vec!["chat".into()],
+        tier: 1,
+        ..EndpointConfig::from_url("https://hosted:443")
+    });
+    let waiting = |n: u32| Observation {
+        waiting: n,
+        ..Observation::default()
+    };
+    pool.observed(local, Some(waiting(1)), Nanos(0));
+    let t = pool.pick(&request(1, Some("chat")), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.tier, t.spilled), (local, 0, None));
+    assert_eq!(t.send_model.as_deref(), Some("m"), "the alias is renamed");
+    // A long queue at the first tier spills the next request over.
+    pool.observed(local, Some(waiting(4)), Nanos(0));
+    let t = pool.pick(&request(2, Some("chat")), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.tier, t.spilled), (hosted, 1, Some("queue")));
+    assert_eq!(t.send_model.as_deref(), Some("m-hosted"));
+    // Only the hosted dispatch was recorded: the first tier still has one request in flight.
+    assert_eq!(pool.status().iter().find(|s| s.id == local).unwrap().inflight, 1);
+    // With the last tier out, the spilled choice stands.
+    assert!(pool.set_draining(hosted, true));
+    let t = pool.pick(&request(3, Some("chat")), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.spilled), (local, None));
+    // A model only the first tier serves by name never spills (it has no next tier).
+    assert!(pool.set_draining(hosted, false));
+    let t = pool.pick(&request(4, Some("m")), &[], Attempt::First).unwrap();
+    assert_eq!(t.id, local);
+}
