@@ -18,7 +18,7 @@ kvgate_binary() {
     fi
 }
 
-# Starts a process that prints "... listening on http://ADDR ..."; sets $url, or returns 1
+# Starts a process that prints "... listening on http(s)://ADDR ..."; sets $url, or returns 1
 # (saying why) if it exits or stays silent for 20 s.
 start() {
     local log
@@ -26,7 +26,7 @@ start() {
     "$@" >"$log" 2>&1 &
     pids+=($!)
     for _ in $(seq 1 400); do
-        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$log" | head -1 || true)
+        url=$(grep -o 'https\?://127\.0\.0\.1:[0-9]*' "$log" | head -1 || true)
         [[ -n "$url" ]] && return 0
         kill -0 "${pids[-1]}" 2>/dev/null || break
         sleep 0.05
@@ -46,4 +46,17 @@ http() {
         "$method" "$path" "$hostport" "${#body}" "$body" >&3
     cat <&3 || true
     exec 3<&-
+}
+
+# A private CA and a certificate for 127.0.0.1 signed by it, in DIR (ca.pem, cert.pem, key.pem):
+# what a gateway's `ca_file` trusts and a TLS listener serves. (A self-signed certificate is a
+# CA certificate, which rustls refuses as a server's own.)
+tls_pki() {
+    local dir=$1 curve=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    openssl req -x509 "${curve[@]}" -days 2 -subj "/CN=kvgate test CA" \
+        -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
+    openssl req "${curve[@]}" -subj "/CN=127.0.0.1" -keyout "$dir/key.pem" -out "$dir/req.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$dir/ext.cnf"
+    openssl x509 -req -in "$dir/req.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
+        -days 2 -extfile "$dir/ext.cnf" -out "$dir/cert.pem" 2>/dev/null
 }

@@ -173,18 +173,25 @@ pub struct SpilloverConfig {
     /// Spill when the policy predicts a time to first token above this (policies that
     /// predict one: `predicted_ttft`).
     pub ttft_ms: Option<f64>,
-    /// Spill when the chosen endpoint's scraped queue (`vllm:num_requests_waiting`) holds at
-    /// least this many requests.
+    /// Spill when the chosen endpoint's queue would hold at least this many requests
+    /// (see [`Self::reason`]).
     pub queue: Option<u32>,
 }
 
 impl SpilloverConfig {
     /// Why `route` (to the endpoint seen as `view`) should go to the next tier instead, if it
     /// should.
+    ///
+    /// The queue is the larger of two estimates: the scraped queue plus this gateway's
+    /// dispatches since the scrape once it shows one (the self-accounting correction of
+    /// DOMAIN.md §5.6), and this gateway's requests in flight there beyond the engine's
+    /// `slots`, learned from scrapes that showed it full (exact when this gateway is the
+    /// engine's only client, and not a scrape interval late).
     pub(crate) fn reason(
         &self,
         route: &kvgate_core::Route,
         view: Option<&kvgate_core::EndpointView>,
+        slots: Option<u32>,
     ) -> Option<&'static str> {
         if let (Some(limit), kvgate_core::Reason::PredictedTtft { ttft_ms, .. }) =
             (self.ttft_ms, &route.reason)
@@ -193,7 +200,15 @@ impl SpilloverConfig {
                 return Some("ttft");
             }
         }
-        let waiting = view.and_then(|v| v.observation).map(|o| o.waiting);
+        let waiting = view.and_then(|v| {
+            let o = v.observation?;
+            let scraped = match o.waiting {
+                0 => 0,
+                w => w.saturating_add(v.own_since_observation),
+            };
+            let own = slots.map_or(0, |s| v.own_inflight.saturating_sub(s));
+            Some(scraped.max(own))
+        });
         match (self.queue, waiting) {
             (Some(limit), Some(waiting)) if waiting >= limit => Some("queue"),
             _ => None,

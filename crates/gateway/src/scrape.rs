@@ -119,7 +119,9 @@ async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Byt
         .map_err(|_| ())?;
     let timeout = Duration::from_millis(shared.config.scrape.timeout_ms);
     let fetch = async {
-        let response = shared.client.request(request).await.map_err(|_| ())?;
+        let response = shared.client.request(request).await.map_err(|e| {
+            tracing::debug!(url = %format!("{base}{path}"), error = %crate::upstream::error_chain(&e), "scrape failed");
+        })?;
         let status = response.status();
         let body = http_body_util::Limited::new(response.into_body(), 4 * 1024 * 1024)
             .collect()

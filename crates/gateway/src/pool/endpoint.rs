@@ -93,6 +93,9 @@ pub(crate) struct EndpointInfo {
     pub(crate) cool_until: Nanos,
     pub(crate) breaker: BreakerView,
     pub(crate) observation: Option<Observation>,
+    /// Requests the engine runs at once, learned from scrapes that showed it full (running
+    /// with others waiting): past this, what this gateway sends there queues.
+    pub(crate) slots: Option<u32>,
     /// Requests this gateway has in flight there, kept by the pool under its lock.
     pub(crate) inflight: Arc<AtomicU32>,
 }
@@ -174,6 +177,7 @@ impl Endpoint {
                 cool_until: Nanos::ZERO,
                 breaker: breaker.view(),
                 observation: None,
+                slots: None,
                 inflight: Arc::new(AtomicU32::new(0)),
             },
             breaker,

@@ -494,6 +494,9 @@ impl Pool {
         e.served_since_scrape = false;
         if let Some(obs) = observation {
             e.info.observation = Some(obs);
+            if obs.waiting > 0 && obs.running > 0 {
+                e.info.slots = Some(e.info.slots.map_or(obs.running, |s| s.max(obs.running)));
+            }
             core.router.observed(endpoint, obs, sent_at);
         }
         self.publish(&core);

@@ -387,22 +387,37 @@ fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispat
         ..Observation::default()
     };
     pool.observed(local, Some(waiting(1)), Nanos(0));
-    let t = pool.pick(&request(1, Some("chat")), &[], Attempt::First).unwrap();
+    let t = pool
+        .pick(&request(1, Some("chat")), &[], Attempt::First)
+        .unwrap();
     assert_eq!((t.id, t.tier, t.spilled), (local, 0, None));
     assert_eq!(t.send_model.as_deref(), Some("m"), "the alias is renamed");
     // A long queue at the first tier spills the next request over.
     pool.observed(local, Some(waiting(4)), Nanos(0));
-    let t = pool.pick(&request(2, Some("chat")), &[], Attempt::First).unwrap();
+    let t = pool
+        .pick(&request(2, Some("chat")), &[], Attempt::First)
+        .unwrap();
     assert_eq!((t.id, t.tier, t.spilled), (hosted, 1, Some("queue")));
     assert_eq!(t.send_model.as_deref(), Some("m-hosted"));
     // Only the hosted dispatch was recorded: the first tier still has one request in flight.
-    assert_eq!(pool.status().iter().find(|s| s.id == local).unwrap().inflight, 1);
+    assert_eq!(
+        pool.status()
+            .iter()
+            .find(|s| s.id == local)
+            .unwrap()
+            .inflight,
+        1
+    );
     // With the last tier out, the spilled choice stands.
     assert!(pool.set_draining(hosted, true));
-    let t = pool.pick(&request(3, Some("chat")), &[], Attempt::First).unwrap();
+    let t = pool
+        .pick(&request(3, Some("chat")), &[], Attempt::First)
+        .unwrap();
     assert_eq!((t.id, t.spilled), (local, None));
     // A model only the first tier serves by name never spills (it has no next tier).
     assert!(pool.set_draining(hosted, false));
-    let t = pool.pick(&request(4, Some("m")), &[], Attempt::First).unwrap();
+    let t = pool
+        .pick(&request(4, Some("m")), &[], Attempt::First)
+        .unwrap();
     assert_eq!(t.id, local);
 }

@@ -83,8 +83,12 @@ pub(super) fn place(
                     continue;
                 }
             };
+            let slots = endpoints
+                .binary_search_by_key(&route.endpoint, |e| e.info.id)
+                .ok()
+                .and_then(|k| endpoints[k].info.slots);
             let reason = (k + 1 < tiers.len())
-                .then(|| spillover.reason(&route, router.view(route.endpoint)))
+                .then(|| spillover.reason(&route, router.view(route.endpoint), slots))
                 .flatten();
             if let Some(reason) = reason {
                 spilled.get_or_insert((route, (fresh, cool, tier), reason));
