@@ -33,6 +33,7 @@ struct Fleet {
 async fn ask(front: &str) -> (String, Option<String>, u16) {
     let r = client()
         .post(format!("{front}/v1/chat/completions"))
+        .header("x-kvgate-session", "conversation-1")
         .json(&serde_json::json!({
             "model": "chat",
             "messages": [{"role": "user", "content": "hello there"}],
@@ -128,6 +129,8 @@ endpoints:
     api_key: sk-hosted
     ca_file: "{ca}"
     headers: {{x-provider-project: kvgate-tests}}
+    price: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
+    prompt_cache_key: true
 "#,
         hosted = hosted.url,
         ca = ca_path.display(),
@@ -211,4 +214,8 @@ async fn failover_to_a_hosted_tier_over_tls_and_back() {
         .filter(|l| l.starts_with("kvgate_requests_total{") && !l.contains("outcome=\"ok\""))
         .collect();
     assert!(failed.is_empty(), "{failed:?}");
+    // The hosted deployment's answers were priced; the unpriced self-hosted ones were not.
+    let cost = metric(&metrics, "kvgate_cost_usd_total{endpoint=\"hosted\"}").unwrap();
+    assert!(cost > 0.0, "{cost}");
+    assert!(metric(&metrics, "kvgate_cost_usd_total{endpoint=\"local\"}").is_none());
 }

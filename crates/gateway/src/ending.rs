@@ -43,6 +43,8 @@ pub(crate) struct Facts {
     pub(crate) decision: Option<Arc<DecisionRecord>>,
     /// What the prefix cache predicted the answering endpoint held of the prompt.
     pub(crate) prediction: Option<kvgate_core::index::Prediction>,
+    /// The answering deployment's token price (its own, else the model's in `tenancy.prices`).
+    pub(crate) price: Option<kvgate_core::tenancy::Price>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -267,6 +269,23 @@ impl Ending {
 
     /// Time per output token after the first, for a stream that ended well with two tokens or
     /// more.
+    /// The request's cost from the engine's usage at the deployment's price (cached prompt
+    /// tokens at the cached price); counted per endpoint in `kvgate_cost_usd_total`.
+    fn cost_usd(&self) -> Option<f64> {
+        let f = &self.facts;
+        let cost = f
+            .price?
+            .cost(&kvgate_core::tenancy::Charge::from_usage(&f.usage?));
+        if let Some(endpoint) = &self.endpoint {
+            self.shared
+                .metrics
+                .cost_usd
+                .get_or_create(&crate::metrics::endpoint(endpoint))
+                .inc_by(cost);
+        }
+        Some(cost)
+    }
+
     fn tpot_ms(&self, ttft: Duration) -> Option<f64> {
         let f = &self.facts;
         let n = f.usage.map(|u| u.output_tokens).or(f.output_tokens)?;
@@ -274,7 +293,7 @@ impl Ending {
             .then(|| (self.arrived.elapsed() - ttft).as_secs_f64() * 1e3 / f64::from(n - 1))
     }
 
-    fn log(&self) {
+    fn log(&self, cost_usd: Option<f64>) {
         let f = &self.facts;
         let now = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -308,6 +327,7 @@ impl Ending {
                 .prediction
                 .zip(f.usage)
                 .map(|(p, u)| p.cached_tokens(u.prompt_tokens)),
+            cost_usd,
             output_tokens: output,
             reason: decision.map(|d| d.reason.label()),
             why: decision.map(|d| d.reason.to_string()),
@@ -327,8 +347,9 @@ impl Drop for Ending {
                 self.shared.pool.policy_name(),
                 self.endpoint.as_deref().unwrap_or("none"),
             );
+            let cost_usd = self.cost_usd();
             if self.shared.access_log.enabled() {
-                self.log();
+                self.log(cost_usd);
             }
             if let Some(span) = self.span.take() {
                 self.end_span(span);

@@ -43,6 +43,12 @@ pub struct EndpointConfig {
     /// Public model names (aliases) this endpoint answers to besides `model`: a request for one
     /// is sent with its `model` field replaced by `model`, which must then be set.
     pub served_as: Vec<String>,
+    /// What this deployment's tokens cost (a hosted provider's list price): the access log's
+    /// `cost_usd` and `kvgate_cost_usd_total`; `tenancy.prices` for the model when absent.
+    pub price: Option<kvgate_core::tenancy::Price>,
+    /// Send the request's session as OpenAI's `prompt_cache_key` when the client set none,
+    /// so a hosted provider's prompt cache keeps one conversation on one cache.
+    pub prompt_cache_key: bool,
 }
 
 impl Default for EndpointConfig {
@@ -59,6 +65,8 @@ impl Default for EndpointConfig {
             headers: BTreeMap::new(),
             tier: 0,
             served_as: Vec::new(),
+            price: None,
+            prompt_cache_key: false,
         }
     }
 }
@@ -119,6 +127,13 @@ impl EndpointConfig {
                     format!("{name:?} cannot be set here (use api_key for Authorization)"),
                 ));
             }
+        }
+        if let Some(Err(why)) = self
+            .price
+            .as_ref()
+            .map(kvgate_core::tenancy::Price::validate)
+        {
+            return Err(invalid(field("price"), why));
         }
         if !self.served_as.is_empty() && self.model.is_none() {
             return Err(invalid(

@@ -145,6 +145,8 @@ pub struct Metrics {
     pub engine_state: crate::engine_state::EngineStateMetrics,
     /// Attempts placed below the first priority tier, by why (`unavailable`, `ttft`, `queue`).
     pub spillover: Family<ReasonLabel, Counter>,
+    /// Dollars spent per endpoint: usage at the deployment's price.
+    pub cost_usd: Family<EndpointLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
 }
 
 /// Client connections of the listeners.
@@ -326,6 +328,12 @@ impl Metrics {
         tenants.register(&mut registry);
         let engine_state = crate::engine_state::EngineStateMetrics::new();
         engine_state.register(&mut registry);
+        let cost_usd = Family::default();
+        registry.register(
+            "cost_usd",
+            "Dollars spent per endpoint: the engines' usage at the deployment's price (endpoints[].price, else tenancy.prices), cached prompt tokens at the cached price",
+            cost_usd.clone(),
+        );
         let spillover = Family::default();
         registry.register(
             "spillover",
@@ -360,6 +368,7 @@ impl Metrics {
         );
         let output_tokens = tokens(&mut registry, "output_tokens", "Output tokens per endpoint");
         Metrics {
+            cost_usd,
             spillover,
             engine_state,
             prompt_tokens,

@@ -285,14 +285,13 @@ impl Run {
         let mut dispatch = Dispatch::new(self.shared.clone(), self.request.id, target, self.stream);
         dispatch.span = span;
         let (client, body) = (self.shared.client.clone(), self.body.clone());
+        let session = self.request.session.clone();
         let (api, timeout) = (self.api, self.first_token_timeout);
         let max_retry_after = Duration::from_secs(self.shared.config.retry.max_retry_after_secs);
         self.running.push(Box::pin(async move {
             let t = &dispatch.target;
-            let body = match &t.send_model {
-                Some(model) => upstream::renamed(&body, model),
-                None => body,
-            };
+            let cache_key = session.as_deref().filter(|_| t.prompt_cache_key);
+            let body = upstream::rewritten(&body, t.send_model.as_deref(), cache_key);
             let headers = upstream::Headers {
                 forwarded: &forwarded,
                 authorization: t.authorization.as_ref(),
@@ -400,6 +399,9 @@ impl Run {
             .map(|d| d.target.decision.clone())
             .or_else(|| self.last_decision.clone());
         facts.prediction = answered.and_then(|d| d.target.prediction);
+        facts.price = answered
+            .and_then(|d| d.target.price)
+            .or_else(|| self.shared.tenancy.price(self.request.model.as_deref()));
     }
 
     /// The 503 when no endpoint can take the request: every endpoint may be inside a

@@ -189,16 +189,26 @@ impl std::fmt::Display for AttemptError {
     }
 }
 
-/// `body` (a JSON object the parser accepted) with its `model` replaced: an alias becomes the
-/// deployment's own model name. Field order is kept.
-pub(crate) fn renamed(body: &Bytes, model: &str) -> Bytes {
-    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
-        Ok(mut fields) => {
-            fields.insert("model".into(), serde_json::Value::String(model.to_owned()));
-            serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
-        }
-        Err(_) => body.clone(),
+/// `body` (a JSON object the parser accepted) as one deployment receives it: `model` replaced
+/// (an alias becomes the deployment's own name), and `prompt_cache_key` set when the client set
+/// none. Field order is kept; the body is untouched when neither applies.
+pub(crate) fn rewritten(body: &Bytes, model: Option<&str>, cache_key: Option<&str>) -> Bytes {
+    if model.is_none() && cache_key.is_none() {
+        return body.clone();
     }
+    let Ok(mut fields) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+    else {
+        return body.clone();
+    };
+    if let Some(model) = model {
+        fields.insert("model".into(), serde_json::Value::String(model.to_owned()));
+    }
+    if let Some(key) = cache_key {
+        fields
+            .entry("prompt_cache_key")
+            .or_insert_with(|| serde_json::Value::String(key.to_owned()));
+    }
+    serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
 }
 
 /// What an attempt sends besides the body: the client's forwarded headers, the endpoint's key
@@ -396,10 +406,19 @@ mod tests {
         let mut configured = HeaderMap::new();
         configured.insert("x-project", HeaderValue::from_static("p1"));
         let key = HeaderValue::from_static("Bearer sk-up");
-        let body = renamed(
-            &Bytes::from_static(br#"{"model":"chat","stream":false}"#),
-            "m-7b",
+        let original = Bytes::from_static(br#"{"model":"chat","stream":false}"#);
+        assert_eq!(rewritten(&original, None, None), original);
+        let keyed = rewritten(&original, None, Some("s1"));
+        assert_eq!(
+            &keyed[..],
+            br#"{"model":"chat","stream":false,"prompt_cache_key":"s1"}"#
         );
+        assert_eq!(
+            rewritten(&keyed, None, Some("s2")),
+            keyed,
+            "the client's key stays"
+        );
+        let body = rewritten(&original, Some("m-7b"), None);
         assert_eq!(&body[..], br#"{"model":"m-7b","stream":false}"#);
         let headers = Headers {
             forwarded: &HeaderMap::new(),

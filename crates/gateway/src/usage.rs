@@ -53,7 +53,10 @@ pub(crate) fn parse(data: &[u8]) -> Option<Usage> {
             let number = |key: &[u8]| field(object, key);
             return Some(Usage {
                 prompt_tokens: number(b"\"prompt_tokens\"")?,
-                cached_tokens: number(b"\"cached_tokens\""),
+                // OpenAI and vLLM: prompt_tokens_details.cached_tokens; Anthropic-style
+                // providers: cache_read_input_tokens.
+                cached_tokens: number(b"\"cached_tokens\"")
+                    .or_else(|| number(b"\"cache_read_input_tokens\"")),
                 output_tokens: number(b"\"completion_tokens\"").unwrap_or(0),
             });
         }
@@ -260,5 +263,15 @@ data: [DONE]\n\n";
             passed += s.filter(&[b'y'; 10_000]).len();
         }
         assert!(passed >= 1_000_000 - MAX_HELD - 10_000);
+    }
+
+    #[test]
+    fn anthropic_style_cache_reads_count_as_cached_tokens() {
+        let body = br#"{"usage":{"prompt_tokens":100,"completion_tokens":5,"cache_read_input_tokens":64}}"#;
+        let u = parse(body).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.cached_tokens, u.output_tokens),
+            (100, Some(64), 5)
+        );
     }
 }

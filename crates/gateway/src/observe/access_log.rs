@@ -77,6 +77,9 @@ pub(crate) struct AccessRecord<'a> {
     /// usage, to compare).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) predicted_cached_tokens: Option<u32>,
+    /// Usage times the deployment's price, dollars (when a price is configured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cost_usd: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) output_tokens: Option<u32>,
     /// The last pick's reason label (`affinity`, `miss`, `escape`, ...).
@@ -213,6 +216,7 @@ mod tests {
             prompt_tokens: Some(10),
             cached_tokens: None,
             predicted_cached_tokens: None,
+            cost_usd: None,
             output_tokens: Some(2),
             reason: Some("miss"),
             why: Some("low match (0/40), least loaded".into()),

@@ -72,6 +72,10 @@ pub struct Target {
     /// Why a higher tier was passed over although it could take the request (`ttft`,
     /// `queue`); `None` when it could not.
     pub spilled: Option<&'static str>,
+    /// The endpoint's own token price, if configured.
+    pub price: Option<kvgate_core::tenancy::Price>,
+    /// Send the session as `prompt_cache_key` (the endpoint asks for it).
+    pub prompt_cache_key: bool,
 }
 
 /// Which attempt of a request a pick is for.
@@ -430,6 +434,8 @@ impl Pool {
                 send_model: about.rename(model),
                 tier: about.config.tier,
                 spilled: spill_reason,
+                price: about.config.price,
+                prompt_cache_key: about.config.prompt_cache_key,
             };
             self.metrics
                 .picks

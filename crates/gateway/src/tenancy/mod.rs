@@ -137,6 +137,15 @@ fn ratelimit_headers(l: &mut RateLimiter, now: Nanos) -> Vec<(&'static str, Stri
 }
 
 impl Tenancy {
+    /// `model`'s price in `tenancy.prices` (else the `*` entry).
+    pub(crate) fn price(&self, model: Option<&str>) -> Option<Price> {
+        self.config
+            .prices
+            .get(model.unwrap_or("*"))
+            .or_else(|| self.config.prices.get("*"))
+            .copied()
+    }
+
     /// Builds the state; opens the store and loads keys added through the admin API.
     pub(crate) fn new(
         config: &TenancyConfig,
@@ -274,12 +283,7 @@ impl Tenancy {
             });
         }
         let model = request.model.as_deref().unwrap_or("*");
-        let price = self
-            .config
-            .prices
-            .get(model)
-            .or_else(|| self.config.prices.get("*"))
-            .copied();
+        let price = self.price(request.model.as_deref());
         let reservation = match self
             .budgets
             .reserve(accounts, &estimate, price.as_ref(), model)
