@@ -12,14 +12,6 @@ fn tokenizer_dir() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../test-data/tokenizer").to_owned()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// An engine with 64 blocks of 16 tokens that publishes KV events to `kv_port`.
 fn small_engine(id: &str, listen: &str, kv_port: u16) -> Proc {
     let kv = format!("tcp://127.0.0.1:{kv_port}");

@@ -259,3 +259,12 @@ impl Pki {
         (cert.pem(), key.serialize_pem(), cert.der().to_vec())
     }
 }
+
+/// A loopback port free a moment ago (for a process that must be restarted on the same address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
