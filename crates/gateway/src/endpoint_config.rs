@@ -49,6 +49,9 @@ pub struct EndpointConfig {
     /// Send the request's session as OpenAI's `prompt_cache_key` when the client set none,
     /// so a hosted provider's prompt cache keeps one conversation on one cache.
     pub prompt_cache_key: bool,
+    /// The deployment's own rate limits (a provider account's RPM/TPM): at any of them it is
+    /// left out of picks until it refills. Read when the endpoint is added.
+    pub limits: Option<kvgate_core::tenancy::LimitsConfig>,
 }
 
 impl Default for EndpointConfig {
@@ -67,6 +70,7 @@ impl Default for EndpointConfig {
             served_as: Vec::new(),
             price: None,
             prompt_cache_key: false,
+            limits: None,
         }
     }
 }
@@ -134,6 +138,13 @@ impl EndpointConfig {
             .map(kvgate_core::tenancy::Price::validate)
         {
             return Err(invalid(field("price"), why));
+        }
+        if let Some(Err(why)) = self
+            .limits
+            .as_ref()
+            .map(kvgate_core::tenancy::LimitsConfig::validate)
+        {
+            return Err(invalid(field("limits"), why));
         }
         if !self.served_as.is_empty() && self.model.is_none() {
             return Err(invalid(

@@ -155,6 +155,8 @@ pub(crate) struct Endpoint {
     pub(crate) served_since_scrape: bool,
     /// Attempts failed in a row (5xx, resets, connect errors, timeouts).
     pub(crate) failure_streak: u32,
+    /// The deployment's own rate limits, when configured.
+    pub(crate) limits: Option<super::limits::DeploymentLimits>,
 }
 
 /// The first cool-down after a failure, doubled per further failure in a row up to
@@ -163,8 +165,17 @@ const COOL_DOWN_BASE: Nanos = Nanos(500_000_000);
 const COOL_DOWN_MAX: Nanos = Nanos(8_000_000_000);
 
 impl Endpoint {
-    pub(crate) fn new(id: EndpointId, config: EndpointConfig, breaker: BreakerConfig) -> Self {
+    pub(crate) fn new(
+        id: EndpointId,
+        config: EndpointConfig,
+        breaker: BreakerConfig,
+        now: Nanos,
+    ) -> Self {
         let models = config.model.iter().cloned().collect();
+        let limits = config
+            .limits
+            .as_ref()
+            .map(|l| super::limits::DeploymentLimits::new(l, now));
         let breaker = Breaker::new(breaker);
         Endpoint {
             info: EndpointInfo {
@@ -184,6 +195,7 @@ impl Endpoint {
             scrape_failures: 0,
             served_since_scrape: false,
             failure_streak: 0,
+            limits,
         }
     }
 

@@ -14,6 +14,7 @@
 //! back, it serves the requested model, and this request has not tried it yet.
 
 mod endpoint;
+mod limits;
 mod outcome;
 mod snapshot;
 mod tiers;
@@ -265,7 +266,7 @@ impl Pool {
             ..EndpointView::new(id)
         });
         let breaker = core.breaker.clone();
-        core.endpoints.push(Endpoint::new(id, config, breaker));
+        core.endpoints.push(Endpoint::new(id, config, breaker, now));
         self.publish(&core);
         id
     }
@@ -347,6 +348,16 @@ impl Pool {
             }
             let started = Instant::now();
             let model = request.model.as_deref();
+            // Deployments at one of their own rate limits sit this request out.
+            let charge = kvgate_core::tenancy::ChargeModel::default().estimate(request);
+            let at_limit: Vec<EndpointId> = core
+                .endpoints
+                .iter_mut()
+                .filter_map(|e| {
+                    let admits = e.limits.as_mut()?.admits(now, &charge);
+                    (!admits).then_some(e.info.id)
+                })
+                .collect();
             let endpoints = &core.endpoints;
             // Preference order: endpoints not tried and not cooling down after a failure, then
             // not tried, then (a retry with nothing else) any.
@@ -358,6 +369,7 @@ impl Pool {
                         !e.held_back(now) && e.about.serves(model) && !(cool && now < e.cool_until)
                     })
                     && !(fresh && tried.contains(&v.id))
+                    && !at_limit.contains(&v.id)
             };
             let overlaps = &overlaps;
             let passes: &[(bool, bool)] = match attempt {
@@ -410,6 +422,9 @@ impl Pool {
             };
             // The predicate let only endpoints whose breaker admits traffic through.
             let ticket = e.breaker.acquire(now).unwrap_or_default();
+            if let Some(limits) = &mut e.limits {
+                limits.dispatched(request.id, now, charge);
+            }
             let changed = e.sync_breaker();
             let about = e.info.about.clone();
             let target = Target {

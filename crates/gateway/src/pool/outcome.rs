@@ -90,6 +90,9 @@ impl Pool {
             core.router
                 .completed(request, endpoint, now, latency, output_tokens);
             core.sync_inflight(endpoint);
+            if let Some(limits) = core.endpoint(endpoint).and_then(|e| e.limits.as_mut()) {
+                limits.ended(request, now, usage.as_ref());
+            }
         }
         let mut cache = self.cache_mut();
         cache.finished(request, endpoint);
@@ -155,6 +158,9 @@ impl Pool {
         let Some(e) = core.endpoint(endpoint) else {
             return;
         };
+        if let Some(limits) = &mut e.limits {
+            limits.ended(request, now, None);
+        }
         let mut changed = false;
         if let Some(wait) = retry_after {
             let until = now + Nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));

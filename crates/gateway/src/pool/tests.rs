@@ -421,3 +421,32 @@ fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispat
         .unwrap();
     assert_eq!(t.id, local);
 }
+
+#[test]
+fn a_deployment_at_its_own_rate_limit_yields_to_the_next_tier_until_it_refills() {
+    let config = Config::default();
+    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let limited = pool.add(EndpointConfig {
+        limits: Some(kvgate_core::tenancy::LimitsConfig {
+            rpm: Some(60.0),
+            burst_secs: Some(2.0),
+            ..Default::default()
+        }),
+        ..EndpointConfig::from_url("https://provider-a:443")
+    });
+    let other = pool.add(EndpointConfig {
+        tier: 1,
+        ..EndpointConfig::from_url("https://provider-b:443")
+    });
+    let mut served = Vec::new();
+    for i in 0..4 {
+        let t = pool.pick(&request(i, None), &[], Attempt::First).unwrap();
+        served.push(t.id);
+        pool.completed(i, t.id, Nanos(1), 1, (None, None));
+    }
+    // Two seconds of burst at one request per second, then the next tier.
+    assert_eq!(served, vec![limited, limited, other, other]);
+    pool.clock().advance(std::time::Duration::from_secs(1));
+    let t = pool.pick(&request(9, None), &[], Attempt::First).unwrap();
+    assert_eq!(t.id, limited, "refilled");
+}
