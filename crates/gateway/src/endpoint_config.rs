@@ -193,7 +193,7 @@ impl EndpointConfig {
 /// When a tier that could take a request passes it to the next tier anyway (Azure OpenAI's
 /// spillover from provisioned to pay-as-you-go capacity): the self-hosted tier is up but would
 /// answer late. Off unless a threshold is set; the last tier never spills.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SpilloverConfig {
     /// Spill when the policy predicts a time to first token above this (policies that
@@ -202,6 +202,21 @@ pub struct SpilloverConfig {
     /// Spill when the chosen endpoint's queue would hold at least this many requests
     /// (see [`Self::reason`]).
     pub queue: Option<u32>,
+    /// A session's requests go first to the tier that served its previous one, for this many
+    /// seconds after it (0: off), so a conversation spilled to a hosted provider keeps that
+    /// provider's prompt cache, and one on the self-hosted tier stays there, unless that tier
+    /// fails, is out, or spills again.
+    pub session_pin_secs: u64,
+}
+
+impl Default for SpilloverConfig {
+    fn default() -> Self {
+        SpilloverConfig {
+            ttft_ms: None,
+            queue: None,
+            session_pin_secs: 300,
+        }
+    }
 }
 
 impl SpilloverConfig {

@@ -337,7 +337,7 @@ impl Metrics {
         let spillover = Family::default();
         registry.register(
             "spillover",
-            "Attempts placed below the first priority tier: unavailable (every higher tier out), ttft or queue (spilled by the spillover thresholds)",
+            "Attempts placed below the first priority tier: unavailable (every higher tier out), ttft or queue (spilled by the spillover thresholds), session (a spilled session kept on its tier)",
             spillover.clone(),
         );
         let access_log_dropped = Counter::default();

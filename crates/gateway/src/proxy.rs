@@ -45,7 +45,7 @@ type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, Attemp
 pub const ENDPOINT_HEADER: &str = "x-kvgate-endpoint";
 /// Response header naming the priority tier that served a request, when not the first.
 pub const SPILLOVER_TIER_HEADER: &str = "x-kvgate-spillover-tier";
-/// Why it was not the first tier: `unavailable`, `ttft` or `queue`.
+/// Why it was not the first tier: `unavailable`, `ttft`, `queue` or `session`.
 pub const SPILLOVER_REASON_HEADER: &str = "x-kvgate-spillover-reason";
 
 /// A request header: `1` asks for [`EXPLAIN_HEADER`] on the response, the pick's reason and

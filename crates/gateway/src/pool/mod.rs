@@ -71,7 +71,7 @@ pub struct Target {
     /// The endpoint's priority tier.
     pub tier: u32,
     /// Why a higher tier was passed over although it could take the request (`ttft`,
-    /// `queue`); `None` when it could not.
+    /// `queue`, `session`); `None` when it could not.
     pub spilled: Option<&'static str>,
     /// The endpoint's own token price, if configured.
     pub price: Option<kvgate_core::tenancy::Price>,
@@ -129,6 +129,7 @@ struct Core {
     hedge: HedgeDelay,
     breaker: BreakerConfig,
     spillover: crate::endpoint_config::SpilloverConfig,
+    pins: tiers::SessionPins,
 }
 
 impl Core {
@@ -190,6 +191,7 @@ impl Pool {
             hedge: HedgeDelay::new(config.hedge.clone()),
             breaker: config.breaker.clone(),
             spillover: config.spillover.clone(),
+            pins: tiers::SessionPins::default(),
         };
         let pool = Pool {
             cache: RwLock::new(cache_for(
@@ -376,6 +378,8 @@ impl Pool {
                 Attempt::Retry => &[(true, true), (true, false), (false, false)],
                 _ => &[(true, true), (true, false)],
             };
+            let pin_ttl = Nanos::from_secs(core.spillover.session_pin_secs);
+            let session = request.session.as_deref();
             let placed = tiers::place(
                 tiers::Scene {
                     router: &mut core.router,
@@ -384,6 +388,7 @@ impl Pool {
                     request,
                     overlaps,
                     now,
+                    pinned: core.pins.get(session, now, pin_ttl),
                 },
                 passes,
                 &accept,
@@ -398,6 +403,8 @@ impl Pool {
             } = placed?;
             let tier_of = |v: &EndpointView| tiers::tier_of(endpoints, v);
             core.router.commit(request, route.endpoint, overlaps, now);
+            core.pins
+                .placed(session, (pass.2, spill_reason), now, pin_ttl);
             let scene = PickScene {
                 request,
                 attempt: attempt.label(),

@@ -450,3 +450,53 @@ fn a_deployment_at_its_own_rate_limit_yields_to_the_next_tier_until_it_refills()
     let t = pool.pick(&request(9, None), &[], Attempt::First).unwrap();
     assert_eq!(t.id, limited, "refilled");
 }
+
+#[test]
+fn a_spilled_session_stays_on_its_new_tier_and_a_failed_over_one_comes_back() {
+    let mut config = Config::default();
+    config.set_policy("least_outstanding").unwrap();
+    config.spillover.queue = Some(2);
+    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let local = pool.add(EndpointConfig::from_url("http://local:1"));
+    let hosted = pool.add(EndpointConfig {
+        tier: 1,
+        ..EndpointConfig::from_url("https://hosted:443")
+    });
+    let turn = |id: u64, session: &str| Request {
+        session: Some(session.into()),
+        ..request(id, None)
+    };
+    let waiting = |n: u32| Observation {
+        waiting: n,
+        ..Observation::default()
+    };
+    pool.observed(local, Some(waiting(5)), Nanos(0));
+    let t = pool.pick(&turn(1, "a"), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.spilled), (hosted, Some("queue")));
+    pool.completed(1, t.id, Nanos(1), 1, (None, None));
+    // The queue is gone; session a stays where its context is cached, session b goes first tier.
+    pool.observed(local, Some(waiting(0)), Nanos(0));
+    let t = pool.pick(&turn(2, "a"), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.spilled), (hosted, Some("session")));
+    pool.completed(2, t.id, Nanos(1), 1, (None, None));
+    let t = pool.pick(&turn(3, "b"), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.spilled), (local, None));
+    pool.completed(3, t.id, Nanos(1), 1, (None, None));
+    // Its tier out, session a fails over to the first tier and the pin ends there.
+    assert!(pool.set_draining(hosted, true));
+    let t = pool.pick(&turn(4, "a"), &[], Attempt::First).unwrap();
+    assert_eq!(t.id, local);
+    pool.completed(4, t.id, Nanos(1), 1, (None, None));
+    assert!(pool.set_draining(hosted, false));
+    let t = pool.pick(&turn(5, "a"), &[], Attempt::First).unwrap();
+    assert_eq!((t.id, t.spilled), (local, None));
+    // Pins expire.
+    pool.observed(local, Some(waiting(5)), Nanos(0));
+    let t = pool.pick(&turn(6, "c"), &[], Attempt::First).unwrap();
+    assert_eq!(t.id, hosted);
+    pool.completed(6, t.id, Nanos(1), 1, (None, None));
+    pool.observed(local, Some(waiting(0)), Nanos(0));
+    pool.clock().advance(std::time::Duration::from_secs(301));
+    let t = pool.pick(&turn(7, "c"), &[], Attempt::First).unwrap();
+    assert_eq!(t.id, local);
+}

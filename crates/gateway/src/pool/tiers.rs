@@ -19,6 +19,61 @@ pub(super) struct Scene<'a> {
     pub(super) request: &'a Request,
     pub(super) overlaps: &'a Overlaps,
     pub(super) now: Nanos,
+    /// The tier that served this request's session last, if it is still pinned there.
+    pub(super) pinned: Option<u32>,
+}
+
+/// Sessions and the tier that served each last ([`SpilloverConfig::session_pin_secs`]).
+/// Bounded: past [`MAX_PINS`] sessions the expired ones go, and if none has expired, all.
+#[derive(Debug, Default)]
+pub(super) struct SessionPins {
+    pins: std::collections::HashMap<String, (u32, Nanos)>,
+}
+
+const MAX_PINS: usize = 65_536;
+
+impl SessionPins {
+    /// The tier `session` is pinned to at `now`, if it was served within `ttl`.
+    pub(super) fn get(&self, session: Option<&str>, now: Nanos, ttl: Nanos) -> Option<u32> {
+        let (tier, at) = self.pins.get(session?)?;
+        (now.saturating_since(*at) <= ttl).then_some(*tier)
+    }
+
+    /// `session` was just placed as `placement` says: a spill pins it to its new tier, a
+    /// placement on its pinned tier renews the pin, anything else (its tier failed or was out)
+    /// ends it, so a session follows failover and comes back with its first tier.
+    pub(super) fn placed(
+        &mut self,
+        session: Option<&str>,
+        placement: (u32, Option<&str>),
+        now: Nanos,
+        ttl: Nanos,
+    ) {
+        let Some(session) = session else { return };
+        if ttl == Nanos::ZERO {
+            return;
+        }
+        let (tier, reason) = placement;
+        match reason {
+            Some("ttft" | "queue" | "session") => self.set(session, tier, now),
+            _ => {
+                self.pins.remove(session);
+            }
+        }
+    }
+
+    fn set(&mut self, session: &str, tier: u32, now: Nanos) {
+        if self.pins.len() >= MAX_PINS && !self.pins.contains_key(session) {
+            // Pins older than the longest useful pin are the first to go.
+            let horizon = Nanos::from_secs(24 * 3600);
+            self.pins
+                .retain(|_, (_, at)| now.saturating_since(*at) <= horizon);
+            if self.pins.len() >= MAX_PINS {
+                self.pins.clear();
+            }
+        }
+        self.pins.insert(session.to_owned(), (tier, now));
+    }
 }
 
 /// The pass a choice was made in: (not tried, not cooling, tier).
@@ -68,8 +123,15 @@ pub(super) fn place(
         request,
         overlaps,
         now,
+        pinned,
     } = scene;
-    let tiers = tiers_serving(endpoints, request.model.as_deref());
+    let mut tiers = tiers_serving(endpoints, request.model.as_deref());
+    let first_priority = tiers.first().copied();
+    // A pinned session tries its tier first, then the others in priority order.
+    if let Some(i) = pinned.and_then(|p| tiers.iter().position(|&t| t == p)) {
+        let tier = tiers.remove(i);
+        tiers.insert(0, tier);
+    }
     let mut rejection = Rejection::NoRoutableEndpoint;
     let mut spilled: Option<(Route, Pass, &'static str)> = None;
     for &(fresh, cool) in passes {
@@ -94,10 +156,11 @@ pub(super) fn place(
                 spilled.get_or_insert((route, (fresh, cool, tier), reason));
                 continue;
             }
+            let kept = pinned == Some(tier) && k == 0 && Some(&tier) != first_priority.as_ref();
             return Ok(Placement {
                 route,
                 pass: (fresh, cool, tier),
-                spilled: spilled.map(|s| s.2),
+                spilled: spilled.map(|s| s.2).or(kept.then_some("session")),
             });
         }
     }
