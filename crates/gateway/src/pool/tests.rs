@@ -1,6 +1,7 @@
 use super::*;
 use crate::Config;
 use kvgate_core::decision::FailureKind;
+use kvgate_core::resilience::Ticket;
 use kvgate_core::Usage;
 
 fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<EndpointId>) {
