@@ -9,11 +9,6 @@ mod support;
 use std::time::{Duration, Instant};
 use support::*;
 
-fn sha256(key: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 struct Fleet {
     _hosted_engine: Proc,
     _hosted: Proc,

@@ -8,11 +8,6 @@ mod support;
 use std::time::Duration;
 use support::*;
 
-fn sha256(key: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn config(store: &std::path::Path) -> String {
     format!(
         r#"

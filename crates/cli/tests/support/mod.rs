@@ -268,3 +268,9 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A key's SHA-256 in hex, as `tenancy.keys[].key_sha256` holds it.
+pub fn sha256(key: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
