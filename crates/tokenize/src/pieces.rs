@@ -5,8 +5,9 @@
 //! so `encode(text)` is the concatenation of the stretches' encodings and the added tokens' ids.
 //! A chat template puts special tokens around every message, so a conversation's earlier
 //! messages are the same stretches turn after turn, and a shared system prompt the same stretch
-//! request after request: only the new message needs the tokenizer (at ~12 MB/s, about 2.7 ms
-//! for an 8k-token prompt on our machines, against well under a millisecond for the rest).
+//! request after request: only the new message needs the tokenizer (`cargo bench -p
+//! kvgate-tokenize`: 2.7 ms for a never-seen 8,414-token chat prompt, 213 µs for the next turn
+//! of the same conversation).
 //!
 //! It holds only when the cut is position-independent: every added token matches its raw text
 //! (not `normalized`) without `lstrip`, `rstrip` or `single_word`, and no pre-tokenizer treats

@@ -12,8 +12,8 @@
 //!   stream starts over at 0, or `AllBlocksCleared`), or when [`VERIFY_STREAK`] requests in a row
 //!   got exactly the cached tokens the event index alone predicted (usage is the check).
 //!
-//! Memory is bounded per endpoint: at most `max_entries` (block, tier) entries, each about 100
-//! bytes across the block map and the engine-hash map. An endpoint over the bound has more
+//! Memory is bounded per endpoint: at most `max_entries` (block, tier) entries, each held in the
+//! block map and the engine-hash map. An endpoint over the bound has more
 //! blocks than any engine it could be (or missed removals): its entries are dropped and it
 //! becomes `Unknown`.
 

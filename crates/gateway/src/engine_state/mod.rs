@@ -23,10 +23,9 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KvEventsConfig {
-    /// Entries (a block in one cache tier) kept per endpoint, about 100 bytes each; an endpoint
-    /// reporting more is reset and falls back to the approximate index. The default, 262,144,
-    /// is 4M tokens of 16-token blocks: more than any single engine kvgate has met caches, at
-    /// about 26 MB per endpoint.
+    /// Entries (a block in one cache tier) kept per endpoint; an endpoint reporting more is
+    /// reset and falls back to the approximate index. The default, 262,144, is 4M tokens of
+    /// 16-token blocks: more than any single engine kvgate has met caches.
     pub max_entries_per_endpoint: usize,
     /// With `tcp://` (the gateway connects), reconnect after this long without a message: the
     /// ZMQ library does not reconnect by itself, and a restarted engine is a new publisher. A
