@@ -53,6 +53,10 @@ struct Common {
     #[serde(default)]
     messages: Option<Vec<Value>>,
     #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+    #[serde(default)]
     prompt: Option<Value>,
 }
 
@@ -83,7 +87,7 @@ pub(crate) fn parse(
         ..ApiError::bad_request(format!("JSON decode error: {e}"))
     })?;
     let prompt = match (endpoint, tokenizer) {
-        (Endpoint::Chat, None) => chat_prompt(common.messages.as_deref())?,
+        (Endpoint::Chat, None) => chat_prompt(common.messages.as_deref(), chat_end(&common)?)?,
         (Endpoint::Completions, None) => completion_prompt(common.prompt.as_ref())?,
         (_, Some(tokenizer)) => model_prompt(endpoint, body, tokenizer)?,
     };
@@ -198,7 +202,21 @@ fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
-fn chat_prompt(messages: Option<&[Value]>) -> Result<Vec<u32>, ApiError> {
+/// vLLM's chat flags: `add_generation_prompt` (default true) and `continue_final_message`
+/// (default false) cannot both be true.
+fn chat_end(common: &Common) -> Result<tokenizer::ChatEnd, ApiError> {
+    let generation = common.add_generation_prompt.unwrap_or(true);
+    match (common.continue_final_message.unwrap_or(false), generation) {
+        (true, true) => Err(ApiError::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        )),
+        (true, false) => Ok(tokenizer::ChatEnd::ContinueFinal),
+        (false, true) => Ok(tokenizer::ChatEnd::GenerationPrompt),
+        (false, false) => Ok(tokenizer::ChatEnd::Closed),
+    }
+}
+
+fn chat_prompt(messages: Option<&[Value]>, end: tokenizer::ChatEnd) -> Result<Vec<u32>, ApiError> {
     let messages =
         messages.ok_or_else(|| ApiError::bad_param("messages", "Field required: messages"))?;
     if messages.is_empty() {
@@ -221,6 +239,7 @@ fn chat_prompt(messages: Option<&[Value]>) -> Result<Vec<u32>, ApiError> {
     }
     Ok(tokenizer::tokenize_chat(
         rendered.iter().map(|(r, c)| (r.as_str(), c.as_str())),
+        end,
     ))
 }
 
@@ -330,6 +349,7 @@ mod tests {
             (Endpoint::Chat, b"{not json", None),
             (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
             (Endpoint::Chat, br#"{"messages":"hi"}"#, None),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#, None),
         ] {
             let err = parse(endpoint, body, None).unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);

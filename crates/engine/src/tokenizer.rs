@@ -11,7 +11,7 @@
 //! - each piece's id is `xxh3_64(piece) mod VOCAB_SIZE`, offset past the special ids.
 //!
 //! Chat requests are rendered with a fixed template (`<|role|>\ncontent\n` per message, then
-//! `<|assistant|>\n`) before tokenizing, so a conversation that grows by turns keeps its prefix.
+//! `<|assistant|>\n`; see [`ChatEnd`] for vLLM's flags that change the end) before tokenizing, so a conversation that grows by turns keeps its prefix.
 //!
 //! Output text is a sequence of words from [`WORDS`], chosen from a hash of the request's prompt
 //! tokens, the engine seed and the output position: the same request gives the same text.
@@ -78,17 +78,38 @@ fn piece_id(piece: &[u8]) -> u32 {
     FIRST_TEXT_ID + (xxh3_64(piece) % u64::from(VOCAB_SIZE - FIRST_TEXT_ID)) as u32
 }
 
+/// How a rendered conversation ends, as vLLM's chat flags say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnd {
+    /// `add_generation_prompt` (the default): a new assistant turn is opened.
+    GenerationPrompt,
+    /// `add_generation_prompt: false`: the render ends after the last message.
+    Closed,
+    /// `continue_final_message`: the last message is left open (no end of message after its
+    /// content), so generation continues it; a gateway resuming a broken stream sends the text
+    /// streamed so far this way.
+    ContinueFinal,
+}
+
 /// Renders chat messages with the emulator's template and tokenizes them.
-pub fn tokenize_chat<'a>(messages: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<u32> {
+pub fn tokenize_chat<'a>(
+    messages: impl IntoIterator<Item = (&'a str, &'a str)>,
+    end: ChatEnd,
+) -> Vec<u32> {
     let mut out = Vec::new();
-    for (role, content) in messages {
+    let mut messages = messages.into_iter().peekable();
+    while let Some((role, content)) = messages.next() {
         tokenize_into("<|", &mut out);
         tokenize_into(role, &mut out);
         tokenize_into("|>\n", &mut out);
         tokenize_into(content, &mut out);
-        tokenize_into("\n", &mut out);
+        if end != ChatEnd::ContinueFinal || messages.peek().is_some() {
+            tokenize_into("\n", &mut out);
+        }
     }
-    tokenize_into("<|assistant|>\n", &mut out);
+    if end == ChatEnd::GenerationPrompt {
+        tokenize_into("<|assistant|>\n", &mut out);
+    }
     out
 }
 
@@ -136,10 +157,29 @@ mod tests {
 
     #[test]
     fn chat_template_keeps_the_conversation_prefix() {
-        let one = tokenize_chat([("system", "be brief"), ("user", "hi")]);
-        let two = tokenize_chat([("system", "be brief"), ("user", "hi"), ("assistant", "yo")]);
+        let end = ChatEnd::GenerationPrompt;
+        let one = tokenize_chat([("system", "be brief"), ("user", "hi")], end);
+        let two = tokenize_chat(
+            [("system", "be brief"), ("user", "hi"), ("assistant", "yo")],
+            end,
+        );
         let shared = one.len() - tokenize("<|assistant|>\n").len();
         assert_eq!(one[..shared], two[..shared]);
+    }
+
+    #[test]
+    fn continuing_the_final_message_extends_the_generation_prompt() {
+        let asked = tokenize_chat([("user", "hi")], ChatEnd::GenerationPrompt);
+        let continued = tokenize_chat(
+            [("user", "hi"), ("assistant", " the model")],
+            ChatEnd::ContinueFinal,
+        );
+        // The open assistant turn is the generation prompt followed by the text so far.
+        assert_eq!(continued[..asked.len()], asked[..]);
+        assert_eq!(continued[asked.len()..], tokenize(" the model")[..]);
+        let closed = tokenize_chat([("user", "hi")], ChatEnd::Closed);
+        assert_eq!(closed[..], asked[..closed.len()]);
+        assert!(closed.len() < asked.len());
     }
 
     #[test]

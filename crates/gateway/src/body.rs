@@ -1,17 +1,19 @@
 //! The response body handed to the client: the upstream body passed through frame by frame
 //! (no buffering), with the end of the request accounted when the stream ends.
 //!
-//! After the first token nothing is retried (DOMAIN.md §7): if the upstream connection breaks
-//! mid-stream, a server-sent-events response gets one final `data: {"error": ...}` event and
-//! ends; any other response is aborted so the client sees a truncated body, never a silent
-//! success.
+//! After the first token nothing is retried (DOMAIN.md §7). If the upstream connection breaks
+//! mid-stream, a server-sent-events response is continued on another endpoint when the
+//! request allows it (`crate::resume`); otherwise, or when that fails too, it gets one final
+//! `data: {"error": ...}` event and ends. Any other response is aborted so the client sees a
+//! truncated body, never a silent success.
 
 use crate::admission::Permit;
 use crate::dispatch::Dispatch;
 use crate::ending::Ending;
+use crate::resume::Resume;
 use crate::upstream::error_chain;
 use crate::usage::{UsageStripper, UsageTail};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use kvgate_core::decision::FailureKind;
@@ -35,6 +37,8 @@ pub(crate) struct Tracked {
     usage: UsageTail,
     /// Removes the usage chunk the gateway asked for on the client's behalf.
     strip: Option<UsageStripper>,
+    /// Continues the stream elsewhere if it breaks; `Err` says why it cannot.
+    resume: Result<Box<Resume>, &'static str>,
 }
 
 impl Tracked {
@@ -45,8 +49,8 @@ impl Tracked {
         rest: Option<Incoming>,
         dispatch: Dispatch,
         (permit, mut ending): (Permit, Ending),
-        sse: bool,
-        (ok, strip_usage): (bool, bool),
+        (sse, ok, strip_usage): (bool, bool, bool),
+        resume: Result<Box<Resume>, &'static str>,
     ) -> Self {
         ending.at(dispatch.target.name.clone());
         let mut body = Tracked {
@@ -60,21 +64,36 @@ impl Tracked {
             events: SseEvents::default(),
             usage: UsageTail::default(),
             strip: (sse && strip_usage).then(UsageStripper::default),
+            resume: if sse && ok {
+                resume
+            } else {
+                Err("not_streamed")
+            },
         };
-        body.first = first.map(|f| body.pass(&f));
-        body.finish_if_ended();
-        if body.rest.is_none() {
-            if let Some(tail) = body.strip.as_mut().map(UsageStripper::finish) {
-                let mut all = bytes::BytesMut::from(body.first.as_deref().unwrap_or_default());
-                all.extend_from_slice(&tail);
-                body.first = Some(all.freeze());
-            }
-        }
+        body.begin(first);
         body
     }
 
-    /// Reads `data` (events, usage) and returns what the client gets of it.
+    /// The first bytes of an upstream body (the first attempt's or a continuation's) are in.
+    fn begin(&mut self, first: Option<Bytes>) {
+        let mut out = first.map(|f| self.pass(&f)).unwrap_or_default();
+        if self.upstream_done() {
+            out = join(out, self.end());
+        }
+        self.first = Some(out);
+    }
+
+    /// Reads upstream `data` and returns what the client gets of it.
     fn pass(&mut self, data: &Bytes) -> Bytes {
+        let data = match &mut self.resume {
+            Ok(r) => r.through(data),
+            Err(_) => data.clone(),
+        };
+        self.account(&data)
+    }
+
+    /// Counts what the client is sent (events, usage) and strips what it did not ask for.
+    fn account(&mut self, data: &Bytes) -> Bytes {
         if self.sse {
             self.events.feed(data);
             self.ending.streamed(self.events.events);
@@ -87,27 +106,48 @@ impl Tracked {
     }
 
     /// A body of known length is complete once its last byte is read, and a server writing a
-    /// `content-length` response drops the body then without polling it again: account now.
-    fn finish_if_ended(&mut self) {
-        if self.rest.as_ref().is_none_or(Body::is_end_stream) {
-            self.rest = None;
-            self.finish();
+    /// `content-length` response drops the body then without polling it again: it is over
+    /// without another poll.
+    fn upstream_done(&self) -> bool {
+        self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    /// The upstream body ended normally: accounts the request and returns what is left for
+    /// the client (an event held back for its blank line, the stripper's tail).
+    fn end(&mut self) -> Bytes {
+        self.rest = None;
+        let mut out = Bytes::new();
+        if let Ok(r) = &mut self.resume {
+            let held = r.flush();
+            if !held.is_empty() {
+                out = self.account(&held);
+            }
         }
+        if let Some(s) = &mut self.strip {
+            out = join(out, s.finish());
+        }
+        self.finish();
+        out
     }
 
     fn finish(&mut self) {
         if let Some(d) = self.dispatch.take() {
             let usage = self.usage.usage();
-            let tokens = match usage {
+            // A continuation's engine is told of its own usage, not the client's sum.
+            let engine = match &self.resume {
+                Ok(r) => r.engine_usage().unwrap_or(usage),
+                Err(_) => usage,
+            };
+            let tokens = match engine {
                 Some(u) => u.output_tokens,
                 None => self.events.finish(),
             };
-            d.complete(tokens, usage);
+            d.complete(tokens, engine);
             if self.ok {
                 // An error body's "tokens" are not output.
                 let facts = self.ending.facts();
                 facts.usage = usage;
-                facts.output_tokens = Some(tokens);
+                facts.output_tokens = Some(usage.map_or(tokens, |u| u.output_tokens));
             }
             self.ending.set(if self.ok {
                 Outcome::Ok
@@ -116,6 +156,101 @@ impl Tracked {
             });
         }
         self._permit = None;
+    }
+
+    /// The upstream stream broke, or a continuation failed before its first bytes: starts a
+    /// continuation, or ends the client's stream (with `[DONE]` when it already had the whole
+    /// answer, else with an error event).
+    fn broken(&mut self, message: &str) {
+        let reason = match &mut self.resume {
+            Ok(r) => match r.ending() {
+                Some(tail) => {
+                    self.resumes("finished");
+                    self.first = Some(self.account(&tail));
+                    self.ending.set(Outcome::Ok);
+                    self._permit = None;
+                    return;
+                }
+                None => match r.start() {
+                    Ok(()) => return,
+                    Err(reason) => reason,
+                },
+            },
+            Err(reason) => reason,
+        };
+        self.resumes(reason);
+        self.ending.set(Outcome::StreamError);
+        self._permit = None;
+        let event = serde_json::json!({"error": {
+            "message": format!("upstream stream broke after the first token: {message}"),
+            "type": "server_error", "param": null, "code": "upstream_stream_error"}});
+        self.first = Some(Bytes::from(format!("data: {event}\n\n")));
+    }
+
+    fn resumes(&self, result: &'static str) {
+        let m = &self.ending.shared().metrics;
+        m.stream_resumes
+            .get_or_create(&crate::metrics::reason(result))
+            .inc();
+    }
+
+    /// Drives a continuation on its way; `None` when there is none.
+    fn poll_continuation(&mut self, cx: &mut Context<'_>) -> Option<Poll<()>> {
+        let Ok(r) = &mut self.resume else {
+            return None;
+        };
+        let (dispatch, result) = match r.pending()?.as_mut().poll(cx) {
+            Poll::Pending => return Some(Poll::Pending),
+            Poll::Ready(done) => done,
+        };
+        let spliced = matches!(&result, Ok(ready) if ready.head.status.is_success());
+        r.settled(spliced);
+        let facts = self.ending.facts();
+        facts.attempts += 1;
+        self.ending.at(dispatch.target.name.clone());
+        match result {
+            Ok(ready) if spliced => {
+                self.resumes("resumed");
+                self.ending.facts().resumes += 1;
+                self.dispatch = Some(dispatch);
+                self.rest = ready.rest;
+                self.begin(ready.first);
+            }
+            Ok(ready) => {
+                // Passed on as an answer, not a failure of the endpoint (as in `proxy`).
+                dispatch.complete(0, None);
+                self.resumes("attempt_failed");
+                self.broken(&format!(
+                    "the continuation was answered {}",
+                    ready.head.status
+                ));
+            }
+            Err(error) => {
+                dispatch.fail(error.kind(), error.retry_after());
+                self.resumes("attempt_failed");
+                self.broken(&error.to_string());
+            }
+        }
+        Some(Poll::Ready(()))
+    }
+}
+
+impl Tracked {
+    /// A continuation is on its way.
+    fn resumable(&self) -> bool {
+        self.resume.as_ref().is_ok_and(|r| r.is_pending())
+    }
+}
+
+fn join(head: Bytes, tail: Bytes) -> Bytes {
+    match (head.is_empty(), tail.is_empty()) {
+        (_, true) => head,
+        (true, false) => tail,
+        (false, false) => {
+            let mut all = BytesMut::from(&head[..]);
+            all.extend_from_slice(&tail);
+            all.freeze()
+        }
     }
 }
 
@@ -127,74 +262,65 @@ impl Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(first) = self.first.take() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        let Some(rest) = self.rest.as_mut() else {
-            return Poll::Ready(None);
-        };
-        match Pin::new(rest).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => {
-                let frame = match frame.into_data() {
-                    Ok(data) => Frame::data(self.pass(&data)),
-                    Err(frame) => frame,
-                };
-                self.finish_if_ended();
-                let ended = self.rest.is_none();
-                let tail = match (&mut self.strip, ended) {
-                    (Some(s), true) => s.finish(),
-                    _ => Bytes::new(),
-                };
-                match frame.into_data() {
-                    Ok(mut data) if !tail.is_empty() => {
-                        let mut joined = bytes::BytesMut::from(&data[..]);
-                        joined.extend_from_slice(&tail);
-                        data = joined.freeze();
-                        Poll::Ready(Some(Ok(Frame::data(data))))
+        let this = &mut *self;
+        loop {
+            if let Some(first) = this.first.take() {
+                if first.is_empty() {
+                    continue;
+                }
+                return Poll::Ready(Some(Ok(Frame::data(first))));
+            }
+            match this.poll_continuation(cx) {
+                Some(Poll::Pending) => return Poll::Pending,
+                Some(Poll::Ready(())) => continue,
+                None => {}
+            }
+            let Some(rest) = this.rest.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match Pin::new(rest).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                    };
+                    let mut out = this.pass(&data);
+                    if this.upstream_done() {
+                        out = join(out, this.end());
                     }
-                    Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                    this.first = Some(out);
                 }
-            }
-            Poll::Ready(None) => {
-                self.rest = None;
-                self.finish();
-                match self.strip.as_mut().map(UsageStripper::finish) {
-                    Some(tail) if !tail.is_empty() => Poll::Ready(Some(Ok(Frame::data(tail)))),
-                    _ => Poll::Ready(None),
-                }
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.rest = None;
-                let message = error_chain(&e);
-                if let Some(d) = self.dispatch.take() {
-                    d.fail(FailureKind::Connect, None);
-                    self.ending.set(Outcome::StreamError);
-                }
-                self._permit = None;
-                if self.sse {
-                    let event = serde_json::json!({"error": {
-                        "message": format!("upstream stream broke after the first token: {message}"),
-                        "type": "server_error", "param": null, "code": "upstream_stream_error"}});
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
-                        "data: {event}\n\n"
-                    ))))))
-                } else {
-                    Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(None) => this.first = Some(this.end()),
+                Poll::Ready(Some(Err(e))) => {
+                    this.rest = None;
+                    if let Some(d) = this.dispatch.take() {
+                        d.fail(FailureKind::Connect, None);
+                        this.ending.set(Outcome::StreamError);
+                    }
+                    if !this.sse {
+                        this._permit = None;
+                        return Poll::Ready(Some(Err(e.into())));
+                    }
+                    this.broken(&error_chain(&e));
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.rest.is_none()
+        self.first.is_none() && self.rest.is_none() && !self.resumable()
     }
 
     fn size_hint(&self) -> SizeHint {
         let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
         match &self.rest {
-            None => SizeHint::with_exact(first),
+            None if !self.resumable() => SizeHint::with_exact(first),
+            None => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(first);
+                hint
+            }
             Some(rest) => {
                 let inner = rest.size_hint();
                 let mut hint = SizeHint::new();

@@ -53,6 +53,8 @@ pub struct Config {
     pub kv_events: crate::engine_state::KvEventsConfig,
     /// When a priority tier passes requests it could take to the next one.
     pub spillover: crate::endpoint_config::SpilloverConfig,
+    /// Continuing streams that break after the first token on another endpoint.
+    pub resume: crate::resume::ResumeConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -90,6 +92,7 @@ impl Default for Config {
             tokenizers: BTreeMap::new(),
             kv_events: Default::default(),
             spillover: Default::default(),
+            resume: Default::default(),
         }
     }
 }

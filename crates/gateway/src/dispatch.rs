@@ -6,14 +6,82 @@
 
 use crate::metrics::{EndpointLabel, PolicyLabel};
 use crate::observe::otel::{self, LiveSpan};
+use crate::parse::Api;
 use crate::pool::Target;
 use crate::state::Shared;
+use crate::upstream::{self, AttemptError, HttpClient, Ready};
+use axum::http::HeaderMap;
+use bytes::Bytes;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::{Nanos, Usage};
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// An attempt on its way: its dispatch and, once the first bytes (or the failure) are in,
+/// the result.
+pub(crate) type AttemptFuture =
+    Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
+
+/// What every attempt of one request sends besides its body: first attempt, retries, hedges
+/// and mid-stream continuations alike.
+#[derive(Clone, Debug)]
+pub(crate) struct Sending {
+    pub(crate) client: HttpClient,
+    pub(crate) api: Api,
+    /// The client's headers that go upstream (trace context replaced per attempt).
+    pub(crate) forwarded: Arc<HeaderMap>,
+    pub(crate) first_token_timeout: Option<Duration>,
+    pub(crate) max_retry_after: Duration,
+    pub(crate) session: Option<String>,
+}
+
+impl Sending {
+    /// Sends `body` to the dispatch's endpoint and waits for the first bytes (or the
+    /// first-token timeout); the dispatch learns of a first token or a refusal.
+    pub(crate) fn send(
+        &self,
+        mut dispatch: Dispatch,
+        body: Bytes,
+        forwarded: Arc<HeaderMap>,
+    ) -> AttemptFuture {
+        let sending = self.clone();
+        Box::pin(async move {
+            let t = &dispatch.target;
+            let cache_key = sending.session.as_deref().filter(|_| t.prompt_cache_key);
+            let body = upstream::rewritten(&body, t.send_model.as_deref(), cache_key);
+            let headers = upstream::Headers {
+                forwarded: &forwarded,
+                authorization: t.authorization.as_ref(),
+                configured: &t.headers,
+            };
+            let send = upstream::attempt(
+                &sending.client,
+                &t.base,
+                sending.api,
+                body,
+                headers,
+                sending.max_retry_after,
+            );
+            let result = match sending.first_token_timeout {
+                Some(limit) => tokio::time::timeout(limit, send)
+                    .await
+                    .unwrap_or(Err(AttemptError::Timeout(limit))),
+                None => send.await,
+            };
+            // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
+            match &result {
+                Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
+                Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
+                Err(_) => {}
+            }
+            (dispatch, result)
+        })
+    }
+}
 
 /// An attempt in flight.
 #[derive(Debug)]

@@ -29,6 +29,8 @@ pub(crate) struct Facts {
     stream: Option<bool>,
     /// Upstream attempts launched.
     pub(crate) attempts: u32,
+    /// Continuations of a broken stream that took over (`crate::resume`).
+    pub(crate) resumes: u32,
     /// The status sent to the client.
     pub(crate) status: Option<u16>,
     /// Time waiting for admission.
@@ -89,6 +91,11 @@ impl Ending {
     /// The request span's context, the parent of its attempts' spans.
     pub(crate) fn span_context(&self) -> Option<SpanContext> {
         self.span.as_ref().map(|s| s.span_context().clone())
+    }
+
+    /// The gateway's shared state.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The gateway's id of the request.
@@ -315,6 +322,7 @@ impl Ending {
             stream: f.stream,
             endpoint: self.endpoint.as_deref(),
             attempts: f.attempts,
+            resumes: f.resumes,
             outcome: self.outcome.label(),
             status: f.status,
             queue_ms: f.queued.map(ms),

@@ -39,6 +39,7 @@ mod listener;
 pub mod observe;
 mod proxy;
 mod reload;
+mod resume;
 mod server;
 mod state;
 pub mod tenancy;

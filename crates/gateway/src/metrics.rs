@@ -97,6 +97,8 @@ pub struct Metrics {
     pub retries_denied: Family<ReasonLabel, Counter>,
     /// Hedges launched and won.
     pub hedges: Family<ReasonLabel, Counter>,
+    /// Streams broken after the first token, by what became of them.
+    pub stream_resumes: Family<ReasonLabel, Counter>,
     /// Breaker state per endpoint (0 closed, 1 half-open, 2 open).
     pub breaker: Family<EndpointLabel, Gauge>,
     /// Whether an endpoint is routable (1) or not (0).
@@ -235,6 +237,12 @@ impl Metrics {
         );
         let hedges = Family::default();
         registry.register("hedges", "Hedged attempts launched and won", hedges.clone());
+        let stream_resumes = Family::default();
+        registry.register(
+            "stream_resumes",
+            "Streams that broke after the first token: resumed on another endpoint, finished, or why not",
+            stream_resumes.clone(),
+        );
         let breaker = Family::default();
         registry.register(
             "breaker_state",
@@ -391,6 +399,7 @@ impl Metrics {
             retries,
             retries_denied,
             hedges,
+            stream_resumes,
             breaker,
             endpoint_up,
             inflight,

@@ -68,6 +68,9 @@ pub struct Inference {
     /// When the model has a tokenizer: how rendering and tokenizing the prompt went (its time,
     /// or why it failed; the request then goes on keyed by text).
     pub tokenized: Option<Result<Duration, String>>,
+    /// Why a stream of this request that breaks after its first token cannot be continued on
+    /// another endpoint (`n`, `logprobs`, ...); `None` when it can (see `crate::resume`).
+    pub unresumable: Option<&'static str>,
 }
 
 /// Validates `body` and `headers` for `api`.
@@ -137,6 +140,7 @@ pub fn parse_with<'t>(
         .map_err(|e| e.to_string())
     });
     let session = session(headers, &fields, limits);
+    let unresumable = crate::resume::unresumable(api, stream, &fields);
     let (body, strip_usage) = match stream && limits.stream_usage {
         true => with_stream_usage(body, &mut fields)?,
         false => (body, false),
@@ -180,6 +184,7 @@ pub fn parse_with<'t>(
         strip_usage,
         shared_head,
         tokenized,
+        unresumable,
     })
 }
 

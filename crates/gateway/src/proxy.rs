@@ -14,14 +14,15 @@
 
 use crate::admission::Claim;
 use crate::body::Tracked;
-use crate::dispatch::Dispatch;
+use crate::dispatch::{AttemptFuture, Dispatch, Sending};
 use crate::ending::Ending;
 use crate::error::ApiError;
 use crate::metrics;
 use crate::observe::decisions::DecisionRecord;
 use crate::observe::otel::{self, LiveSpan};
-use crate::parse::{Api, Inference};
+use crate::parse::Inference;
 use crate::pool::Attempt;
+use crate::resume::{Origin, Resume};
 use crate::state::Shared;
 use crate::upstream::{self, AttemptError, Ready};
 use axum::body::Body;
@@ -34,12 +35,8 @@ use opentelemetry::trace::SpanContext;
 use opentelemetry::KeyValue;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-
-type AttemptFuture = Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
 
 /// The response header naming the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-kvgate-endpoint";
@@ -142,7 +139,7 @@ pub(crate) async fn handle(
     let mut run = Run::new(shared.clone(), inference, headers, ending.id());
     if keyed {
         // The client's key is the gateway's, not an engine's.
-        Arc::make_mut(&mut run.forwarded).remove(header::AUTHORIZATION);
+        Arc::make_mut(&mut run.sending.forwarded).remove(header::AUTHORIZATION);
     }
     run.trace = ending.span_context();
     let hedge_after = match run.launch(Attempt::First) {
@@ -182,7 +179,8 @@ pub(crate) async fn handle(
                     run.account(ending, Some(&dispatch));
                     let explained = explain.then(|| dispatch.target.decision.summary());
                     let owners = (permit, ending.take());
-                    let mut response = respond(ready, dispatch, owners, (run.stream, run.strip_usage));
+                    let resume = run.resume();
+                    let mut response = respond(ready, dispatch, owners, (run.stream, run.strip_usage), resume);
                     add_explanation(&mut response, explained);
                     for (name, value) in ratelimit_headers.iter() {
                         if let Ok(v) = HeaderValue::from_str(value) {
@@ -225,12 +223,12 @@ fn nanos(d: Duration) -> Nanos {
 struct Run {
     shared: Arc<Shared>,
     request: Arc<Request>,
-    api: Api,
     body: Bytes,
     stream: bool,
     strip_usage: bool,
-    forwarded: Arc<HeaderMap>,
-    first_token_timeout: Option<Duration>,
+    /// Why a broken stream cannot be continued elsewhere, or `None` when it can.
+    unresumable: Option<&'static str>,
+    sending: Sending,
     rng: ChaCha8Rng,
     tried: Vec<EndpointId>,
     running: FuturesUnordered<AttemptFuture>,
@@ -250,15 +248,22 @@ impl Run {
         // first-token timeout would cut off every long answer (and retry it elsewhere).
         let first_token_timeout = (inference.stream && retry.first_token_timeout_ms > 0)
             .then(|| Duration::from_millis(retry.first_token_timeout_ms));
+        let sending = Sending {
+            client: shared.client.clone(),
+            api: inference.api,
+            forwarded: Arc::new(upstream::forwarded_headers(headers)),
+            first_token_timeout,
+            max_retry_after: Duration::from_secs(retry.max_retry_after_secs),
+            session: request.session.clone(),
+        };
         Run {
             rng: ChaCha8Rng::seed_from_u64(shared.seed ^ request.id),
             request: Arc::new(request),
-            api: inference.api,
             body: inference.body,
             stream: inference.stream,
             strip_usage: inference.strip_usage,
-            forwarded: Arc::new(upstream::forwarded_headers(headers)),
-            first_token_timeout,
+            unresumable: inference.unresumable,
+            sending,
             tried: Vec::with_capacity(2),
             running: FuturesUnordered::new(),
             hedged_to: None,
@@ -280,38 +285,12 @@ impl Run {
         if attempt == Attempt::Hedge {
             self.hedged_to = Some(target.id);
         }
-        let mut forwarded = self.forwarded.clone();
+        let mut forwarded = self.sending.forwarded.clone();
         let span = self.attempt_span(&target, attempt, &mut forwarded);
         let mut dispatch = Dispatch::new(self.shared.clone(), self.request.id, target, self.stream);
         dispatch.span = span;
-        let (client, body) = (self.shared.client.clone(), self.body.clone());
-        let session = self.request.session.clone();
-        let (api, timeout) = (self.api, self.first_token_timeout);
-        let max_retry_after = Duration::from_secs(self.shared.config.retry.max_retry_after_secs);
-        self.running.push(Box::pin(async move {
-            let t = &dispatch.target;
-            let cache_key = session.as_deref().filter(|_| t.prompt_cache_key);
-            let body = upstream::rewritten(&body, t.send_model.as_deref(), cache_key);
-            let headers = upstream::Headers {
-                forwarded: &forwarded,
-                authorization: t.authorization.as_ref(),
-                configured: &t.headers,
-            };
-            let send = upstream::attempt(&client, &t.base, api, body, headers, max_retry_after);
-            let result = match timeout {
-                Some(limit) => tokio::time::timeout(limit, send)
-                    .await
-                    .unwrap_or(Err(AttemptError::Timeout(limit))),
-                None => send.await,
-            };
-            // Only a 2xx answer carries tokens; other statuses go to the client unchanged.
-            match &result {
-                Ok(ready) if ready.head.status.is_success() => dispatch.first_token(),
-                Ok(ready) => dispatch.refused(ready.head.status.as_u16()),
-                Err(_) => {}
-            }
-            (dispatch, result)
-        }));
+        self.running
+            .push(self.sending.send(dispatch, self.body.clone(), forwarded));
         Ok(hedge_after)
     }
 
@@ -369,7 +348,7 @@ impl Run {
     ) -> Option<LiveSpan> {
         let (tracing, parent) = (self.shared.tracing.as_ref()?, self.trace.as_ref()?);
         let mut attrs = vec![
-            KeyValue::new("gen_ai.operation.name", otel::operation(self.api)),
+            KeyValue::new("gen_ai.operation.name", otel::operation(self.sending.api)),
             KeyValue::new("kvgate.endpoint", target.name.to_string()),
             KeyValue::new("kvgate.attempt", attempt.label()),
             KeyValue::new("kvgate.reason", target.reason),
@@ -386,7 +365,7 @@ impl Run {
                 attrs.push(KeyValue::new("server.port", i64::from(port)));
             }
         }
-        let name = otel::span_name(self.api, self.request.model.as_deref());
+        let name = otel::span_name(self.sending.api, self.request.model.as_deref());
         Some(tracing.attempt_span(parent, name, attrs, Arc::make_mut(forwarded)))
     }
 
@@ -402,6 +381,23 @@ impl Run {
         facts.price = answered
             .and_then(|d| d.target.price)
             .or_else(|| self.shared.tenancy.price(self.request.model.as_deref()));
+    }
+
+    /// What continues the answer elsewhere if its stream breaks, or why nothing can.
+    fn resume(&self) -> Result<Box<Resume>, &'static str> {
+        if !self.shared.config.resume.enabled {
+            return Err("disabled");
+        }
+        if let Some(why) = self.unresumable {
+            return Err(why);
+        }
+        Ok(Box::new(Resume::new(Origin {
+            shared: self.shared.clone(),
+            request: self.request.clone(),
+            body: self.body.clone(),
+            sending: self.sending.clone(),
+            tried: self.tried.clone(),
+        })))
     }
 
     /// The 503 when no endpoint can take the request: every endpoint may be inside a
@@ -425,6 +421,7 @@ fn respond(
     dispatch: Dispatch,
     (permit, mut ending): (crate::admission::Permit, Ending),
     (stream, strip_usage): (bool, bool),
+    resume: Result<Box<Resume>, &'static str>,
 ) -> Response<Body> {
     let Ready {
         mut head,
@@ -458,7 +455,14 @@ fn respond(
     facts.status = Some(head.status.as_u16());
     facts.first_token = (ok && stream).then(std::time::Instant::now);
     let owners = (permit, ending);
-    let body = Tracked::new(first, rest, dispatch, owners, sse, (ok, strip_usage));
+    let body = Tracked::new(
+        first,
+        rest,
+        dispatch,
+        owners,
+        (sse, ok, strip_usage),
+        resume,
+    );
     Response::from_parts(head, Body::new(body))
 }
 

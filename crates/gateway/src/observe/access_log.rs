@@ -50,8 +50,11 @@ pub(crate) struct AccessRecord<'a> {
     /// The endpoint that answered, or the last one tried.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) endpoint: Option<&'a str>,
-    /// Upstream attempts (retries and hedges included).
+    /// Upstream attempts (retries, hedges and continuations included).
     pub(crate) attempts: u32,
+    /// Streams continued on another endpoint after breaking (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) resumes: u32,
     /// `ok`, `upstream_error`, `client_error`, `queue_full`, `deadline`, `cancelled`, ...
     pub(crate) outcome: &'static str,
     /// The status sent to the client.
@@ -191,6 +194,10 @@ impl Drop for AccessLog {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +214,7 @@ mod tests {
             stream: Some(true),
             endpoint: Some("e0"),
             attempts: 1,
+            resumes: 0,
             outcome: "ok",
             status: Some(200),
             queue_ms: Some(0.01),

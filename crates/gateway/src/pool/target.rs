@@ -56,6 +56,9 @@ pub enum Attempt {
     Retry,
     /// A hedge: only an endpoint not tried yet.
     Hedge,
+    /// A stream's continuation after it broke (`crate::resume`): only an endpoint not tried
+    /// yet; outside the retry budget (a continuation replaces work lost, it adds none).
+    Resume,
 }
 
 impl Attempt {
@@ -65,6 +68,7 @@ impl Attempt {
             Attempt::First => "first",
             Attempt::Retry => "retry",
             Attempt::Hedge => "hedge",
+            Attempt::Resume => "resume",
         }
     }
 }

@@ -1,0 +1,215 @@
+//! Mid-stream continuation against real `kvgate engine` processes: an engine that resets the
+//! connection after a few streamed tokens, a second one that continues the answer, and the
+//! client's stream checked event by event against what the second engine says when asked
+//! directly.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{client, engine, gateway_with_config, get_text, metric, sse_data, user, Proc};
+
+/// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
+/// the first tier, breaks every stream after `after` tokens; `b` is healthy.
+async fn fleet(name: &str, after: u32, extra: &str) -> (Proc, Proc, Proc) {
+    let fault = format!("disconnect_mid:after={after}");
+    let a = engine("a", "0", &["--fault", &fault]);
+    let b = engine("b", "0", &[]);
+    let yaml = format!(
+        "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b, tier: 1}}\n{extra}",
+        a.url, b.url
+    );
+    let g = gateway_with_config(&[], name, &yaml).await;
+    (a, b, g)
+}
+
+/// The stream's chunks (every `data:` but the final `[DONE]`, which must be there once).
+fn chunks(body: &str) -> Vec<Value> {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1, "{body}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+/// The text of a stream's chunks: chat deltas or completion text.
+fn text(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter_map(|c| c["delta"]["content"].as_str().or(c["text"].as_str()))
+        .collect()
+}
+
+async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r
+}
+
+/// What `engine` answers to `body`, not streamed.
+async fn answer(engine: &Proc, path: &str, mut body: Value) -> String {
+    body["stream"] = json!(false);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let v: Value = post(&engine.url, path, &body).await.json().await.unwrap();
+    let choice = &v["choices"][0];
+    choice["message"]["content"]
+        .as_str()
+        .or(choice["text"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_stream_broken_after_five_tokens_is_continued_on_another_engine() {
+    let (_a, b, g) = fleet("resume-chat", 5, "").await;
+    let mut request = json!({
+        "model": "test-model", "messages": user("tell me about caches"), "max_tokens": 20,
+        "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let r = post(&g.url, "/v1/chat/completions", &request).await;
+    assert_eq!(
+        r.headers()["x-kvgate-endpoint"],
+        "a",
+        "the first tier answered first"
+    );
+    let body = r.text().await.unwrap();
+    let chunks = chunks(&body);
+    let got = text(&chunks);
+
+    // The same seed gives the same text: `a`'s five tokens are the first five `b` would write.
+    let whole = answer(&b, "/v1/chat/completions", request.clone()).await;
+    let words: Vec<&str> = whole.split_inclusive(' ').collect();
+    let before: String = whole
+        .match_indices(' ')
+        .nth(5)
+        .map_or(whole.as_str(), |(i, _)| &whole[..i])
+        .to_string();
+    assert!(words.len() >= 5, "{whole}");
+    assert!(
+        got.starts_with(&before),
+        "{got:?} does not start with {before:?}"
+    );
+    // ... and the rest is what `b` writes when asked to continue them.
+    request["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": before}));
+    request["continue_final_message"] = json!(true);
+    request["add_generation_prompt"] = json!(false);
+    request["max_tokens"] = json!(15);
+    let continued = answer(&b, "/v1/chat/completions", request).await;
+    assert_eq!(got, format!("{before}{continued}"), "{body}");
+
+    // One stream: the first chunk's identity throughout, one role delta, one finish, and
+    // usage counting both engines' tokens.
+    let id = &chunks[0]["id"];
+    assert!(
+        chunks
+            .iter()
+            .all(|c| &c["id"] == id && c["model"] == "test-model"),
+        "{body}"
+    );
+    let roles = chunks
+        .iter()
+        .filter(|c| {
+            c["choices"]
+                .get(0)
+                .is_some_and(|c| c["delta"].get("role").is_some())
+        })
+        .count();
+    assert_eq!(roles, 1, "{body}");
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("length")], "{body}");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 20, "{body}");
+    assert!(!body.contains("\"error\""), "{body}");
+
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "kvgate_stream_resumes_total{reason=\"resumed\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "kvgate_retries_total"), None, "{metrics}");
+    assert!(metrics.contains("outcome=\"ok\",policy="), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_stream_is_continued_from_its_prompt_and_the_client_did_not_ask_for_usage() {
+    let (_a, b, g) = fleet("resume-completion", 3, "").await;
+    let mut request = json!({
+        "model": "test-model", "prompt": "Once upon a time", "max_tokens": 12,
+        "ignore_eos": true, "stream": true,
+    });
+    let body = post(&g.url, "/v1/completions", &request)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let chunks = chunks(&body);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c.get("usage").is_none_or(Value::is_null)),
+        "the usage the gateway asked for is stripped: {body}"
+    );
+    let got = text(&chunks);
+    let whole = answer(&b, "/v1/completions", request.clone()).await;
+    let before = &whole[..whole.match_indices(' ').nth(3).unwrap().0];
+    request["prompt"] = json!(format!("Once upon a time{before}"));
+    request["max_tokens"] = json!(9);
+    let continued = answer(&b, "/v1/completions", request).await;
+    assert_eq!(got, format!("{before}{continued}"), "{body}");
+    assert_eq!(got.split(' ').count() - 1, 12, "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
+    let (_a, _b, g) = fleet("resume-refused", 3, "").await;
+    let mut request = json!({
+        "model": "test-model", "messages": user("hi"), "max_tokens": 10,
+        "ignore_eos": true, "stream": true, "logprobs": true,
+    });
+    let last =
+        |body: &str| -> Value { serde_json::from_str(sse_data(body).last().unwrap()).unwrap() };
+    let body = post(&g.url, "/v1/chat/completions", &request)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        last(&body)["error"]["code"],
+        "upstream_stream_error",
+        "{body}"
+    );
+    request.as_object_mut().unwrap().remove("logprobs");
+    let (_a2, _b2, off) = fleet("resume-off", 3, "resume: {enabled: false}\n").await;
+    let body = post(&off.url, "/v1/chat/completions", &request)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        last(&body)["error"]["code"],
+        "upstream_stream_error",
+        "{body}"
+    );
+    for (gateway, reason) in [(&g, "logprobs"), (&off, "disabled")] {
+        let metrics = get_text(&client(), &gateway.url, "/metrics").await;
+        let sample = format!("kvgate_stream_resumes_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&metrics, &sample), Some(1.0), "{metrics}");
+        assert!(metrics.contains("outcome=\"stream_error\""), "{metrics}");
+    }
+}

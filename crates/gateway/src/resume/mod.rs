@@ -1,0 +1,300 @@
+//! Mid-stream continuation: when an upstream breaks after the first token of a streamed
+//! answer, the request is sent again to another endpoint with the text streamed so far as an
+//! open assistant message (vLLM's and SGLang's `continue_final_message`; for completions, the
+//! text appended to the prompt), and the new stream is spliced into the client's so the client
+//! reads one well-formed SSE stream (seed section 9.4: resume instead of failing).
+//!
+//! What is guaranteed, for a request that allows it (see [`unresumable`]):
+//! - the client receives only whole events: an event cut by the break was never sent, and the
+//!   continuation starts at an event boundary;
+//! - the text is the first stream's text followed by the continuation's, nothing lost or
+//!   repeated; every chunk keeps the first stream's `id`, `created` and `model`; the
+//!   continuation's opening `role` delta is dropped; one `[DONE]` ends the stream;
+//! - at most `resume.max_resumes` continuations per request, each to an endpoint the request
+//!   has not tried, and only while the text so far fits in `resume.max_text_bytes`; otherwise
+//!   (and when a continuation fails before its first token) the stream ends with the error
+//!   event it ended with before.
+//!
+//! Not guaranteed: the continuation is what the second engine generates from the text so far,
+//! not what the first would have (sampling differs; greedy decoding on the same model gives the
+//! same tokens up to numerics); a stop string straddling the break is not seen by either
+//! engine; the usage chunk reports the continuation's numbers moved by the tokens streamed
+//! before the break (`completion_tokens` plus them, `prompt_tokens` minus them), which is exact
+//! when each chunk carried one token (vLLM's default) and the text re-tokenizes to as many
+//! tokens. A continuation needs an upstream that accepts `continue_final_message` (vLLM,
+//! SGLang, kvgate's emulated engine); one that rejects it answers 400 and the stream ends with
+//! the error event.
+
+mod splice;
+mod transcript;
+
+use crate::dispatch::{AttemptFuture, Dispatch, Sending};
+use crate::parse::Api;
+use crate::pool::Attempt;
+use crate::state::Shared;
+use bytes::Bytes;
+use kvgate_core::{EndpointId, Request, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+pub(crate) use splice::Splicer;
+pub(crate) use transcript::{EventCut, Transcript};
+
+/// `resume:` in the configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResumeConfig {
+    /// Continue broken streams on another endpoint (on by default).
+    pub enabled: bool,
+    /// Continuations per request.
+    pub max_resumes: u32,
+    /// Text kept per stream to continue from; a longer answer that breaks ends with an error
+    /// event. 256 KiB is about 60,000 tokens of English.
+    pub max_text_bytes: usize,
+}
+
+impl Default for ResumeConfig {
+    fn default() -> Self {
+        ResumeConfig {
+            enabled: true,
+            max_resumes: 2,
+            max_text_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Why a request's stream could not be continued exactly, or `None` when it can: only
+/// streams; one choice (`n`, `best_of`); no `logprobs` (the first engine's cannot be
+/// re-created); no structured output (a grammar would restart at the continuation); a
+/// completion prompt that is text (token ids cannot be extended with text) and no `echo`.
+pub(crate) fn unresumable(
+    api: Api,
+    stream: bool,
+    fields: &Map<String, Value>,
+) -> Option<&'static str> {
+    let set = |name: &str| {
+        fields
+            .get(name)
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+    };
+    let above_one = |name: &str| {
+        fields
+            .get(name)
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 1)
+    };
+    if !stream {
+        return Some("not_streamed");
+    }
+    if above_one("n") || above_one("best_of") {
+        return Some("n");
+    }
+    if set("logprobs") || set("top_logprobs") {
+        return Some("logprobs");
+    }
+    let structured = [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+    ];
+    let format = fields
+        .get("response_format")
+        .and_then(|f| f.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "text");
+    if format || structured.iter().any(|k| set(k)) {
+        return Some("structured_output");
+    }
+    if api == Api::Completions {
+        if set("echo") {
+            return Some("echo");
+        }
+        let text = match fields.get("prompt") {
+            Some(Value::String(_)) => true,
+            Some(Value::Array(items)) => items.len() == 1 && items[0].is_string(),
+            _ => false,
+        };
+        if !text {
+            return Some("token_prompt");
+        }
+    }
+    None
+}
+
+/// What a continuation needs of its request.
+#[derive(Debug)]
+pub(crate) struct Origin {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) request: Arc<Request>,
+    /// The body the first attempt sent (the client's, with `include_usage` if the gateway
+    /// added it).
+    pub(crate) body: Bytes,
+    pub(crate) sending: Sending,
+    /// Endpoints the request went to; a continuation goes elsewhere.
+    pub(crate) tried: Vec<EndpointId>,
+}
+
+/// One resumable stream's state: the events passed to the client so far, what they said, and
+/// a continuation on its way or spliced in.
+pub(crate) struct Resume {
+    origin: Origin,
+    cut: EventCut,
+    transcript: Transcript,
+    splicer: Option<Splicer>,
+    left: u32,
+    pending: Option<AttemptFuture>,
+}
+
+impl std::fmt::Debug for Resume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resume")
+            .field("transcript", &self.transcript)
+            .field("left", &self.left)
+            .field("pending", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resume {
+    pub(crate) fn new(origin: Origin) -> Self {
+        let config = &origin.shared.config.resume;
+        Resume {
+            left: config.max_resumes,
+            transcript: Transcript::new(origin.sending.api, config.max_text_bytes),
+            cut: EventCut::default(),
+            splicer: None,
+            pending: None,
+            origin,
+        }
+    }
+
+    /// Upstream bytes in, what the client gets out: whole events only (a partial one waits for
+    /// its end), a continuation's events spliced; the result is recorded.
+    pub(crate) fn through(&mut self, data: &Bytes) -> Bytes {
+        let whole = self.cut.push(data);
+        let out = match &mut self.splicer {
+            Some(s) if !whole.is_empty() => s.rewrite(&whole),
+            _ => whole,
+        };
+        self.transcript.record(&out);
+        out
+    }
+
+    /// What is left when the upstream body ended normally (a last event without its blank
+    /// line).
+    pub(crate) fn flush(&mut self) -> Bytes {
+        let rest = self.cut.take();
+        let out = match &mut self.splicer {
+            Some(s) if !rest.is_empty() => s.rewrite(&rest),
+            _ => rest,
+        };
+        self.transcript.record(&out);
+        out
+    }
+
+    /// When the client already has the whole answer (a `finish_reason` or `[DONE]` came), a
+    /// break needs no continuation: the bytes that end the stream (`[DONE]` if it had not
+    /// come).
+    pub(crate) fn ending(&self) -> Option<Bytes> {
+        let t = &self.transcript;
+        (t.finished() || t.done()).then(|| match t.done() {
+            true => Bytes::new(),
+            false => Bytes::from_static(b"data: [DONE]\n\n"),
+        })
+    }
+
+    /// The upstream broke: sends the continuation to another endpoint, or says why not.
+    pub(crate) fn start(&mut self) -> Result<(), &'static str> {
+        self.cut = EventCut::default();
+        if let Some(reason) = self.transcript.blocked() {
+            return Err(reason);
+        }
+        if self.left == 0 {
+            return Err("exhausted");
+        }
+        let o = &mut self.origin;
+        let body = splice::continuation(&o.body, o.sending.api, &self.transcript)?;
+        let mut target = o
+            .shared
+            .pool
+            .pick(&o.request, &o.tried, Attempt::Resume)
+            .map_err(|_| "no_endpoint")?;
+        // The predictions were for the request's prompt, not for prompt plus text so far.
+        target.prediction = None;
+        target.predicted_ttft = None;
+        o.tried.push(target.id);
+        self.left -= 1;
+        let dispatch = Dispatch::new(o.shared.clone(), o.request.id, target, true);
+        let forwarded = o.sending.forwarded.clone();
+        self.pending = Some(o.sending.send(dispatch, body, forwarded));
+        Ok(())
+    }
+
+    /// Whether a continuation is on its way.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// The continuation on its way, if any.
+    pub(crate) fn pending(&mut self) -> Option<&mut AttemptFuture> {
+        self.pending.as_mut()
+    }
+
+    /// The continuation's first bytes arrived (or it failed): from now on its events are
+    /// spliced in.
+    pub(crate) fn settled(&mut self, spliced: bool) {
+        self.pending = None;
+        if spliced {
+            self.splicer = Some(Splicer::new(&self.transcript));
+        }
+    }
+
+    /// The usage the continuation's engine reported, before it was adjusted for the client:
+    /// the engine's own numbers, for its calibration and cache-prediction scoring.
+    pub(crate) fn engine_usage(&self) -> Option<Option<Usage>> {
+        self.splicer.as_ref().map(Splicer::engine_usage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(json: &str) -> Map<String, Value> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn only_requests_a_continuation_can_keep_exact_are_resumable() {
+        let chat = |extra: &str| {
+            let json = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+            unresumable(Api::Chat, true, &fields(&json))
+        };
+        assert_eq!(chat(""), None);
+        assert_eq!(chat(r#","n":1,"logprobs":false,"tools":[]"#), None);
+        assert_eq!(chat(r#","response_format":{"type":"text"}"#), None);
+        assert_eq!(chat(r#","n":2"#), Some("n"));
+        assert_eq!(chat(r#","logprobs":true"#), Some("logprobs"));
+        assert_eq!(chat(r#","top_logprobs":3"#), Some("logprobs"));
+        assert_eq!(
+            chat(r#","response_format":{"type":"json_object"}"#),
+            Some("structured_output")
+        );
+        assert_eq!(chat(r#","guided_regex":"a+""#), Some("structured_output"));
+        let body = fields(r#"{"messages":[]}"#);
+        assert_eq!(unresumable(Api::Chat, false, &body), Some("not_streamed"));
+        let completion = |json: &str| unresumable(Api::Completions, true, &fields(json));
+        assert_eq!(completion(r#"{"prompt":"once"}"#), None);
+        assert_eq!(completion(r#"{"prompt":["once"]}"#), None);
+        assert_eq!(completion(r#"{"prompt":[1,2,3]}"#), Some("token_prompt"));
+        assert_eq!(completion(r#"{"prompt":"once","echo":true}"#), Some("echo"));
+        assert_eq!(
+            completion(r#"{"prompt":"once","logprobs":2}"#),
+            Some("logprobs")
+        );
+        assert_eq!(completion(r#"{"prompt":"once","best_of":3}"#), Some("n"));
+    }
+}

@@ -1,0 +1,328 @@
+//! What a resumable stream has told the client: whole events only ([`EventCut`]), and from
+//! them the text so far and the chunk metadata a continuation must keep ([`Transcript`]).
+
+use crate::parse::Api;
+use bytes::{Bytes, BytesMut};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use std::borrow::Cow;
+
+/// Passes the bytes of a server-sent-events body up to the end of its last complete event
+/// (a blank line) and holds the rest until its end arrives: a stream that breaks then leaves
+/// the client at an event boundary, where a continuation can begin.
+#[derive(Debug, Default)]
+pub(crate) struct EventCut {
+    partial: BytesMut,
+}
+
+impl EventCut {
+    /// The whole events `data` completes (none copied when it holds whole events only, as
+    /// engines write them).
+    pub(crate) fn push(&mut self, data: &Bytes) -> Bytes {
+        if self.partial.is_empty() {
+            let end = last_event_end(data);
+            if end < data.len() {
+                self.partial.extend_from_slice(&data[end..]);
+            }
+            return data.slice(..end);
+        }
+        self.partial.extend_from_slice(data);
+        let end = last_event_end(&self.partial);
+        self.partial.split_to(end).freeze()
+    }
+
+    /// Whatever is held back.
+    pub(crate) fn take(&mut self) -> Bytes {
+        std::mem::take(&mut self.partial).freeze()
+    }
+}
+
+/// The offset just past the last blank line of `data` (`\n\n` or `\r\n\r\n`), 0 if none.
+fn last_event_end(data: &[u8]) -> usize {
+    let lf = memchr_last_pair(data, b"\n\n").map(|i| i + 2);
+    let crlf = memchr_last_pair(data, b"\n\r\n").map(|i| i + 3);
+    lf.max(crlf).unwrap_or(0)
+}
+
+fn memchr_last_pair(data: &[u8], needle: &[u8]) -> Option<usize> {
+    data.windows(needle.len()).rposition(|w| w == needle)
+}
+
+/// The events of `data` with their terminating blank lines, and what is left after the last
+/// one.
+pub(crate) fn events(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = 0;
+        for line in rest.split_inclusive(|b| *b == b'\n') {
+            end += line.len();
+            if line.trim_ascii().is_empty() && end > line.len() {
+                break;
+            }
+        }
+        let (event, after) = rest.split_at(end);
+        rest = after;
+        Some(event)
+    })
+}
+
+/// The values of an event's `data:` lines.
+pub(crate) fn data_lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
+    event.split(|b| *b == b'\n').filter_map(|line| {
+        let value = line.strip_prefix(b"data:")?;
+        Some(value.trim_ascii())
+    })
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    created: Option<u64>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default)]
+    logprobs: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<IgnoredAny>>,
+    #[serde(default)]
+    function_call: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+}
+
+/// The stream as the client has it: chunk metadata, the text so far, chunks that carried
+/// text (one token each in vLLM's default streaming), whether it finished, and why it cannot
+/// be continued if it cannot.
+#[derive(Debug)]
+pub(crate) struct Transcript {
+    api: Api,
+    limit: usize,
+    pub(crate) id: Option<String>,
+    pub(crate) created: Option<u64>,
+    pub(crate) model: Option<String>,
+    text: String,
+    tokens: u32,
+    finished: bool,
+    done: bool,
+    blocked: Option<&'static str>,
+}
+
+impl Transcript {
+    /// An empty transcript keeping at most `limit` bytes of text.
+    pub(crate) fn new(api: Api, limit: usize) -> Self {
+        Transcript {
+            api,
+            limit,
+            id: None,
+            created: None,
+            model: None,
+            text: String::new(),
+            tokens: 0,
+            finished: false,
+            done: false,
+            blocked: None,
+        }
+    }
+
+    /// Reads whole events the client received.
+    pub(crate) fn record(&mut self, data: &[u8]) {
+        if self.blocked.is_some() || data.is_empty() {
+            return;
+        }
+        for event in events(data) {
+            for value in data_lines(event) {
+                if value == b"[DONE]" {
+                    self.done = true;
+                } else if let Err(why) = self.chunk(value) {
+                    self.blocked = Some(why);
+                    self.text = String::new();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn chunk(&mut self, value: &[u8]) -> Result<(), &'static str> {
+        let chunk: Chunk<'_> = serde_json::from_slice(value).map_err(|_| "unparsed_chunk")?;
+        if chunk.error.is_some() {
+            return Err("error_event");
+        }
+        if self.id.is_none() {
+            self.id = chunk.id.map(Cow::into_owned);
+            self.created = chunk.created;
+            self.model = chunk.model.map(Cow::into_owned);
+        }
+        for choice in &chunk.choices {
+            if choice.index != 0 {
+                return Err("n");
+            }
+            if choice.logprobs.is_some() {
+                return Err("logprobs");
+            }
+            let text = match (self.api, &choice.delta) {
+                (Api::Chat, Some(d)) => {
+                    if d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+                        || d.function_call.is_some()
+                    {
+                        return Err("tool_calls");
+                    }
+                    let thinking = [&d.reasoning_content, &d.reasoning];
+                    if thinking
+                        .iter()
+                        .any(|r| r.as_ref().is_some_and(|r| !r.is_empty()))
+                    {
+                        return Err("reasoning");
+                    }
+                    d.content.as_deref()
+                }
+                (Api::Chat, None) => None,
+                (Api::Completions, _) => choice.text.as_deref(),
+            };
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                if self.text.len() + text.len() > self.limit {
+                    return Err("too_long");
+                }
+                self.text.push_str(text);
+                self.tokens = self.tokens.saturating_add(1);
+            }
+            self.finished |= choice.finish_reason.is_some();
+        }
+        Ok(())
+    }
+
+    /// The text streamed so far.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Chunks that carried text.
+    pub(crate) fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    /// A `finish_reason` came: generation ended.
+    pub(crate) fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// `[DONE]` came.
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Why the stream cannot be continued, if it cannot.
+    pub(crate) fn blocked(&self) -> Option<&'static str> {
+        self.blocked
+    }
+
+    /// Which API the stream answers.
+    pub(crate) fn api(&self) -> Api {
+        self.api
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROLE: &str = r#"data: {"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#;
+
+    fn token(text: &str) -> String {
+        format!(
+            r#"data: {{"id":"c1","created":7,"model":"m","choices":[{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":null}}]}}"#
+        )
+    }
+
+    #[test]
+    fn only_whole_events_pass_and_the_rest_waits() {
+        let mut cut = EventCut::default();
+        let whole = Bytes::from(format!("{ROLE}\n\n{}\n\n", token(" a")));
+        assert_eq!(cut.push(&whole), whole, "whole events pass as they are");
+        let two = format!("{}\n\n{}\n\n", token(" b"), token(" c"));
+        // Cut inside the second event: the first passes, the second waits for its end.
+        let (head, tail) = two.split_at(token(" b").len() + 12);
+        let first = cut.push(&Bytes::copy_from_slice(head.as_bytes()));
+        assert_eq!(first, format!("{}\n\n", token(" b")).as_bytes());
+        let second = cut.push(&Bytes::copy_from_slice(tail.as_bytes()));
+        assert_eq!(second, format!("{}\n\n", token(" c")).as_bytes());
+        let crlf = Bytes::from_static(b"data: x\r\n\r\ndata: y");
+        assert_eq!(&cut.push(&crlf)[..], b"data: x\r\n\r\n");
+        assert_eq!(&cut.take()[..], b"data: y");
+    }
+
+    #[test]
+    fn the_transcript_collects_text_and_metadata() {
+        let mut t = Transcript::new(Api::Chat, 1024);
+        t.record(format!("{ROLE}\n\n{}\n\n{}\n\n", token(" the"), token(" cache")).as_bytes());
+        assert_eq!((t.text(), t.tokens()), (" the cache", 2));
+        assert_eq!(
+            (t.id.as_deref(), t.created, t.model.as_deref()),
+            (Some("c1"), Some(7), Some("m"))
+        );
+        assert!(!t.finished() && t.blocked().is_none());
+        t.record(br#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#);
+        t.record(b"\n\ndata: [DONE]\n\n");
+        assert!(t.finished() && t.done());
+    }
+
+    #[test]
+    fn what_cannot_be_continued_exactly_blocks_it() {
+        let blocked = |api, event: &str| {
+            let mut t = Transcript::new(api, 16);
+            t.record(format!("{event}\n\n").as_bytes());
+            t.blocked()
+        };
+        assert_eq!(blocked(Api::Chat, &token(" fine")), None);
+        let call = r#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#;
+        assert_eq!(blocked(Api::Chat, call), Some("tool_calls"));
+        let empty_calls =
+            r#"data: {"choices":[{"index":0,"delta":{"content":"x","tool_calls":[]}}]}"#;
+        assert_eq!(blocked(Api::Chat, empty_calls), None);
+        let thinking = r#"data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#;
+        assert_eq!(blocked(Api::Chat, thinking), Some("reasoning"));
+        let second = r#"data: {"choices":[{"index":1,"delta":{"content":"x"}}]}"#;
+        assert_eq!(blocked(Api::Chat, second), Some("n"));
+        assert_eq!(
+            blocked(Api::Chat, r#"data: {"error":{"message":"x"}}"#),
+            Some("error_event")
+        );
+        assert_eq!(blocked(Api::Chat, "data: {oops"), Some("unparsed_chunk"));
+        assert_eq!(
+            blocked(Api::Chat, &token("a long answer here")),
+            Some("too_long")
+        );
+        let text = r#"data: {"choices":[{"index":0,"text":" once","logprobs":null,"finish_reason":null}]}"#;
+        let mut t = Transcript::new(Api::Completions, 16);
+        t.record(format!("{text}\n\n").as_bytes());
+        assert_eq!((t.text(), t.tokens(), t.blocked()), (" once", 1, None));
+    }
+}
