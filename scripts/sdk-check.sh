@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the official OpenAI Python SDK against `kvgate engine`, then against `kvgate serve` over
-# TLS in front of it: creates .venv-sdk (pip install openai trustme), builds and starts the
+# TLS in front of it, then through a gateway whose first engine breaks every stream after four
+# tokens (the SDK must read the continued stream as one): creates .venv-sdk (pip install openai trustme), builds and starts the
 # engine on a free port, runs scripts/openai_sdk_check.py, makes a test CA and certificate with
 # trustme, starts the gateway with them and runs the check again over https, stops both. Needs
 # python3 with venv and access to PyPI (or a prepared .venv-sdk).
@@ -15,9 +16,9 @@ cargo build --quiet -p kvgate
 LOG=$(mktemp)
 "${CARGO_TARGET_DIR:-target}"/debug/kvgate engine --listen 127.0.0.1:0 --time-scale 0 --model sdk-model >"$LOG" 2>&1 &
 ENGINE_PID=$!
-GATEWAY_PID=""
+GATEWAY_PID="" BROKEN_PID="" RESUME_PID=""
 TLS=$(mktemp -d)
-trap 'kill $ENGINE_PID $GATEWAY_PID 2>/dev/null || true; rm -rf "$LOG" "$TLS"' EXIT
+trap 'kill $ENGINE_PID $GATEWAY_PID $BROKEN_PID $RESUME_PID 2>/dev/null || true; rm -rf "$LOG" "$TLS"' EXIT
 # Prints the SCHEME://ADDR a process announces in its LOG, waiting up to 10 s: address PID LOG SCHEME.
 address() {
   local found=""
@@ -60,4 +61,43 @@ else:
     sys.exit("gateway never became ready")
 PY
 .venv-sdk/bin/python scripts/openai_sdk_check.py "$GURL" sdk-model "$TLS/ca.pem"
-echo "OpenAI SDK: engine and gateway over TLS passed"
+
+# Mid-stream continuation: the first tier resets every stream after 4 tokens, the second
+# (the engine above, same seed) continues it.
+BLOG="$TLS/broken.log"
+"${CARGO_TARGET_DIR:-target}"/debug/kvgate engine --listen 127.0.0.1:0 --time-scale 0 --model sdk-model \
+  --fault disconnect_mid:after=4 >"$BLOG" 2>&1 &
+BROKEN_PID=$!
+BURL=$(address $BROKEN_PID "$BLOG" http)
+printf 'endpoints:\n  - {url: "%s", name: broken}\n  - {url: "%s", name: healthy, tier: 1}\n' \
+  "$BURL" "$URL" >"$TLS/resume.yaml"
+RLOG="$TLS/resume.log"
+"${CARGO_TARGET_DIR:-target}"/debug/kvgate serve --listen 127.0.0.1:0 --config "$TLS/resume.yaml" >"$RLOG" 2>&1 &
+RESUME_PID=$!
+RURL=$(address $RESUME_PID "$RLOG" http)
+.venv-sdk/bin/python - "$RURL" <<'PY'
+import sys, time, urllib.request
+import openai
+base = sys.argv[1]
+for _ in range(200):
+    try:
+        if urllib.request.urlopen(f"{base}/ready", timeout=2).status == 200:
+            break
+    except OSError:
+        pass
+    time.sleep(0.1)
+client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+messages = [{"role": "user", "content": "Say something about caches."}]
+# The first tier cools down after the break, so only this request is continued.
+chunks = list(client.chat.completions.create(model="sdk-model", messages=messages, max_tokens=12,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}))
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+assert len(text.split()) == 12, text
+assert len({c.id for c in chunks}) == 1, [c.id for c in chunks]
+assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+assert chunks[-1].usage.completion_tokens == 12, chunks[-1]
+metrics = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode()
+assert 'kvgate_stream_resumes_total{reason="resumed"} 1' in metrics, metrics
+PY
+echo "OpenAI SDK: engine, gateway over TLS and a continued stream passed"
