@@ -206,3 +206,144 @@ async fn failover_to_a_hosted_tier_over_tls_and_back() {
     assert!(cost > 0.0, "{cost}");
     assert!(metric(&metrics, "kvgate_cost_usd_total{endpoint=\"local\"}").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigured_groups_fail_at_load_and_a_bad_reload_keeps_the_running_groups() {
+    let bad = [
+        (
+            "endpoints:\n  - {url: \"http://a:1\", model: x, served_as: [y]}\n  - {url: \"http://b:1\", model: y, served_as: [x]}\n",
+            "cycle (x -> y -> x)",
+        ),
+        (
+            "endpoints:\n  - {url: \"http://a:1\", model: m, served_as: [chat]}\ntenancy: {prices: {caht: {input_per_mtok: 1, output_per_mtok: 1}}}\n",
+            "tenancy.prices.caht",
+        ),
+        ("endpoints:\n  - {url: \"ftp://a:1\"}\n", "endpoints[0].url"),
+        ("endpoints:\n  - {url: \"http://\"}\n", "endpoints[0].url"),
+    ];
+    for (yaml, says) in bad {
+        let path = config_file("groups-bad", yaml);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{yaml} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{yaml}: {err}");
+    }
+
+    let e = engine("e0", "0", &[]);
+    let good = format!(
+        "admin_token: t\nendpoints:\n  - {{url: \"{}\", model: test-model, served_as: [chat]}}\n",
+        e.url
+    );
+    let config = config_file("groups-reload", &good);
+    let g = gateway(&[], &["--config", config.to_str().unwrap()]).await;
+    let ask = |model: &'static str| {
+        let url = format!("{}/v1/chat/completions", g.url);
+        async move {
+            let mut body = chat(user("hi"), 2, false);
+            body["model"] = model.into();
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(ask("chat").await, 200);
+    // A cycle written over the running file: rejected, with the reason, and `chat` still works.
+    std::fs::write(
+        &config,
+        format!(
+            "admin_token: t\nendpoints:\n  - {{url: \"{}\", model: test-model, served_as: [chat]}}\n  - {{url: \"http://127.0.0.1:9\", model: chat, served_as: [test-model]}}\n",
+            e.url
+        ),
+    )
+    .unwrap();
+    let mut status = serde_json::Value::Null;
+    for _ in 0..150 {
+        status = support::admin_json(&g.url, "/admin/config", "t").await;
+        if status["reloads"]["rejected"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let last = &status["reloads"]["last"];
+    assert_eq!(last["result"], "rejected", "{status}");
+    assert!(
+        last["error"].as_str().unwrap().contains("cycle"),
+        "{status}"
+    );
+    assert_eq!(ask("chat").await, 200);
+    let endpoints = support::admin_json(&g.url, "/admin/endpoints", "t").await;
+    assert_eq!(
+        endpoints["endpoints"].as_array().unwrap().len(),
+        1,
+        "{endpoints}"
+    );
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "kvgate_config_reloads_total{reason=\"rejected\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dollar_budget_is_charged_at_the_price_of_the_deployment_that_answered() {
+    let e = engine("e0", "0", &[]);
+    let store = config_file("groups-budget-store", "").with_file_name("budgets.db");
+    let yaml = format!(
+        r#"
+endpoints:
+  - {{url: "{}", model: test-model, price: {{input_per_mtok: 1000, output_per_mtok: 2000}}}}
+tenancy:
+  store: "{}"
+  prices: {{test-model: {{input_per_mtok: 1, output_per_mtok: 1}}}}
+  tenants: {{t: {{budget: {{usd: 100}}}}}}
+"#,
+        e.url,
+        store.display()
+    );
+    let g = gateway_with_config(&[], "groups-budget", &yaml).await;
+    let usage: serde_json::Value = client()
+        .post(format!("{}/v1/chat/completions", g.url))
+        .header("x-kvgate-tenant", "t")
+        .json(&chat(user("price me"), 5, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let usage = &usage["usage"];
+    let (prompt, output) = (
+        usage["prompt_tokens"].as_f64().unwrap(),
+        usage["completion_tokens"].as_f64().unwrap(),
+    );
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"], 0,
+        "{usage}"
+    );
+    let expected = (prompt * 1000.0 + output * 2000.0) / 1e6;
+    // Spend is published as it is persisted (every `tenancy.flush_ms`).
+    let sample = "kvgate_budget_spend{account=\"tenant:t\",unit=\"usd\"}";
+    let mut spent = 0.0;
+    for _ in 0..100 {
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        spent = metric(&metrics, sample).unwrap_or(0.0);
+        if spent > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        (spent - expected).abs() < 1e-9,
+        "spent {spent}, expected {expected}"
+    );
+}

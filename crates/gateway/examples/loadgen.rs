@@ -1,7 +1,9 @@
 //! Added-latency benchmark: the same short non-streaming chat requests, open loop at a fixed
 //! rate, first straight to an engine and then through a gateway in front of it; prints p50 /
 //! p99 / p99.9 of both and the difference. `--max` instead runs closed loop with `--concurrency`
-//! connections as fast as the target answers and prints the throughput.
+//! connections as fast as the target answers and prints the throughput. `--stream N` makes
+//! every request a stream of N tokens (`ignore_eos`), read to its end, to weigh the per-chunk
+//! work of the streaming path.
 //!
 //! ```text
 //! cargo run --release -p kvgate-gateway --example loadgen -- \
@@ -20,6 +22,9 @@ type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Ful
 const BODY: &str =
     r#"{"model":"kvgate-emulated","messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
 
+/// The request every call sends: [`BODY`], or a stream of `--stream` tokens.
+static REQUEST: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+
 #[derive(Debug)]
 struct Args {
     direct: Option<String>,
@@ -28,6 +33,7 @@ struct Args {
     secs: f64,
     max: bool,
     concurrency: usize,
+    stream: Option<u32>,
 }
 
 fn args() -> Args {
@@ -38,6 +44,7 @@ fn args() -> Args {
         secs: 10.0,
         max: false,
         concurrency: 64,
+        stream: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +56,7 @@ fn args() -> Args {
             "--secs" => a.secs = value().parse().expect("--secs"),
             "--concurrency" => a.concurrency = value().parse().expect("--concurrency"),
             "--max" => a.max = true,
+            "--stream" => a.stream = Some(value().parse().expect("--stream")),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -58,7 +66,11 @@ fn args() -> Args {
 async fn one(client: &HttpClient, url: &str) -> Result<(), String> {
     let request = hyper::Request::post(url)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .body(Full::new(
+            REQUEST
+                .get_or_init(|| Bytes::from_static(BODY.as_bytes()))
+                .clone(),
+        ))
         .map_err(|e| e.to_string())?;
     let response = client.request(request).await.map_err(|e| e.to_string())?;
     let ok = response.status().is_success();
@@ -153,6 +165,12 @@ async fn closed_loop(base: &str, concurrency: usize, secs: f64) -> (u64, usize) 
 #[tokio::main]
 async fn main() {
     let a = args();
+    if let Some(tokens) = a.stream {
+        let body = format!(
+            r#"{{"model":"kvgate-emulated","messages":[{{"role":"user","content":"ping"}}],"max_tokens":{tokens},"ignore_eos":true,"stream":true}}"#
+        );
+        REQUEST.set(Bytes::from(body)).expect("set once");
+    }
     if a.max {
         for (name, url) in [("direct", &a.direct), ("via gateway", &a.via)] {
             if let Some(url) = url {

@@ -5,6 +5,8 @@
 //! - `DELETE /admin/endpoints/{id}`: remove (requests already sent there finish);
 //! - `GET /admin/decisions?limit=N&request=ID`: the most recent decision records, newest first
 //!   (at most `limit`, default 50; only those of request `ID` when given);
+//! - `GET /admin/config`: the watched configuration file, reloads applied and rejected, and
+//!   the last one's result (with the reason a rejected file was not applied);
 //! - `/admin/status` and `/admin/keys`: see [`crate::tenancy::admin`].
 
 use crate::config::EndpointConfig;
@@ -58,6 +60,14 @@ async fn list(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorize(&s, &headers)?;
     Ok(Json(serde_json::json!({ "endpoints": s.pool.status() })))
+}
+
+async fn config(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorize(&s, &headers)?;
+    Ok(Json(serde_json::json!({ "reloads": &*s.reloads() })))
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -152,6 +162,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/admin/endpoints", get(list).post(add))
         .route("/admin/decisions", get(decisions))
+        .route("/admin/config", get(config))
         .route("/admin/endpoints/{id}", axum::routing::delete(remove))
         .route("/admin/endpoints/{id}/drain", post(drain))
         .route("/admin/endpoints/{id}/undrain", post(undrain))

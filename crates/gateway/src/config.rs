@@ -424,6 +424,7 @@ impl Config {
         for (i, e) in self.endpoints.iter().enumerate() {
             e.check(i)?;
         }
+        crate::model_names::check(self)?;
         self.kv_events.validate()?;
         self.spillover.validate()?;
         if self.retry.max_attempts == 0 {

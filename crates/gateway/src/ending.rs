@@ -218,7 +218,11 @@ impl Ending {
         };
         let tenant = lease.tenant.clone();
         let now = self.shared.pool.clock().now();
-        let correction = self.shared.tenancy.settle(lease, &actual, now);
+        let price = f.price;
+        let correction = self
+            .shared
+            .tenancy
+            .settle(lease, &actual, price.as_ref(), now);
         self.shared.admission.charge(&tenant, correction);
     }
 

@@ -36,6 +36,7 @@ pub mod engine_state;
 #[cfg(test)]
 mod fuzz;
 mod listener;
+mod model_names;
 pub mod observe;
 mod proxy;
 mod reload;

@@ -99,6 +99,8 @@ pub struct Metrics {
     pub hedges: Family<ReasonLabel, Counter>,
     /// Streams broken after the first token, by what became of them.
     pub stream_resumes: Family<ReasonLabel, Counter>,
+    /// Configuration file reloads, `applied` or `rejected`.
+    pub config_reloads: Family<ReasonLabel, Counter>,
     /// Breaker state per endpoint (0 closed, 1 half-open, 2 open).
     pub breaker: Family<EndpointLabel, Gauge>,
     /// Whether an endpoint is routable (1) or not (0).
@@ -237,6 +239,12 @@ impl Metrics {
         );
         let hedges = Family::default();
         registry.register("hedges", "Hedged attempts launched and won", hedges.clone());
+        let config_reloads = Family::default();
+        registry.register(
+            "config_reloads",
+            "Configuration file changes applied, or rejected (the running configuration stays)",
+            config_reloads.clone(),
+        );
         let stream_resumes = Family::default();
         registry.register(
             "stream_resumes",
@@ -400,6 +408,7 @@ impl Metrics {
             retries_denied,
             hedges,
             stream_resumes,
+            config_reloads,
             breaker,
             endpoint_up,
             inflight,

@@ -15,6 +15,46 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+/// Reloads so far and how the last one went, for `GET /admin/config` and the log.
+#[derive(Debug, Default, serde::Serialize)]
+pub(crate) struct ReloadLog {
+    /// The file watched, if any.
+    pub(crate) file: Option<String>,
+    pub(crate) applied: u64,
+    pub(crate) rejected: u64,
+    /// The last reload: `applied` or `rejected`, when (RFC 3339) and, if rejected, why.
+    pub(crate) last: Option<LastReload>,
+}
+
+/// One reload's result.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct LastReload {
+    pub(crate) result: &'static str,
+    pub(crate) at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
+
+impl ReloadLog {
+    fn record(&mut self, error: Option<String>) {
+        let result = match error {
+            None => {
+                self.applied += 1;
+                "applied"
+            }
+            Some(_) => {
+                self.rejected += 1;
+                "rejected"
+            }
+        };
+        self.last = Some(LastReload {
+            result,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            error,
+        });
+    }
+}
+
 /// What the last applied file version contributed.
 #[derive(Debug)]
 pub(crate) struct Reloader {
@@ -90,6 +130,7 @@ fn read(path: &PathBuf) -> Result<Config, String> {
 pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
     let mut stop = shared.stop.subscribe();
     let mut reloader = Reloader::new(&shared, read(&path).ok().as_ref());
+    shared.reloads().file = Some(path.display().to_string());
     tokio::spawn(async move {
         let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let mut last: Option<SystemTime> = modified(&path);
@@ -103,17 +144,32 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
                 continue;
             }
             last = now;
-            match read(&path) {
+            let result = match read(&path) {
                 Ok(config) => {
                     reloader.apply(&shared, &config);
                     tracing::info!(path = %path.display(), "configuration reloaded");
+                    None
                 }
-                Err(e) => tracing::warn!(
-                    path = %path.display(),
-                    error = %e,
-                    "configuration not reloaded; keeping the running one"
-                ),
-            }
+                Err(e) => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        error = %e,
+                        "configuration not reloaded; keeping the running one"
+                    );
+                    Some(e)
+                }
+            };
+            let label = if result.is_some() {
+                "rejected"
+            } else {
+                "applied"
+            };
+            shared
+                .metrics
+                .config_reloads
+                .get_or_create(&crate::metrics::reason(label))
+                .inc();
+            shared.reloads().record(result);
         }
     });
 }

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) tenancy: crate::tenancy::Tenancy,
     /// The models' tokenizers, for prompts tokenized as their engines will.
     pub(crate) tokenizers: crate::engine_state::Tokenizers,
+    /// Configuration reloads and the last one's result.
+    reloads: std::sync::Mutex<crate::reload::ReloadLog>,
 }
 
 impl Shared {
@@ -84,7 +86,15 @@ impl Shared {
             access_log,
             tracing,
             ttft_series: Default::default(),
+            reloads: Default::default(),
             config,
         }))
+    }
+}
+
+impl Shared {
+    /// The reload log (a poisoned lock is taken over: the log is only counters).
+    pub(crate) fn reloads(&self) -> std::sync::MutexGuard<'_, crate::reload::ReloadLog> {
+        self.reloads.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -382,11 +382,19 @@ impl Tenancy {
 
     /// The request ended having used `actual`: limits, budgets and metrics learn it. Returns
     /// the weighted service still to charge to the fair queue (what `actual` weighs minus what
-    /// admission and streaming charged).
-    pub(crate) fn settle(&self, lease: Lease, actual: &Charge, now: Nanos) -> f64 {
+    /// admission and streaming charged). Budgets in dollars are charged at `price`, the
+    /// price of the deployment that answered when it has its own, else at the model's (the
+    /// price the reservation was estimated with).
+    pub(crate) fn settle(
+        &self,
+        lease: Lease,
+        actual: &Charge,
+        price: Option<&Price>,
+        now: Nanos,
+    ) -> f64 {
         self.release_limits(&lease.limiters, &lease.estimate, actual, now);
         self.budgets
-            .settle(lease.reservation, actual, lease.price.as_ref());
+            .settle(lease.reservation, actual, price.or(lease.price.as_ref()));
         let w = &self.config.charge.weights;
         let m = &self.metrics.tenants;
         for (kind, n) in [
