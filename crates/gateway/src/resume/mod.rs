@@ -198,7 +198,8 @@ impl Resume {
     /// When the client already has the whole answer (a `finish_reason` or `[DONE]` came), a
     /// break needs no continuation: the bytes that end the stream (`[DONE]` if it had not
     /// come).
-    pub(crate) fn ending(&self) -> Option<Bytes> {
+    pub(crate) fn ending(&mut self) -> Option<Bytes> {
+        self.transcript.read();
         let t = &self.transcript;
         (t.finished() || t.done()).then(|| match t.done() {
             true => Bytes::new(),
@@ -209,6 +210,7 @@ impl Resume {
     /// The upstream broke: sends the continuation to another endpoint, or says why not.
     pub(crate) fn start(&mut self) -> Result<(), &'static str> {
         self.cut = EventCut::default();
+        self.transcript.read();
         if let Some(reason) = self.transcript.blocked() {
             return Err(reason);
         }

@@ -181,7 +181,8 @@ mod tests {
 
     fn transcript(api: Api, events: &str) -> Transcript {
         let mut t = Transcript::new(api, 1 << 16);
-        t.record(events.as_bytes());
+        t.record(&Bytes::copy_from_slice(events.as_bytes()));
+        t.read();
         t
     }
 
