@@ -222,14 +222,7 @@ async fn misconfigured_groups_fail_at_load_and_a_bad_reload_keeps_the_running_gr
         ("endpoints:\n  - {url: \"http://\"}\n", "endpoints[0].url"),
     ];
     for (yaml, says) in bad {
-        let path = config_file("groups-bad", yaml);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{yaml} was accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = serve_refuses("groups-bad", yaml);
         assert!(err.contains(says), "{yaml}: {err}");
     }
 

@@ -195,14 +195,7 @@ fn bad_tenancy_configurations_are_refused_with_the_field_named() {
             "tenancy.prices.m",
         ),
     ] {
-        let path = config_file("tenancy-bad", yaml);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{yaml} was accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = serve_refuses("tenancy-bad", yaml);
         assert!(err.contains(says), "{yaml}: {err}");
     }
 }

@@ -111,6 +111,19 @@ pub fn config_file(name: &str, yaml: &str) -> std::path::PathBuf {
     config
 }
 
+/// `kvgate serve --config` with `yaml` (written for the test called `name`), which must refuse
+/// to start: its error output.
+pub fn serve_refuses(name: &str, yaml: &str) -> String {
+    let path = config_file(name, yaml);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{yaml} was accepted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `kvgate serve` in front of `engines` with the configuration `yaml` (written for the test
 /// called `name`); waits until `/ready`.
 pub async fn gateway_with_config(engines: &[&Proc], name: &str, yaml: &str) -> Proc {
