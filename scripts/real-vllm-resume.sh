@@ -36,7 +36,7 @@ def post(port, body):
                                  json.dumps(body).encode(), {"content-type": "application/json"})
     return urllib.request.urlopen(req, timeout=300)
 
-events, content_chunks, killed = [], 0, False
+events, content_chunks, killed, at_break = [], 0, False, 0
 with post(gw, request) as r:
     served_by = r.headers.get("x-kvgate-endpoint")
     for line in r:
@@ -49,6 +49,8 @@ with post(gw, request) as r:
             chunk = json.loads(data)
             if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
                 content_chunks += 1
+                if not killed:
+                    at_break += len(chunk["choices"][0]["delta"]["content"])
         if content_chunks == 20 and not killed:
             os.kill(victim, signal.SIGKILL)
             killed = True
@@ -61,7 +63,7 @@ roles = sum(1 for c in chunks if c["choices"] and "role" in c["choices"][0]["del
 finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
 usage = chunks[-1]["usage"]
 text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-print(f"served first by {served_by}; killed it after 20 content chunks: {killed}")
+print(f"served first by {served_by}; killed it after 20 content chunks ({at_break} chars): {killed}")
 print(f"ids {len(ids)}, role deltas {roles}, finish_reason {finishes}, usage {usage}")
 assert len(ids) == 1 and roles == 1 and finishes == ["length"], (ids, roles, finishes)
 assert usage["completion_tokens"] == 160, usage

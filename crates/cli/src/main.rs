@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod descriptors;
 mod engine;
+mod epp;
 mod plot;
 mod policies;
 mod serve;
@@ -27,6 +28,8 @@ enum Command {
     Engine(Box<engine::Args>),
     /// Run the gateway (with no endpoints: emulated engines in-process behind it).
     Serve(Box<serve::Args>),
+    /// Pick endpoints for an Envoy gateway (Gateway API Inference Extension, ext_proc gRPC).
+    Epp(Box<serve::Args>),
     /// Run a fleet simulation scenario.
     Sim(sim::Args),
     /// Open-loop benchmark of OpenAI-compatible endpoints (goodput under an SLO).
@@ -74,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Policies(args) => policies::run(&args),
         Command::Engine(args) => engine::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Epp(args) => epp::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),

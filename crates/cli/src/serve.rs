@@ -12,10 +12,10 @@ use std::path::PathBuf;
 pub(crate) struct Args {
     /// YAML configuration file (reloaded when it changes: endpoints and policy).
     #[arg(long)]
-    config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Address to listen on (default 127.0.0.1:8080; port 0 picks a free one and prints it).
     #[arg(long)]
-    listen: Option<String>,
+    pub(crate) listen: Option<String>,
     /// An upstream engine's base URL (repeatable); added to those of the file.
     #[arg(long = "endpoint", value_name = "URL")]
     endpoints: Vec<String>,
@@ -96,10 +96,10 @@ pub(crate) struct Args {
     embedded_time_scale: f64,
     /// Worker threads of the async runtime (default: one per core).
     #[arg(long)]
-    threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
 }
 
-fn build_config(args: &Args) -> anyhow::Result<Config> {
+pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -285,7 +285,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     })
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -338,7 +338,7 @@ impl Body for Tracked {
 /// terminator, line by line across frames: a frame may end inside a line, and a model may write
 /// `[DONE]` in its own text, so counting substrings per frame can go wrong (even below zero).
 #[derive(Debug, Default)]
-struct SseEvents {
+pub(crate) struct SseEvents {
     /// The start of the current line (enough to tell `data: [DONE]` apart).
     line: Vec<u8>,
     /// The current line is longer than `line` holds.
@@ -349,7 +349,7 @@ struct SseEvents {
 impl SseEvents {
     const KEEP: usize = 32;
 
-    fn feed(&mut self, data: &[u8]) {
+    pub(crate) fn feed(&mut self, data: &[u8]) {
         for part in data.split_inclusive(|b| *b == b'\n') {
             let (text, ends) = match part.split_last() {
                 Some((b'\n', text)) => (text, true),
@@ -376,7 +376,7 @@ impl SseEvents {
     }
 
     /// The count, including a last line the stream ended without a newline.
-    fn finish(&mut self) -> u32 {
+    pub(crate) fn finish(&mut self) -> u32 {
         if !self.line.is_empty() {
             self.end_line();
         }

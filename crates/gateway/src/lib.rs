@@ -33,6 +33,7 @@ mod dispatch;
 mod ending;
 pub mod endpoint_config;
 pub mod engine_state;
+mod epp;
 #[cfg(test)]
 mod fuzz;
 mod listener;
@@ -158,24 +159,7 @@ impl Gateway {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let shared = self.shared.clone();
-        for status in shared.pool.status() {
-            scrape::spawn(shared.clone(), status.id);
-            crate::engine_state::subscriber::spawn(shared.clone(), status.id);
-        }
-        if shared.tenancy.persists() {
-            tokio::spawn(flush_spend(shared.clone()));
-        }
-        let upkeep = shared.clone();
-        let mut stop = shared.stop.subscribe();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => { upkeep.pool.maintain(); upkeep.pool.status(); }
-                    _ = stop.changed() => return,
-                }
-            }
-        });
+        start_background(&shared);
         let listening =
             listener::Listening::new(&shared.config.listener, shared.metrics.connections.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -220,6 +204,66 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+impl Gateway {
+    /// `kvgate epp`: starts the scrape loops and upkeep, then serves Envoy's ext_proc (the
+    /// endpoint-picker protocol) and gRPC health on `grpc`, and `/metrics` (with the admin API
+    /// when a token is set) on `http` if given, until `shutdown` completes.
+    pub async fn serve_epp(
+        self,
+        grpc: TcpListener,
+        http: Option<TcpListener>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let shared = self.shared.clone();
+        start_background(&shared);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        if let Some(http) = http {
+            let listening = listener::Listening::new(
+                &shared.config.listener,
+                shared.metrics.connections.clone(),
+            );
+            let routes = server::router(shared.clone(), server::Face::Admin);
+            tokio::spawn(listening.serve(http, routes, None, stop_rx));
+        }
+        let (picker, health) = epp::services(shared.clone()).await;
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(picker)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc),
+                shutdown,
+            )
+            .await;
+        shared.draining.store(true, Ordering::Relaxed);
+        let _ = shared.stop.send(true);
+        let _ = stop_tx.send(true);
+        served.map_err(std::io::Error::other)
+    }
+}
+
+/// The scrape loops, KV-event subscribers, spend writer and once-a-second upkeep of a
+/// gateway or picker, until it stops.
+fn start_background(shared: &Arc<Shared>) {
+    for status in shared.pool.status() {
+        scrape::spawn(shared.clone(), status.id);
+        crate::engine_state::subscriber::spawn(shared.clone(), status.id);
+    }
+    if shared.tenancy.persists() {
+        tokio::spawn(flush_spend(shared.clone()));
+    }
+    let upkeep = shared.clone();
+    let mut stop = shared.stop.subscribe();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { upkeep.pool.maintain(); upkeep.pool.status(); }
+                _ = stop.changed() => return,
+            }
+        }
+    });
 }
 
 /// Writes settled spend to the tenancy store every `flush_ms` until the gateway stops.

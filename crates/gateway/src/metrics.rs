@@ -101,6 +101,8 @@ pub struct Metrics {
     pub stream_resumes: Family<ReasonLabel, Counter>,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
+    /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
+    pub epp_picks: Family<ReasonLabel, Counter>,
     /// Breaker state per endpoint (0 closed, 1 half-open, 2 open).
     pub breaker: Family<EndpointLabel, Gauge>,
     /// Whether an endpoint is routable (1) or not (0).
@@ -239,6 +241,12 @@ impl Metrics {
         );
         let hedges = Family::default();
         registry.register("hedges", "Hedged attempts launched and won", hedges.clone());
+        let epp_picks = Family::default();
+        registry.register(
+            "epp_picks",
+            "Endpoint-picker (kvgate epp) requests: picked, or answered by the proxy and why",
+            epp_picks.clone(),
+        );
         let config_reloads = Family::default();
         registry.register(
             "config_reloads",
@@ -409,6 +417,7 @@ impl Metrics {
             hedges,
             stream_resumes,
             config_reloads,
+            epp_picks,
             breaker,
             endpoint_up,
             inflight,

@@ -44,7 +44,20 @@ async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), Ap
                 ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
             }
         })?;
-    let inference = parse::parse_with(api, &parts.headers, bytes, limits, |model| {
+    let inference = parse(state, api, &parts.headers, bytes)?;
+    Ok((inference, parts.headers))
+}
+
+/// Parses a request body of `api` as the gateway does (with the model's tokenizer, when it
+/// has one) and counts how tokenizing went.
+pub(crate) fn parse(
+    state: &Shared,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: axum::body::Bytes,
+) -> Result<Inference, ApiError> {
+    let limits = &state.config.requests;
+    let inference = parse::parse_with(api, headers, bytes, limits, |model| {
         state.tokenizers.get(model)
     })?;
     let m = &state.metrics.engine_state;
@@ -63,7 +76,7 @@ async fn read(req: Request, state: &Shared) -> Result<(Inference, HeaderMap), Ap
         }
         None => {}
     }
-    Ok((inference, parts.headers))
+    Ok(inference)
 }
 
 async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
