@@ -333,6 +333,24 @@ impl Routing {
         decision
     }
 
+    /// A peer (another gateway replica sharing its decisions) sent `request` to `endpoint` at
+    /// `now`: this router counts it in flight there and its policy and prefix cache learn it
+    /// as if it were its own dispatch, so replicas neither herd onto the same idle endpoint nor
+    /// lose a conversation's affinity when its turns reach different replicas. The peer's
+    /// later first token and completion come through [`Self::first_token`], [`Self::usage`]
+    /// and [`Self::completed`] with the same request id (ids must be unique across peers).
+    pub fn peer_dispatched(&mut self, request: &Request, endpoint: EndpointId, now: Nanos) {
+        let overlaps = self
+            .cache
+            .as_ref()
+            .map(|c| c.overlaps(request, now))
+            .unwrap_or_default();
+        self.router.commit(request, endpoint, &overlaps, now);
+        if let Some(cache) = &mut self.cache {
+            cache.dispatched(request, endpoint, now, &overlaps);
+        }
+    }
+
     /// A scrape of `id` taken at `at`: the router's view, and the cache's bound for an engine
     /// that reports its KV capacity.
     pub fn observed(&mut self, id: EndpointId, observation: Observation, at: Nanos) {

@@ -65,6 +65,9 @@ pub struct FleetConfig {
     pub oracle: bool,
     /// Replicas that die during the run.
     pub failures: Vec<Failure>,
+    /// Routers share their dispatches, first tokens and completions with each other after this
+    /// delay (gateway replicas over a message bus); `None`: each knows only its own.
+    pub share: Option<Nanos>,
     /// Simulated time after which the run stops; what has not finished by then never does
     /// (an overloaded fleet's queue would take hours of simulated time to drain, and its
     /// answer is already known).
@@ -115,6 +118,8 @@ enum Kind {
     Sample,
     Arrival,
     Fail,
+    /// A peer's news reaches a router ([`share`]).
+    News,
 }
 
 /// Runs `workload` through the fleet. `seed` drives the routers' random choices; the workload
@@ -142,6 +147,8 @@ struct Sim<'c> {
     arrivals: u64,
     out: Outcome,
     scratch: Vec<Spec>,
+    news: Vec<Option<(usize, share::News)>>,
+    free_news: Vec<usize>,
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -199,6 +206,8 @@ impl<'c> Sim<'c> {
             arrivals: 0,
             out: Outcome::new(n),
             scratch: Vec::new(),
+            news: Vec::new(),
+            free_news: Vec::new(),
         }
     }
 
@@ -282,6 +291,7 @@ impl<'c> Sim<'c> {
                 }
                 Kind::Arrival => self.arrive(payload, workload, rng),
                 Kind::Fail => self.fail(payload as usize, workload, rng),
+                Kind::News => self.hear(payload as usize),
             }
         }
         for (i, r) in self.replicas.iter().enumerate() {
@@ -415,6 +425,10 @@ impl<'c> Sim<'c> {
                 rec.predicted_ttft_ms = Some(ttft_ms as f32);
                 rec.predicted_cached = Some(cached_tokens);
             }
+            if self.config.share.is_some() {
+                let news = share::News::Dispatched(Box::new(request.clone()), route.endpoint);
+                self.share(router_index, news);
+            }
             let prompt = request.prompt.tokens.take().unwrap_or_default();
             (route.endpoint, route.reason.label(), prompt)
         };
@@ -492,13 +506,11 @@ impl<'c> Sim<'c> {
                     let rec = &mut self.out.records[id as usize];
                     rec.first_token = Some(now);
                     rec.cached_tokens = cached_tokens;
-                    let dispatched = rec.arrival;
-                    self.routers[rec.router as usize].first_token(
-                        id,
-                        endpoint,
-                        now,
-                        now - dispatched,
-                    );
+                    let (dispatched, router) = (rec.arrival, rec.router as usize);
+                    let ttft = now - dispatched;
+                    self.routers[router].first_token(id, endpoint, now, ttft);
+                    let news = share::News::FirstToken { id, endpoint, ttft };
+                    self.share(router, news);
                 }
                 SeqEvent::Finished { id, output_tokens } => {
                     let rec = &mut self.out.records[id as usize];
@@ -511,9 +523,20 @@ impl<'c> Sim<'c> {
                         cached_tokens: Some(rec.cached_tokens),
                         output_tokens,
                     };
-                    let router = &mut self.routers[rec.router as usize];
+                    let from = rec.router as usize;
+                    let router = &mut self.routers[from];
+                    let e2e = now - dispatched;
                     router.usage(id, endpoint, now, usage);
-                    router.completed(id, endpoint, now, now - dispatched, output_tokens);
+                    router.completed(id, endpoint, now, e2e, output_tokens);
+                    let output = output_tokens;
+                    let news = share::News::Done {
+                        id,
+                        endpoint,
+                        usage,
+                        e2e,
+                        output,
+                    };
+                    self.share(from, news);
                     self.out.in_flight -= 1;
                     self.follow_up(tag, workload, rng);
                 }
@@ -535,6 +558,7 @@ impl<'c> Sim<'c> {
 }
 
 mod failure;
+mod share;
 
 #[cfg(test)]
 mod tests;

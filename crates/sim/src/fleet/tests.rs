@@ -33,11 +33,16 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        share: None,
         horizon: None,
     }
 }
 
 fn workload(requests: u64, rate: f64) -> OpenLoop {
+    workload_groups(requests, rate, 2)
+}
+
+fn workload_groups(requests: u64, rate: f64, groups: u32) -> OpenLoop {
     OpenLoop::new(OpenLoopConfig {
         arrivals: Arrivals {
             rate,
@@ -50,7 +55,7 @@ fn workload(requests: u64, rate: f64) -> OpenLoop {
         long_fraction: 0.0,
         long_output: Lengths::fixed(10),
         groups: Some(PrefixGroups {
-            groups: 2,
+            groups,
             share: 0.5,
             zipf: 0.0,
         }),
@@ -194,4 +199,44 @@ mod properties {
             prop_assert_eq!(out.output_tokens, 10 * requests);
         }
     }
+}
+
+/// Routers that share their dispatches and completions (gateway replicas over a bus) count
+/// each other's in-flight requests: on stale scrapes they spread load as one router does,
+/// where routers that each count only their own herd; and a cache-aware policy keeps the hit
+/// ratio of one router.
+#[test]
+fn routers_sharing_their_news_act_as_one() {
+    let run_with = |policy: &str, routers: usize, share: Option<Nanos>| {
+        let mut config = fleet(policy, 4, &[]);
+        config.routers = routers;
+        config.share = share;
+        // Scrapes never refresh after the first: only dispatch accounting tells load apart.
+        config.scrape_interval = Nanos::from_secs(3_600);
+        // Many prompt groups: a router that has not seen a group's placement guesses anew.
+        let mut w = workload_groups(600, 0.4, 48);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        run(&config, &mut w, &mut rng, 3)
+    };
+    let hits = |o: &Outcome| {
+        let (q, h) = o.replicas.iter().fold((0, 0), |(q, h), r| {
+            (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
+        });
+        h as f64 / q as f64
+    };
+    let one = run_with("least_outstanding", 1, None);
+    let alone = run_with("least_outstanding", 3, None);
+    let shared = run_with("least_outstanding", 3, Some(Nanos::ZERO));
+    let (one, alone, shared) = (one.skew.mean(), alone.skew.mean(), shared.skew.mean());
+    assert!(shared < alone * 0.8, "shared {shared} vs alone {alone}");
+    assert!(
+        shared <= one * 1.1 + 0.1,
+        "shared {shared} vs one router {one}"
+    );
+
+    let one = hits(&run_with("cache_aware", 1, None));
+    let alone = hits(&run_with("cache_aware", 3, None));
+    let shared = hits(&run_with("cache_aware", 3, Some(Nanos::from_millis(1))));
+    assert!(shared >= one - 0.01, "shared {shared} vs one router {one}");
+    assert!(shared > alone + 0.03, "shared {shared} vs alone {alone}");
 }

@@ -10,7 +10,7 @@
 
 use super::metrics::{summarise, Slo, Window};
 use super::table::{num, pct, Table};
-use super::{par_map, policy_names, to_value, Error, Options, Params, Report};
+use super::{par_map, policy_names, share, to_value, Error, Options, Params, Report};
 use crate::fleet::{self, FleetConfig, KvSignal, ReplicaConfig};
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{Agentic, AgenticConfig};
@@ -73,6 +73,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        share: share(&mut p)?,
         horizon: None,
     };
     let slo = Slo {

@@ -17,7 +17,7 @@
 
 use super::capacity::{sweep, Experiment, ORACLE};
 use super::metrics::Slo;
-use super::{policy_names, Error, Options, Params, Report};
+use super::{policy_names, share, Error, Options, Params, Report};
 use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig};
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{Agentic, AgenticConfig, Bursts, BurstsConfig, Workload};
@@ -68,6 +68,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        share: share(p)?,
         horizon: None,
     })
 }

@@ -153,6 +153,14 @@ pub fn run(name: &str, options: &Options) -> Result<Report, Error> {
     }
 }
 
+/// `share_ms=D`: the routers share their dispatches, first tokens and completions with each
+/// other after D milliseconds, as gateway replicas over NATS (`kvgate serve --cluster`); absent
+/// or negative, each router knows only its own.
+pub(crate) fn share(p: &mut Params<'_>) -> Result<Option<kvgate_core::Nanos>, Error> {
+    let ms = p.f64("share_ms", -1.0)?;
+    Ok((ms >= 0.0).then(|| kvgate_core::Nanos((ms * 1e6).round() as u64)))
+}
+
 /// The policies to run: the user's, or `defaults`.
 fn policy_names(options: &Options, defaults: &[&str]) -> Vec<String> {
     if options.policies.is_empty() {

@@ -137,6 +137,7 @@ impl Lab {
             kv_signal,
             oracle: false,
             failures: Vec::new(),
+            share: None,
             horizon: None,
         };
         let workload = OpenLoopConfig {

@@ -1,0 +1,104 @@
+//! Routers sharing what they do, as gateway replicas would over a message bus (`kvgate serve
+//! --cluster`): each router's dispatches, first tokens and completions reach every other
+//! router [`super::FleetConfig::share`] later, and each applies them as its own
+//! ([`kvgate_core::Routing::peer_dispatched`]), so replicas see each other's in-flight load and
+//! prefix placements instead of only their own share of the traffic.
+
+use super::{Kind, Sim};
+use kvgate_core::{EndpointId, Nanos, Request, Usage};
+
+/// One router's news for one peer.
+pub(super) enum News {
+    Dispatched(Box<Request>, EndpointId),
+    FirstToken {
+        id: u64,
+        endpoint: EndpointId,
+        ttft: Nanos,
+    },
+    Done {
+        id: u64,
+        endpoint: EndpointId,
+        usage: Usage,
+        e2e: Nanos,
+        output: u32,
+    },
+}
+
+impl News {
+    fn copy(&self) -> News {
+        match self {
+            News::Dispatched(r, e) => News::Dispatched(r.clone(), *e),
+            News::FirstToken { id, endpoint, ttft } => News::FirstToken {
+                id: *id,
+                endpoint: *endpoint,
+                ttft: *ttft,
+            },
+            News::Done {
+                id,
+                endpoint,
+                usage,
+                e2e,
+                output,
+            } => News::Done {
+                id: *id,
+                endpoint: *endpoint,
+                usage: *usage,
+                e2e: *e2e,
+                output: *output,
+            },
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// Router `from` did `news`: every other router hears of it after the sharing delay (no
+    /// one does when routers do not share).
+    pub(super) fn share(&mut self, from: usize, news: News) {
+        let Some(delay) = self.config.share else {
+            return;
+        };
+        for to in (0..self.routers.len()).filter(|&to| to != from) {
+            let slot = match self.free_news.pop() {
+                Some(i) => {
+                    self.news[i] = Some((to, news.copy()));
+                    i
+                }
+                None => {
+                    self.news.push(Some((to, news.copy())));
+                    self.news.len() - 1
+                }
+            };
+            self.push(self.now + delay, Kind::News, slot as u64);
+        }
+    }
+
+    /// A peer's news reaches its router.
+    pub(super) fn hear(&mut self, slot: usize) {
+        let Some((to, news)) = self.news[slot].take() else {
+            return;
+        };
+        self.free_news.push(slot);
+        let now = self.now;
+        let alive = |e: EndpointId| self.replicas[e.0 as usize].alive;
+        let router = &mut self.routers[to];
+        match news {
+            News::Dispatched(request, endpoint) if alive(endpoint) => {
+                router.peer_dispatched(&request, endpoint, now);
+            }
+            News::FirstToken { id, endpoint, ttft } if alive(endpoint) => {
+                router.first_token(id, endpoint, now, ttft);
+            }
+            News::Done {
+                id,
+                endpoint,
+                usage,
+                e2e,
+                output,
+            } if alive(endpoint) => {
+                router.usage(id, endpoint, now, usage);
+                router.completed(id, endpoint, now, e2e, output);
+            }
+            _ => {}
+        }
+    }
+}
