@@ -106,14 +106,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         admin_token: args.admin_token.clone(),
     };
     config.validate()?;
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = args.threads {
-        builder.worker_threads(threads.max(1));
-    }
-    let runtime = builder
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::runtime(args.threads)?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await

@@ -34,14 +34,7 @@ pub(crate) fn run(args: &serve::Args) -> anyhow::Result<()> {
             );
         }
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = args.threads {
-        builder.worker_threads(threads.max(1));
-    }
-    let runtime = builder
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::runtime(args.threads)?;
     runtime.block_on(async {
         let grpc = tokio::net::TcpListener::bind(&config.listen)
             .await

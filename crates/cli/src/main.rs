@@ -84,3 +84,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot(args) => plot::run(&args),
     }
 }
+
+/// The multi-threaded runtime of a long-running subcommand, with `threads` workers if given
+/// (else one per core).
+fn runtime(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads.max(1));
+    }
+    anyhow::Context::context(builder.enable_all().build(), "starting the async runtime")
+}

@@ -212,14 +212,7 @@ pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut config = build_config(args)?;
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = args.threads {
-        builder.worker_threads(threads.max(1));
-    }
-    let runtime = builder
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::runtime(args.threads)?;
     runtime.block_on(async {
         let mut engines = Vec::new();
         if config.endpoints.is_empty() {

@@ -8,6 +8,7 @@ use super::{Kind, Sim};
 use kvgate_core::{EndpointId, Nanos, Request, Usage};
 
 /// One router's news for one peer.
+#[derive(Clone)]
 pub(super) enum News {
     Dispatched(Box<Request>, EndpointId),
     FirstToken {
@@ -24,32 +25,6 @@ pub(super) enum News {
     },
 }
 
-impl News {
-    fn copy(&self) -> News {
-        match self {
-            News::Dispatched(r, e) => News::Dispatched(r.clone(), *e),
-            News::FirstToken { id, endpoint, ttft } => News::FirstToken {
-                id: *id,
-                endpoint: *endpoint,
-                ttft: *ttft,
-            },
-            News::Done {
-                id,
-                endpoint,
-                usage,
-                e2e,
-                output,
-            } => News::Done {
-                id: *id,
-                endpoint: *endpoint,
-                usage: *usage,
-                e2e: *e2e,
-                output: *output,
-            },
-        }
-    }
-}
-
 impl Sim<'_> {
     /// Router `from` did `news`: every other router hears of it after the sharing delay (no
     /// one does when routers do not share).
@@ -60,11 +35,11 @@ impl Sim<'_> {
         for to in (0..self.routers.len()).filter(|&to| to != from) {
             let slot = match self.free_news.pop() {
                 Some(i) => {
-                    self.news[i] = Some((to, news.copy()));
+                    self.news[i] = Some((to, news.clone()));
                     i
                 }
                 None => {
-                    self.news.push(Some((to, news.copy())));
+                    self.news.push(Some((to, news.clone())));
                     self.news.len() - 1
                 }
             };
