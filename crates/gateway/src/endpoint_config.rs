@@ -50,7 +50,7 @@ pub struct EndpointConfig {
     /// so a hosted provider's prompt cache keeps one conversation on one cache.
     pub prompt_cache_key: bool,
     /// The deployment's own rate limits (a provider account's RPM/TPM): at any of them it is
-    /// left out of picks until it refills. Read when the endpoint is added.
+    /// left out of picks until it refills. A reload that changes them starts them afresh.
     pub limits: Option<kvgate_core::tenancy::LimitsConfig>,
 }
 

@@ -1,5 +1,6 @@
 //! Configuration reload: the file is polled for changes; a new version that parses and
-//! validates has its endpoints and policy applied in place, without dropping traffic.
+//! validates has its endpoints (with their limits), policy and spillover thresholds applied in
+//! place, without dropping traffic.
 //!
 //! The reload manages only the endpoints that came from the file: those given on the command
 //! line or added through the admin API stay. File endpoints are matched by base URL: new ones
@@ -60,6 +61,7 @@ impl ReloadLog {
 pub(crate) struct Reloader {
     managed: Vec<EndpointId>,
     file_policy: Option<PolicyConfig>,
+    file_spillover: Option<crate::endpoint_config::SpilloverConfig>,
 }
 
 impl Reloader {
@@ -77,6 +79,7 @@ impl Reloader {
         Reloader {
             managed,
             file_policy: initial.map(|c| c.policy.clone()),
+            file_spillover: initial.map(|c| c.spillover.clone()),
         }
     }
 
@@ -116,6 +119,10 @@ impl Reloader {
         if self.file_policy.as_ref() != Some(&new.policy) {
             shared.pool.set_policy(&new.policy);
             self.file_policy = Some(new.policy.clone());
+        }
+        if self.file_spillover.as_ref() != Some(&new.spillover) {
+            shared.pool.set_spillover(new.spillover.clone());
+            self.file_spillover = Some(new.spillover.clone());
         }
     }
 }
@@ -218,6 +225,36 @@ mod tests {
         edited.set_policy("power_of_two").unwrap();
         reloader.apply(&shared, &edited);
         assert_eq!(shared.pool.policy_name(), "power_of_two");
+        let _ = shared.stop.send(true);
+    }
+
+    #[tokio::test]
+    async fn spillover_thresholds_and_an_endpoints_limits_are_reloaded() {
+        let file = Config::from_yaml("endpoints: [{url: 'http://127.0.0.1:1'}]").unwrap();
+        let shared = Shared::new(
+            file.clone(),
+            1,
+            crate::observe::access_log::AccessLog::default(),
+            None,
+        )
+        .unwrap();
+        let mut reloader = Reloader::new(&shared, Some(&file));
+        let pick = |id| {
+            let request = kvgate_core::Request::from_text(id, "hello");
+            shared.pool.pick(&request, &[], crate::pool::Attempt::First)
+        };
+        assert!(pick(1).is_ok() && pick(2).is_ok(), "no limit yet");
+        let edited = Config::from_yaml(
+            "endpoints: [{url: 'http://127.0.0.1:1', limits: {max_concurrent: 1}}]\nspillover: {queue: 4}",
+        )
+        .unwrap();
+        reloader.apply(&shared, &edited);
+        assert_eq!(shared.pool.spillover(), edited.spillover);
+        assert!(
+            pick(3).is_ok(),
+            "the new limit starts with nothing in flight"
+        );
+        assert!(pick(4).is_err(), "one concurrent request at most");
         let _ = shared.stop.send(true);
     }
 }

@@ -245,9 +245,17 @@ impl Pool {
 
     /// Applies a reloaded configuration to an endpoint (weight, model, labels, key).
     pub fn update(&self, id: EndpointId, config: EndpointConfig) {
+        let now = self.clock.now();
         let mut core = self.lock();
         let weight = config.weight;
         if let Some(e) = core.endpoint(id) {
+            // Changed limits start afresh (their windows and in-flight count included).
+            if e.info.about.config.limits != config.limits {
+                e.limits = config
+                    .limits
+                    .as_ref()
+                    .map(|l| limits::DeploymentLimits::new(l, now));
+            }
             let models = match &config.model {
                 Some(m) => vec![m.clone()],
                 None => e.info.about.models.clone(),
@@ -256,6 +264,16 @@ impl Pool {
         }
         core.router.set_weight(id, weight);
         self.publish(&core);
+    }
+
+    /// Replaces the spillover thresholds (a reloaded file).
+    pub fn set_spillover(&self, spillover: crate::endpoint_config::SpilloverConfig) {
+        self.lock().spillover = spillover;
+    }
+
+    /// The spillover thresholds in force.
+    pub fn spillover(&self) -> crate::endpoint_config::SpilloverConfig {
+        self.lock().spillover.clone()
     }
 
     /// What the prefix cache holds of `request`.
