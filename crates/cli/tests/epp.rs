@@ -346,3 +346,48 @@ async fn buffered_bodies_bad_bodies_and_an_empty_subset_get_what_the_protocol_de
     s.send(body(payload, true, false), None).await;
     assert_eq!(immediate(&s.next().await).0, 503);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_pool_and_liveness_stays() {
+    let dead = format!("http://127.0.0.1:{}", support::free_port());
+    let p = spawn(
+        &[
+            "epp",
+            "--listen",
+            "127.0.0.1:0",
+            "--scrape-interval-ms",
+            "100",
+            "--endpoint",
+            &dead,
+        ],
+        "kvgate epp listening on",
+    );
+    let channel = tonic::transport::Endpoint::from_shared(p.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let status = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            let request = tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            };
+            health.check(request).await.unwrap().into_inner().status
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while status("readiness").await != not_serving {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "readiness never dropped"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert_eq!(status("liveness").await, serving);
+    let service = "envoy.service.ext_proc.v3.ExternalProcessor";
+    assert_eq!(status(service).await, not_serving);
+}

@@ -4,7 +4,9 @@
 //! the configured policy and answers with the endpoint in the `x-gateway-destination-endpoint`
 //! header and `envoy.lb` dynamic metadata; the response streams back through it so the pool
 //! learns first tokens, usage and ends as if it had proxied the request. Health follows the
-//! gRPC health protocol (`liveness`, `readiness` and the ext_proc service name).
+//! gRPC health protocol: `liveness` always serving; `readiness` and the ext_proc service name
+//! serving while some endpoint is healthy and the picker is not shutting down (as `/ready` of
+//! `kvgate serve`), checked every 250 ms.
 
 mod exchange;
 mod wire;
@@ -61,15 +63,59 @@ pub(crate) async fn services(
     tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
 ) {
     let (reporter, health) = tonic_health::server::health_reporter();
-    for service in [
-        "",
-        "liveness",
-        "readiness",
-        "envoy.service.ext_proc.v3.ExternalProcessor",
-    ] {
-        reporter
-            .set_service_status(service, tonic_health::ServingStatus::Serving)
-            .await;
-    }
+    reporter
+        .set_service_status("liveness", tonic_health::ServingStatus::Serving)
+        .await;
+    let mut ready = Readiness {
+        shared: shared.clone(),
+        reporter,
+        last: None,
+    };
+    ready.check().await;
+    tokio::spawn(ready.watch());
     (ExternalProcessorServer::new(Picker { shared }), health)
+}
+
+/// Keeps `readiness` (and the ext_proc service's status) in step with the pool.
+struct Readiness {
+    shared: Arc<Shared>,
+    reporter: tonic_health::server::HealthReporter,
+    last: Option<bool>,
+}
+
+impl Readiness {
+    async fn check(&mut self) {
+        let ready = !self
+            .shared
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self.shared.pool.any_healthy();
+        if self.last == Some(ready) {
+            return;
+        }
+        self.last = Some(ready);
+        let status = if ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for service in [
+            "",
+            "readiness",
+            "envoy.service.ext_proc.v3.ExternalProcessor",
+        ] {
+            self.reporter.set_service_status(service, status).await;
+        }
+    }
+
+    async fn watch(mut self) {
+        let mut stop = self.shared.stop.subscribe();
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.check().await,
+                _ = stop.changed() => return,
+            }
+        }
+    }
 }
