@@ -50,7 +50,7 @@ pub struct ResumeConfig {
     /// Continuations per request.
     pub max_resumes: u32,
     /// Text kept per stream to continue from; a longer answer that breaks ends with an error
-    /// event. 256 KiB is about 60,000 tokens of English.
+    /// event.
     pub max_text_bytes: usize,
 }
 
