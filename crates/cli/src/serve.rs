@@ -88,6 +88,13 @@ pub(crate) struct Args {
     /// Access log, one JSON line per request: `stdout` (default), `stderr`, `off` or a file.
     #[arg(long, value_name = "TARGET")]
     access_log: Option<String>,
+    /// Share routing state with other replicas over this NATS server (`nats://host:port`,
+    /// comma-separated for several).
+    #[arg(long, value_name = "URL")]
+    cluster: Option<String>,
+    /// Replicas with the same cluster name share state (default `default`).
+    #[arg(long, requires = "cluster")]
+    cluster_name: Option<String>,
     /// Emulated engines started in-process when no endpoint is configured.
     #[arg(long, default_value_t = 2)]
     embedded_engines: usize,
@@ -205,6 +212,12 @@ pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = args.idle_timeout_secs {
         listener.idle_timeout_secs = v;
+    }
+    if args.cluster.is_some() {
+        config.cluster.url.clone_from(&args.cluster);
+    }
+    if let Some(name) = &args.cluster_name {
+        config.cluster.name.clone_from(name);
     }
     config.validate()?;
     Ok(config)

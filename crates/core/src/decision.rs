@@ -208,7 +208,7 @@ impl fmt::Display for Rejection {
 }
 
 /// How a request ended badly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
     /// Could not connect or the connection dropped before a response.
@@ -238,7 +238,7 @@ impl FailureKind {
 
 /// Token counts an engine reported for one request (`usage` with
 /// `prompt_tokens_details.cached_tokens`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Usage {
     /// Prompt tokens as the engine tokenised them.
     pub prompt_tokens: u32,

@@ -37,7 +37,7 @@ pub enum ReasoningEffort {
 /// The text is the serialised prefix-relevant part of the request (system prompt, tool
 /// definitions, earlier turns, then the new turn) in a stable order, so that two requests that
 /// share a conversation head share a text prefix.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prompt {
     /// The prompt text, if known.
     pub text: Option<String>,
@@ -48,7 +48,7 @@ pub struct Prompt {
 /// One request, as every policy sees it.
 ///
 /// Owned plain data: the simulator builds millions of these, the gateway one per HTTP request.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Unique per router; feedback events name requests by this id.
     pub id: u64,

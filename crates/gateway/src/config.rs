@@ -55,6 +55,8 @@ pub struct Config {
     pub spillover: crate::endpoint_config::SpilloverConfig,
     /// Continuing streams that break after the first token on another endpoint.
     pub resume: crate::resume::ResumeConfig,
+    /// Sharing routing state with other replicas over NATS.
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -93,6 +95,7 @@ impl Default for Config {
             kv_events: Default::default(),
             spillover: Default::default(),
             resume: Default::default(),
+            cluster: Default::default(),
         }
     }
 }
@@ -427,6 +430,7 @@ impl Config {
         crate::model_names::check(self)?;
         self.kv_events.validate()?;
         self.spillover.validate()?;
+        self.cluster.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }

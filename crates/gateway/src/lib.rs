@@ -29,6 +29,7 @@ mod admin;
 mod admission;
 mod body;
 mod clock;
+pub mod cluster;
 mod dispatch;
 mod ending;
 pub mod endpoint_config;
@@ -48,6 +49,7 @@ pub mod tenancy;
 mod upstream;
 mod usage;
 
+pub use cluster::ClusterConfig;
 pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig};
 pub use error::ApiError;
 pub use listener::tls::TlsError;
@@ -250,6 +252,7 @@ fn start_background(shared: &Arc<Shared>) {
         scrape::spawn(shared.clone(), status.id);
         crate::engine_state::subscriber::spawn(shared.clone(), status.id);
     }
+    cluster::spawn(shared.clone());
     if shared.tenancy.persists() {
         tokio::spawn(flush_spend(shared.clone()));
     }

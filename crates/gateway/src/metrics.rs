@@ -149,6 +149,8 @@ pub struct Metrics {
     pub output_tokens: Family<EndpointLabel, Counter>,
     /// Exact tokenization and KV-event ingestion.
     pub engine_state: crate::engine_state::EngineStateMetrics,
+    /// State sharing between replicas.
+    pub cluster: std::sync::Arc<crate::cluster::ClusterMetrics>,
     /// Attempts placed below the first priority tier, by why (`unavailable`, `ttft`, `queue`).
     pub spillover: Family<ReasonLabel, Counter>,
     /// Dollars spent per endpoint: usage at the deployment's price.
@@ -352,6 +354,8 @@ impl Metrics {
         tenants.register(&mut registry);
         let engine_state = crate::engine_state::EngineStateMetrics::new();
         engine_state.register(&mut registry);
+        let cluster = std::sync::Arc::new(crate::cluster::ClusterMetrics::default());
+        cluster.register(&mut registry);
         let cost_usd = Family::default();
         registry.register(
             "cost_usd",
@@ -395,6 +399,7 @@ impl Metrics {
             cost_usd,
             spillover,
             engine_state,
+            cluster,
             prompt_tokens,
             cached_tokens,
             cache_checked_tokens,

@@ -16,11 +16,13 @@
 mod endpoint;
 mod limits;
 mod outcome;
+mod peer;
 mod snapshot;
 mod target;
 mod tiers;
 
 pub use crate::clock::Clock;
+pub use peer::PeerEnd;
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
 pub use target::{Attempt, Target};
@@ -118,6 +120,8 @@ pub struct Pool {
     learned: ArcSwap<Vec<(EndpointId, EndpointModel)>>,
     /// The KV-event index's bound per endpoint.
     max_event_entries: usize,
+    /// Where what this replica learns goes to its peers, in a cluster.
+    outbox: std::sync::OnceLock<crate::cluster::Outbox>,
 }
 
 impl Pool {
@@ -146,6 +150,7 @@ impl Pool {
             locks: AtomicU64::new(0),
             decisions: DecisionRing::new(config.observability.decision_records),
             learned: ArcSwap::default(),
+            outbox: Default::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -441,6 +446,11 @@ impl Pool {
         let mut cache = self.cache_mut();
         target.prediction = Some(cache.prediction(request, target.id, &overlaps));
         cache.dispatched(request, target.id, now, &overlaps);
+        drop(cache);
+        self.share(|| crate::cluster::Local::Dispatched {
+            endpoint: target.base.clone(),
+            request: request.clone(),
+        });
         Ok(target)
     }
 

@@ -7,7 +7,7 @@ use crate::metrics;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::index::blocks::KvEvent;
 use kvgate_core::index::events::{BatchOutcome, StreamStatus};
-use kvgate_core::index::Prediction;
+use kvgate_core::index::{Prediction, PrefixCache};
 use kvgate_core::resilience::Ticket;
 use kvgate_core::{EndpointId, Nanos, Usage};
 use std::time::Duration;
@@ -42,6 +42,15 @@ impl Pool {
         if stream {
             core.hedge.record(ttft);
             core.router.first_token(request, endpoint, now, ttft);
+        }
+        if let Some(e) = core.endpoint(endpoint) {
+            let base = e.info.about.base.clone();
+            self.share(|| crate::cluster::Local::FirstToken {
+                id: request,
+                endpoint: base,
+                ttft,
+                stream,
+            });
         }
         if changed {
             self.publish(&core);
@@ -82,6 +91,15 @@ impl Pool {
         (usage, prediction): (Option<Usage>, Option<Prediction>),
     ) {
         let now = self.clock.now();
+        self.share_end(
+            request,
+            endpoint,
+            super::PeerEnd::Completed {
+                latency,
+                output_tokens,
+                usage,
+            },
+        );
         {
             let mut core = self.lock();
             if let Some(usage) = usage {
@@ -99,31 +117,41 @@ impl Pool {
         let (Some(usage), Some(p)) = (usage, prediction) else {
             return;
         };
-        let Some(cached) = usage.cached_tokens else {
-            return;
-        };
+        if let Some(result) = self.correct(&mut cache, endpoint, usage, &p) {
+            self.metrics
+                .cache_prediction
+                .get_or_create(&metrics::ResultLabel { result })
+                .inc();
+        }
+    }
+
+    /// Corrects the cache from `usage` when it reports cached tokens, and says how
+    /// `prediction` compared: `exact` (a prediction from a complete event stream to the token,
+    /// others to a block), `over` or `under`.
+    pub(super) fn correct(
+        &self,
+        cache: &mut PrefixCache,
+        endpoint: EndpointId,
+        usage: Usage,
+        prediction: &Prediction,
+    ) -> Option<&'static str> {
+        let cached = usage.cached_tokens?;
         let block = self
             .snapshot
             .load()
             .get(endpoint)
             .and_then(|e| e.observation?.block_size)
             .unwrap_or(16);
-        cache.correct(&p, (usage.prompt_tokens, cached), block);
-        drop(cache);
-        let predicted = p.cached_tokens(usage.prompt_tokens);
-        // A prediction from a complete event stream is to the token; others to a block.
-        let slack = if p.is_exact() { 0 } else { block };
-        let result = if predicted.abs_diff(cached) <= slack {
+        cache.correct(prediction, (usage.prompt_tokens, cached), block);
+        let predicted = prediction.cached_tokens(usage.prompt_tokens);
+        let slack = if prediction.is_exact() { 0 } else { block };
+        Some(if predicted.abs_diff(cached) <= slack {
             "exact"
         } else if predicted > cached {
             "over"
         } else {
             "under"
-        };
-        self.metrics
-            .cache_prediction
-            .get_or_create(&metrics::ResultLabel { result })
-            .inc();
+        })
     }
 
     /// Batch `seq` of `endpoint`'s KV events arrived; returns what it did to the stream and
@@ -151,6 +179,7 @@ impl Pool {
         retry_after: Option<Duration>,
     ) {
         let now = self.clock.now();
+        self.share_end(request, endpoint, super::PeerEnd::Failed(kind));
         self.cache_mut().finished(request, endpoint);
         let mut core = self.lock();
         core.router.failed(request, endpoint, now, kind);

@@ -1,0 +1,488 @@
+//! The NATS side: one connection per replica, a publisher task that batches this replica's
+//! events (and answers warm-start requests), and a receiver task that applies its peers'.
+
+use super::peers::PeerTable;
+use super::wire::{self, Batcher, Header, WireEvent};
+use super::{ClusterConfig, ClusterMetrics, Local, Outbox};
+use crate::pool::PeerEnd;
+use crate::state::Shared;
+use async_nats::connection::State;
+use futures_util::StreamExt;
+use kvgate_core::decision::FailureKind;
+use kvgate_core::{Nanos, Request};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// A message's size at most: half of NATS's default `max_payload` (1 MiB), which a server
+/// for a cluster must not lower.
+const MESSAGE_BYTES: usize = 512 * 1024;
+
+/// Events per batch at most, so one burst does not delay the first of them for long.
+const MAX_BATCH_EVENTS: usize = 512;
+
+/// Starts sharing when `cluster.url` is set: the pool's outbox is installed before the first
+/// request, the connection and both tasks run until the gateway stops.
+pub(crate) fn spawn(shared: Arc<Shared>) {
+    let Some(url) = shared.config.cluster.url.clone() else {
+        return;
+    };
+    let config = shared.config.cluster.clone();
+    let metrics = shared.metrics.cluster.clone();
+    let (outbox, rx) = Outbox::new(config.queue, metrics.clone());
+    shared.pool.set_outbox(outbox);
+    let replica =
+        shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
+    tokio::spawn(async move {
+        if let Err(e) = run(shared, url, config, replica, rx).await {
+            tracing::error!("cluster: not sharing state: {e}");
+        }
+    });
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    url: String,
+    config: ClusterConfig,
+    replica: u64,
+    rx: mpsc::Receiver<Local>,
+) -> Result<(), async_nats::Error> {
+    let metrics = shared.metrics.cluster.clone();
+    let (conn_tx, conn_rx) = watch::channel(false);
+    let callback_metrics = metrics.clone();
+    let options = async_nats::ConnectOptions::new()
+        .name(format!("kvgate-{replica:016x}"))
+        .no_echo()
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        .reconnect_delay_callback(|n| Duration::from_millis((100 * n as u64).min(2000)))
+        .event_callback(move |event| {
+            let up = match event {
+                async_nats::Event::Connected => Some(true),
+                async_nats::Event::Disconnected => Some(false),
+                _ => None,
+            };
+            if let Some(up) = up {
+                callback_metrics.connected.set(i64::from(up));
+                if up {
+                    tracing::info!("cluster: connected to NATS; sharing routing state");
+                } else {
+                    callback_metrics.disconnects.inc();
+                    tracing::warn!(
+                        "cluster: lost the NATS connection; routing on this replica's state \
+                         alone until it is back"
+                    );
+                }
+                conn_tx.send_if_modified(|v| std::mem::replace(v, up) != up);
+            }
+            async {}
+        });
+    let servers: Vec<async_nats::ServerAddr> = url
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let client = options.connect(servers).await?;
+    let prefix = format!("kvgate.{}", config.name);
+    let events = client.subscribe(format!("{prefix}.events")).await?;
+    let warm = client
+        .subscribe(format!("{prefix}.warm.{replica:016x}"))
+        .await?;
+    let nonce = Arc::new(AtomicU64::new(0));
+    let (hello_tx, hello_rx) = mpsc::channel(64);
+    let publisher = Publisher {
+        limit: MESSAGE_BYTES,
+        batcher: Batcher::new(header(replica, 0, false), MESSAGE_BYTES),
+        client: client.clone(),
+        subject: format!("{prefix}.events"),
+        prefix: prefix.clone(),
+        replica,
+        nonce: nonce.clone(),
+        recent: VecDeque::new(),
+        recent_bytes: 0,
+        own: HashSet::new(),
+        metrics: metrics.clone(),
+        config: config.clone(),
+        last_sent: Instant::now(),
+    };
+    tokio::spawn(publisher.run(rx, hello_rx, conn_rx, shared.stop.subscribe()));
+    let receiver = Receiver {
+        table: PeerTable::new(
+            Nanos::from_millis(config.peer_timeout_ms),
+            Nanos::from_secs(config.max_request_secs),
+        ),
+        shared,
+        metrics,
+        hello_tx,
+        nonce,
+        warm_from: None,
+    };
+    receiver.run(events, warm).await;
+    Ok(())
+}
+
+fn header(replica: u64, hello: u64, last: bool) -> Header {
+    Header {
+        replica,
+        hello,
+        last,
+    }
+}
+
+/// Batches this replica's events onto the events subject; keeps recent dispatches for warm
+/// starts.
+struct Publisher {
+    client: async_nats::Client,
+    subject: String,
+    prefix: String,
+    replica: u64,
+    batcher: Batcher,
+    limit: usize,
+    /// The nonce of this replica's latest hello, shared with the receiver.
+    nonce: Arc<AtomicU64>,
+    /// Recent dispatches, oldest first, and their prompt bytes.
+    recent: VecDeque<(Arc<str>, Request, usize)>,
+    recent_bytes: usize,
+    /// This replica's requests in flight (id, endpoint).
+    own: HashSet<(u64, Arc<str>)>,
+    metrics: Arc<ClusterMetrics>,
+    config: ClusterConfig,
+    last_sent: Instant,
+}
+
+impl Publisher {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Local>,
+        mut hellos: mpsc::Receiver<(u64, u64)>,
+        mut conn: watch::Receiver<bool>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let heartbeat = Duration::from_millis(self.config.heartbeat_ms);
+        let mut tick = tokio::time::interval(heartbeat / 2);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if *conn.borrow_and_update() {
+            self.hello().await;
+        }
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                Some(first) = rx.recv() => {
+                    self.take(first).await;
+                    while self.batcher.len() < MAX_BATCH_EVENTS {
+                        match rx.try_recv() {
+                            Ok(more) => self.take(more).await,
+                            Err(_) => break,
+                        }
+                    }
+                    if let Some(message) = self.batcher.take() {
+                        self.send(self.subject.clone(), message).await;
+                    }
+                }
+                Ok(()) = conn.changed() => {
+                    if *conn.borrow_and_update() {
+                        self.hello().await;
+                    }
+                }
+                Some((joiner, nonce)) = hellos.recv() => self.warm(joiner, nonce).await,
+                _ = tick.tick() => {
+                    if self.last_sent.elapsed() >= heartbeat {
+                        let beat = self.batcher.heartbeat();
+                        self.send(self.subject.clone(), beat).await;
+                    }
+                }
+            }
+        }
+        self.event(WireEvent::Bye).await;
+        if let Some(message) = self.batcher.take() {
+            self.send(self.subject.clone(), message).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
+    }
+
+    /// Turns one of the pool's events into a wire event, remembering dispatches for warm
+    /// starts.
+    async fn take(&mut self, local: Local) {
+        let event = match local {
+            Local::Dispatched {
+                endpoint,
+                mut request,
+            } => {
+                wire::cap_prompt(&mut request, self.config.max_prompt_bytes);
+                self.remember(&endpoint, &request);
+                WireEvent::Dispatched {
+                    endpoint,
+                    request,
+                    done: false,
+                }
+            }
+            Local::FirstToken {
+                id,
+                endpoint,
+                ttft,
+                stream,
+            } => WireEvent::FirstToken {
+                id,
+                endpoint,
+                ttft_ns: ttft.0,
+                stream,
+            },
+            Local::Ended { id, endpoint, end } => {
+                self.own.remove(&(id, endpoint.clone()));
+                WireEvent::ended(id, endpoint, end)
+            }
+        };
+        self.event(event).await;
+    }
+
+    async fn event(&mut self, event: WireEvent) {
+        match self.batcher.push(&event) {
+            Ok(Some(full)) => self.send(self.subject.clone(), full).await,
+            Ok(None) => {}
+            Err(()) => self.metrics.dropped("too_large"),
+        }
+    }
+
+    fn remember(&mut self, endpoint: &Arc<str>, request: &Request) {
+        self.own.insert((request.id, endpoint.clone()));
+        let bytes = request.prompt.text.as_ref().map_or(0, String::len)
+            + request.prompt.tokens.as_ref().map_or(0, |t| t.len() * 4)
+            + 64;
+        self.recent
+            .push_back((endpoint.clone(), request.clone(), bytes));
+        self.recent_bytes += bytes;
+        while self.recent_bytes > self.config.warm_start_bytes {
+            match self.recent.pop_front() {
+                Some((_, _, b)) => self.recent_bytes -= b,
+                None => break,
+            }
+        }
+    }
+
+    async fn send(&mut self, subject: String, message: Vec<u8>) {
+        let events = message.iter().filter(|&&b| b == b'\n').count();
+        if self.client.connection_state() != State::Connected {
+            for _ in 0..events {
+                self.metrics.dropped("disconnected");
+            }
+            return;
+        }
+        match self.client.publish(subject, message.into()).await {
+            Ok(()) => {
+                self.metrics.count("sent", events);
+                self.last_sent = Instant::now();
+            }
+            Err(e) => {
+                tracing::debug!("cluster: publish failed: {e}");
+                for _ in 0..events {
+                    self.metrics.dropped("publish_error");
+                }
+            }
+        }
+    }
+
+    /// Asks the peers for a warm start.
+    async fn hello(&mut self) {
+        let nonce = rand::random::<u64>() | 1;
+        self.nonce.store(nonce, Ordering::Relaxed);
+        self.event(WireEvent::Hello { nonce }).await;
+        if let Some(message) = self.batcher.take() {
+            self.send(self.subject.clone(), message).await;
+        }
+    }
+
+    /// Sends `joiner` this replica's recent dispatches, oldest first, those still in flight
+    /// marked so.
+    async fn warm(&mut self, joiner: u64, nonce: u64) {
+        let subject = format!("{}.warm.{joiner:016x}", self.prefix);
+        let mut batcher = Batcher::new(header(self.replica, nonce, false), self.limit);
+        let mut messages = Vec::new();
+        for (endpoint, request, _) in &self.recent {
+            let done = !self.own.contains(&(request.id, endpoint.clone()));
+            let event = WireEvent::Dispatched {
+                endpoint: endpoint.clone(),
+                request: request.clone(),
+                done,
+            };
+            if let Ok(Some(full)) = batcher.push(&event) {
+                messages.push(full);
+            }
+        }
+        messages.extend(batcher.take());
+        batcher.set_header(header(self.replica, nonce, true));
+        messages.push(batcher.heartbeat());
+        for m in messages {
+            self.send(subject.clone(), m).await;
+        }
+    }
+}
+
+/// Applies peers' events to the pool.
+struct Receiver {
+    shared: Arc<Shared>,
+    table: PeerTable,
+    metrics: Arc<ClusterMetrics>,
+    hello_tx: mpsc::Sender<(u64, u64)>,
+    nonce: Arc<AtomicU64>,
+    /// The peer whose warm start is being taken, for the hello it answers.
+    warm_from: Option<(u64, u64)>,
+}
+
+impl Receiver {
+    async fn run(mut self, mut events: async_nats::Subscriber, mut warm: async_nats::Subscriber) {
+        let mut stop = self.shared.stop.subscribe();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                Some(m) = events.next() => self.batch(&m.payload),
+                Some(m) = warm.next() => self.warm(&m.payload),
+                _ = tick.tick() => self.expire(),
+            }
+            self.metrics.peers.set(self.table.peers() as i64);
+            self.metrics.peer_inflight.set(self.table.inflight() as i64);
+        }
+    }
+
+    fn now(&self) -> Nanos {
+        self.shared.pool.clock().now()
+    }
+
+    fn batch(&mut self, payload: &[u8]) {
+        let Some((header, events, bad)) = wire::decode(payload) else {
+            self.metrics.dropped("decode_error");
+            return;
+        };
+        for _ in 0..bad {
+            self.metrics.dropped("decode_error");
+        }
+        self.metrics.count("received", events.len());
+        if self.table.heard(header.replica, self.now()) {
+            tracing::info!("cluster: peer {:016x} joined", header.replica);
+        }
+        for event in events {
+            self.apply(header.replica, event);
+        }
+    }
+
+    fn apply(&mut self, replica: u64, event: WireEvent) {
+        let pool = &self.shared.pool;
+        let now = self.now();
+        let resolve = |endpoint: &str| {
+            let id = pool.id_of_base(endpoint);
+            if id.is_none() {
+                self.metrics.dropped("unknown_endpoint");
+            }
+            id
+        };
+        match event {
+            WireEvent::Dispatched {
+                endpoint,
+                mut request,
+                done,
+            } => {
+                let Some(ep) = resolve(&endpoint) else { return };
+                if done {
+                    pool.peer_replayed(&request, ep);
+                    return;
+                }
+                let theirs = request.id;
+                let Some(local) = self.table.admit(replica, theirs, ep, now) else {
+                    return;
+                };
+                request.id = local;
+                if let Some(p) = pool.peer_dispatched(&request, ep) {
+                    self.table.predicted(replica, theirs, ep, p);
+                }
+            }
+            WireEvent::FirstToken {
+                id,
+                endpoint,
+                ttft_ns,
+                stream,
+            } => {
+                let Some(ep) = resolve(&endpoint) else { return };
+                if let Some(local) = self.table.local(replica, id, ep) {
+                    pool.peer_first_token(local, ep, Nanos(ttft_ns), stream);
+                }
+            }
+            WireEvent::Completed {
+                id, ref endpoint, ..
+            }
+            | WireEvent::Failed {
+                id, ref endpoint, ..
+            } => {
+                let Some(ep) = resolve(endpoint) else { return };
+                let (Some(entry), Some(end)) = (self.table.end(replica, id, ep), event.end())
+                else {
+                    return;
+                };
+                pool.peer_ended(entry.local, ep, end, entry.prediction);
+            }
+            WireEvent::Hello { nonce } => {
+                let _ = self.hello_tx.try_send((replica, nonce));
+            }
+            WireEvent::Bye => {
+                tracing::info!("cluster: peer {replica:016x} left");
+                for (ep, entry) in self.table.forget(replica) {
+                    pool.peer_ended(
+                        entry.local,
+                        ep,
+                        PeerEnd::Failed(FailureKind::Cancelled),
+                        None,
+                    );
+                }
+            }
+        }
+    }
+
+    /// A chunk of a warm start: taken from the first peer that answers this replica's latest
+    /// hello, ignored from the others.
+    fn warm(&mut self, payload: &[u8]) {
+        let Some((header, events, _)) = wire::decode(payload) else {
+            self.metrics.dropped("decode_error");
+            return;
+        };
+        let nonce = self.nonce.load(Ordering::Relaxed);
+        if header.hello != nonce {
+            return;
+        }
+        match self.warm_from {
+            Some((n, from)) if n == nonce && from != header.replica => return,
+            Some((n, _)) if n == nonce => {}
+            _ => self.warm_from = Some((nonce, header.replica)),
+        }
+        self.table.heard(header.replica, self.now());
+        self.metrics.warm_entries.inc_by(events.len() as u64);
+        for event in events {
+            if matches!(event, WireEvent::Dispatched { .. }) {
+                self.apply(header.replica, event);
+            }
+        }
+        if header.last {
+            tracing::info!(
+                "cluster: warm start taken from peer {:016x}",
+                header.replica
+            );
+        }
+    }
+
+    fn expire(&mut self) {
+        let (gone, dropped) = self.table.expire(self.now());
+        for replica in gone {
+            tracing::warn!("cluster: peer {replica:016x} silent; its requests no longer count");
+        }
+        self.metrics.expired.inc_by(dropped.len() as u64);
+        for (ep, entry) in dropped {
+            self.shared.pool.peer_ended(
+                entry.local,
+                ep,
+                PeerEnd::Failed(FailureKind::Cancelled),
+                None,
+            );
+        }
+    }
+}

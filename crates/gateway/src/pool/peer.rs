@@ -1,0 +1,142 @@
+//! What peers (other gateway replicas of one cluster, `crate::cluster`) report, applied to this
+//! replica's pool: their dispatches count in flight here and enter the prefix cache, their first
+//! tokens and usage feed the policy's calibration, their ends free the in-flight count. None of
+//! it touches breakers, cooldowns or deployment limits, which stay each replica's own (a peer's
+//! failure is that peer's view of the endpoint, and its own retries already acted on it).
+//!
+//! Requests are named by ids this replica allocated for them (`crate::cluster::peers`), never
+//! by the peer's own ids, which collide with local ones.
+
+use super::Pool;
+use kvgate_core::decision::FailureKind;
+use kvgate_core::index::Prediction;
+use kvgate_core::{EndpointId, Nanos, Request, Usage};
+
+impl Pool {
+    /// From now on, what this pool learns from its own requests goes to `outbox`.
+    pub(crate) fn set_outbox(&self, outbox: crate::cluster::Outbox) {
+        let _ = self.outbox.set(outbox);
+    }
+
+    /// Tells the peers, in a cluster; `event` is built only then.
+    pub(super) fn share(&self, event: impl FnOnce() -> crate::cluster::Local) {
+        if let Some(outbox) = self.outbox.get() {
+            outbox.send(event());
+        }
+    }
+
+    /// Tells the peers how `request` ended on `endpoint`.
+    pub(super) fn share_end(&self, request: u64, endpoint: EndpointId, end: PeerEnd) {
+        if self.outbox.get().is_none() {
+            return;
+        }
+        if let Some(base) = self.base_of(endpoint) {
+            self.share(|| crate::cluster::Local::Ended {
+                id: request,
+                endpoint: base,
+                end,
+            });
+        }
+    }
+
+    /// The endpoint whose base URL is `base`: replicas name endpoints by URL, since ids are
+    /// assigned per process in the order endpoints were added.
+    pub fn id_of_base(&self, base: &str) -> Option<EndpointId> {
+        self.snapshot
+            .load()
+            .endpoints
+            .iter()
+            .find(|e| &*e.about.base == base)
+            .map(|e| e.id)
+    }
+
+    /// A peer sent `request` (already renamed to a local id) to `endpoint`: the router counts
+    /// it in flight and the policy learns it as a dispatch; the prefix cache inserts its
+    /// prompt. Returns what the cache predicted, to be corrected when its usage arrives.
+    pub fn peer_dispatched(&self, request: &Request, endpoint: EndpointId) -> Option<Prediction> {
+        let now = self.clock.now();
+        let overlaps = self.lookup(request, now);
+        {
+            let mut core = self.lock();
+            core.router.view(endpoint)?;
+            core.router.commit(request, endpoint, &overlaps, now);
+            core.sync_inflight(endpoint);
+        }
+        let mut cache = self.cache_mut();
+        let prediction = cache.prediction(request, endpoint, &overlaps);
+        cache.dispatched(request, endpoint, now, &overlaps);
+        Some(prediction)
+    }
+
+    /// A peer's request on `endpoint` had its first bytes after `ttft` (a first token, which
+    /// the policy learns the endpoint's speed from, when `stream`).
+    pub fn peer_first_token(&self, request: u64, endpoint: EndpointId, ttft: Nanos, stream: bool) {
+        let now = self.clock.now();
+        if stream {
+            self.lock().router.first_token(request, endpoint, now, ttft);
+        }
+        self.cache_mut().first_token(request, endpoint, now);
+    }
+
+    /// A peer's request on `endpoint` ended: completed (with the engine's usage when it had
+    /// one) or failed.
+    pub fn peer_ended(
+        &self,
+        request: u64,
+        endpoint: EndpointId,
+        end: PeerEnd,
+        prediction: Option<Prediction>,
+    ) {
+        let now = self.clock.now();
+        {
+            let mut core = self.lock();
+            match end {
+                PeerEnd::Completed {
+                    latency,
+                    output_tokens,
+                    usage,
+                } => {
+                    if let Some(usage) = usage {
+                        core.router.usage(request, endpoint, now, usage);
+                    }
+                    core.router
+                        .completed(request, endpoint, now, latency, output_tokens);
+                }
+                PeerEnd::Failed(kind) => core.router.failed(request, endpoint, now, kind),
+            }
+            core.sync_inflight(endpoint);
+        }
+        let mut cache = self.cache_mut();
+        cache.finished(request, endpoint);
+        if let (PeerEnd::Completed { usage: Some(u), .. }, Some(p)) = (end, prediction) {
+            self.correct(&mut cache, endpoint, u, &p);
+        }
+    }
+
+    /// Warm start: a peer's recent dispatch of `request` to `endpoint`, already over, enters the
+    /// prefix cache only (it is not in flight and the policy has nothing to learn from it).
+    pub fn peer_replayed(&self, request: &Request, endpoint: EndpointId) {
+        let now = self.clock.now();
+        let overlaps = self.lookup(request, now);
+        let mut cache = self.cache_mut();
+        cache.dispatched(request, endpoint, now, &overlaps);
+        cache.first_token(request.id, endpoint, now);
+        cache.finished(request.id, endpoint);
+    }
+}
+
+/// How a peer's request ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PeerEnd {
+    /// It completed.
+    Completed {
+        /// Dispatch to end.
+        latency: Nanos,
+        /// Output tokens streamed.
+        output_tokens: u32,
+        /// The engine's usage, when the answer carried one.
+        usage: Option<Usage>,
+    },
+    /// It failed (or its client went away).
+    Failed(FailureKind),
+}
