@@ -28,8 +28,16 @@ pub enum RampUpStrategy {
 pub struct BenchArgs {
     /// Target base URL (e.g. http://127.0.0.1:8080). Repeat to compare targets: every target
     /// receives the same requests at the same scheduled times, interleaved in one run.
+    /// `[LABEL=]URL,URL,...` makes one target of several gateway replicas: each request goes
+    /// to one of them drawn at random, as a client-side or L4 balancer would send it.
     #[arg(long = "url", alias = "base-url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
+
+    /// The engines behind a target, `URL,URL,...`; repeat once per target in `--url` order.
+    /// Their requests running plus waiting are sampled every 100 ms and reported as herding
+    /// (the busiest engine's count minus the mean).
+    #[arg(long = "engines", value_name = "URLS")]
+    pub engines: Vec<String>,
 
     /// Workload: `random`, `prefix-repetition`, `agentic`, `fanout`, or a JSONL file to replay.
     /// `agentic` and `fanout` are the simulator's models (`kvgate sim --scenario mix`,

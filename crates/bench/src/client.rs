@@ -11,6 +11,7 @@
 //! chunks.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -119,39 +120,70 @@ impl Record {
     }
 }
 
-/// One benchmark target: a resolved endpoint URL.
+/// One benchmark target: a resolved endpoint URL, or several replicas of one gateway that
+/// share the target's requests (each request to one of them at random).
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// The URL as given on the command line (the report's name for it).
+    /// The target as given on the command line, or its label (the report's name for it).
     pub name: String,
-    /// The completions endpoint requests are posted to.
-    pub endpoint: String,
-    /// The models listing URL.
+    /// The completions endpoints requests are posted to, one per replica.
+    pub endpoints: Vec<String>,
+    /// The models listing URL (of the first replica).
     pub models: String,
+    /// Requests sent so far, which with the name seeds the choice of replica.
+    sent: std::sync::Arc<AtomicU64>,
 }
 
 impl Target {
-    /// Resolves `url` (a base URL, a `/v1` URL, or a full endpoint URL) for `api`.
-    pub fn new(url: &str, api: Api) -> Self {
-        let trimmed = url.trim_end_matches('/');
-        let path = match api {
-            Api::Chat => "/chat/completions",
-            Api::Completions => "/completions",
+    /// Resolves `spec` for `api`: `[LABEL=]URL[,URL...]`, each URL a base URL, a `/v1` URL or
+    /// a full endpoint URL; several URLs are replicas of one gateway.
+    pub fn new(spec: &str, api: Api) -> Self {
+        let (name, urls) = match spec.split_once('=') {
+            Some((label, urls)) if !label.contains([':', '/']) => (label, urls),
+            _ => (spec, spec),
         };
-        let (base, endpoint) = if let Some(b) = trimmed.strip_suffix("/chat/completions") {
-            (b.to_owned(), trimmed.to_owned())
-        } else if let Some(b) = trimmed.strip_suffix("/completions") {
-            (b.to_owned(), trimmed.to_owned())
-        } else if trimmed.ends_with("/v1") {
-            (trimmed.to_owned(), format!("{trimmed}{path}"))
-        } else {
-            (format!("{trimmed}/v1"), format!("{trimmed}/v1{path}"))
-        };
+        let resolved: Vec<(String, String)> = urls.split(',').map(|u| resolve(u, api)).collect();
         Self {
-            name: url.to_owned(),
-            endpoint,
-            models: format!("{base}/models"),
+            name: name.to_owned(),
+            models: format!("{}/models", resolved[0].0),
+            endpoints: resolved.into_iter().map(|(_, e)| e).collect(),
+            sent: Default::default(),
         }
+    }
+
+    /// The endpoint the next request goes to: a replica drawn uniformly (a seeded mix of the
+    /// request's number, so a run is repeatable), as a round-robin DNS or L4 balancer in front
+    /// of gateway replicas would spread requests without regard to their content.
+    pub fn endpoint(&self) -> &str {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        let k = if self.endpoints.len() == 1 {
+            0
+        } else {
+            // SplitMix64's finaliser: consecutive numbers map to independent-looking draws.
+            let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % self.endpoints.len() as u64) as usize
+        };
+        &self.endpoints[k]
+    }
+}
+
+/// The `/v1` base and the completions endpoint of `url`.
+fn resolve(url: &str, api: Api) -> (String, String) {
+    let trimmed = url.trim().trim_end_matches('/');
+    let path = match api {
+        Api::Chat => "/chat/completions",
+        Api::Completions => "/completions",
+    };
+    if let Some(b) = trimmed.strip_suffix("/chat/completions") {
+        (b.to_owned(), trimmed.to_owned())
+    } else if let Some(b) = trimmed.strip_suffix("/completions") {
+        (b.to_owned(), trimmed.to_owned())
+    } else if trimmed.ends_with("/v1") {
+        (trimmed.to_owned(), format!("{trimmed}{path}"))
+    } else {
+        (format!("{trimmed}/v1"), format!("{trimmed}/v1{path}"))
     }
 }
 
@@ -422,7 +454,7 @@ async fn exchange(
     meter: &mut Meter,
 ) -> Result<(), ErrorKind> {
     let mut req = client
-        .post(&target.endpoint)
+        .post(target.endpoint())
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body);
     if let Some(k) = key {
@@ -464,13 +496,33 @@ mod tests {
     #[test]
     fn target_resolves_base_v1_and_full_urls() {
         let t = Target::new("http://h:1/", Api::Chat);
-        assert_eq!(t.endpoint, "http://h:1/v1/chat/completions");
+        assert_eq!(t.endpoint(), "http://h:1/v1/chat/completions");
         assert_eq!(t.models, "http://h:1/v1/models");
         let t = Target::new("http://h:1/v1", Api::Completions);
-        assert_eq!(t.endpoint, "http://h:1/v1/completions");
+        assert_eq!(t.endpoint(), "http://h:1/v1/completions");
         let t = Target::new("http://h:1/v1/chat/completions", Api::Completions);
-        assert_eq!(t.endpoint, "http://h:1/v1/chat/completions");
+        assert_eq!(t.endpoint(), "http://h:1/v1/chat/completions");
         assert_eq!(t.models, "http://h:1/v1/models");
+    }
+
+    #[test]
+    fn replicas_share_a_target_evenly_and_labels_name_it() {
+        let t = Target::new("three=http://a:1,http://b:1/v1,http://c:1", Api::Chat);
+        assert_eq!(t.name, "three");
+        assert_eq!(t.models, "http://a:1/v1/models");
+        let mut counts = std::collections::HashMap::new();
+        for _ in 0..3000 {
+            *counts.entry(t.endpoint().to_owned()).or_insert(0) += 1;
+        }
+        assert_eq!(counts.len(), 3);
+        assert!(
+            counts.values().all(|&n| (900..1100).contains(&n)),
+            "{counts:?}"
+        );
+        assert_eq!(
+            Target::new("http://h:1/?a=b", Api::Chat).name,
+            "http://h:1/?a=b"
+        );
     }
 
     #[test]

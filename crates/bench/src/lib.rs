@@ -22,6 +22,7 @@
 mod args;
 pub mod arrivals;
 pub mod client;
+pub mod engines;
 mod error;
 pub mod plot;
 pub mod records;
@@ -74,6 +75,9 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     let bad = |m: &str| Err(BenchError::Config(m.to_owned()));
     if args.urls.is_empty() {
         return bad("at least one --url is required");
+    }
+    if args.engines.len() > args.urls.len() {
+        return bad("--engines names the engines of one --url each: more --engines than --url");
     }
     if args.rate.is_nan() || args.rate <= 0.0 {
         return bad("--rate must be positive");
@@ -433,6 +437,14 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
             sender: &sender,
             bar: &bar,
         };
+        let watch = (!args.engines.is_empty()).then(|| {
+            let groups = args
+                .engines
+                .iter()
+                .map(|g| g.split(',').map(|u| u.trim().to_owned()).collect())
+                .collect();
+            engines::EngineWatch::start(http.clone(), groups)
+        });
         let per_target = match &plan {
             Plan::Open(kind) => {
                 let workload = match carried.take() {
@@ -459,8 +471,12 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
             }
         };
         bar.finish_and_clear();
-        for (t, records) in targets.iter().zip(&per_target) {
-            results.push(TargetReport::new(&t.name, *rate, records, &slo));
+        let mut loads = watch.map(engines::EngineWatch::finish).unwrap_or_default();
+        loads.resize(targets.len(), None);
+        for ((t, records), load) in targets.iter().zip(&per_target).zip(loads) {
+            let mut report = TargetReport::new(&t.name, *rate, records, &slo);
+            report.engines = load;
+            results.push(report);
             if let Some(file) = &mut records_file {
                 file.write(&t.name, *rate, records)?;
             }

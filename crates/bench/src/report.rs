@@ -104,6 +104,9 @@ pub struct TargetReport {
     pub send_lag_ms: Summary,
     /// Failures by kind (every kind listed, zeros included).
     pub errors: BTreeMap<&'static str, u64>,
+    /// The engines' load while it ran, when `--engines` named them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engines: Option<crate::engines::EngineLoad>,
     /// Sorted TTFT samples of successful requests (for CDFs; not serialised).
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
@@ -187,6 +190,7 @@ impl TargetReport {
             e2e_ms,
             send_lag_ms: Summary::of(&mut lag),
             errors,
+            engines: None,
             ttft_samples: ttft,
             e2e_samples: e2e,
         }
@@ -281,6 +285,15 @@ pub fn table(results: &[TargetReport], capacity: &[Capacity], slo: &Slo) -> Stri
         ),
     };
     let _ = writeln!(out, "latencies in ms; SLO: {slo_text}");
+    for r in results {
+        if let Some(e) = &r.engines {
+            let _ = writeln!(
+                out,
+                "engines of {}: {:.2} requests each on average; busiest minus mean {:.2} (mean), {:.2} (p95) over {} samples",
+                r.target, e.mean_inflight, e.herding_mean, e.herding_p95, e.samples
+            );
+        }
+    }
     for c in capacity {
         let rate = c.rate.map_or("below the lowest swept rate".into(), |x| {
             format!("{x} req/s")

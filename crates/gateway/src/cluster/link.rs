@@ -32,6 +32,15 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
     let config = shared.config.cluster.clone();
     let metrics = shared.metrics.cluster.clone();
     let (outbox, rx) = Outbox::new(config.queue, metrics.clone());
+    let replica = rand::random::<u64>();
+    if let Some(gate) = shared.tenancy.fanout() {
+        gate.join_cluster(
+            outbox.clone(),
+            replica,
+            Duration::from_millis(config.fanout_window_ms),
+            metrics.clone(),
+        );
+    }
     shared.pool.set_outbox(outbox);
     let replica =
         shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
@@ -128,6 +137,7 @@ fn header(replica: u64, hello: u64, last: bool) -> Header {
         replica,
         hello,
         last,
+        at_us: 0,
     }
 }
 
@@ -234,6 +244,7 @@ impl Publisher {
                 self.own.remove(&(id, endpoint.clone()));
                 WireEvent::ended(id, endpoint, end)
             }
+            Local::Fanout(event) => WireEvent::Fanout { event },
         };
         self.event(event).await;
     }
@@ -360,6 +371,10 @@ impl Receiver {
             self.metrics.dropped("decode_error");
         }
         self.metrics.count("received", events.len());
+        if header.at_us > 0 {
+            let lag = wire::now_micros().saturating_sub(header.at_us);
+            self.metrics.lag.observe(lag as f64 / 1e6);
+        }
         if self.table.heard(header.replica, self.now()) {
             tracing::info!("cluster: peer {:016x} joined", header.replica);
         }
@@ -421,6 +436,11 @@ impl Receiver {
                     return;
                 };
                 pool.peer_ended(entry.local, ep, end, entry.prediction);
+            }
+            WireEvent::Fanout { event } => {
+                if let Some(gate) = self.shared.tenancy.fanout() {
+                    gate.peer(event);
+                }
             }
             WireEvent::Hello { nonce } => {
                 let _ = self.hello_tx.try_send((replica, nonce));

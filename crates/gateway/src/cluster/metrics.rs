@@ -2,7 +2,8 @@
 
 use crate::metrics::{Counter, Family, Gauge, ReasonLabel};
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
 
 /// Which way events went.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -12,8 +13,10 @@ pub struct DirectionLabel {
 }
 
 /// See the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClusterMetrics {
+    /// Receipt time minus the sender's publish time of peers' messages.
+    pub lag: Histogram,
     /// 1 while connected to NATS, else 0 (also 0 with no cluster configured).
     pub connected: Gauge,
     /// Peers heard from within the timeout.
@@ -32,6 +35,22 @@ pub struct ClusterMetrics {
     pub warm_entries: Counter,
 }
 
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        ClusterMetrics {
+            lag: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            connected: Gauge::default(),
+            peers: Gauge::default(),
+            peer_inflight: Gauge::default(),
+            events: Family::default(),
+            dropped: Family::default(),
+            disconnects: Counter::default(),
+            expired: Counter::default(),
+            warm_entries: Counter::default(),
+        }
+    }
+}
+
 impl ClusterMetrics {
     pub(crate) fn dropped(&self, reason: &'static str) {
         self.dropped.get_or_create(&ReasonLabel { reason }).inc();
@@ -44,6 +63,12 @@ impl ClusterMetrics {
     }
 
     pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register_with_unit(
+            "cluster_lag",
+            "Receipt time minus the peer's publish time of its messages (wall clocks)",
+            Unit::Seconds,
+            self.lag.clone(),
+        );
         registry.register(
             "cluster_connected",
             "1 while this replica is connected to the cluster's NATS server",

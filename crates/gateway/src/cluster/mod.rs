@@ -39,6 +39,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 pub(crate) use link::spawn;
+pub(crate) use wire::now_micros;
 
 /// `cluster:` in the configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +64,9 @@ pub struct ClusterConfig {
     pub warm_start_bytes: usize,
     /// Events waiting to be published; past it they are dropped and counted.
     pub queue: usize,
+    /// How long a call that would lead a fan-out waits for rival claims from peers (see
+    /// `agents.serialize_fanout`): above the NATS hop between replicas, well below a TTFT.
+    pub fanout_window_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -76,6 +80,7 @@ impl Default for ClusterConfig {
             max_prompt_bytes: 256 * 1024,
             warm_start_bytes: 8 * 1024 * 1024,
             queue: 65_536,
+            fanout_window_ms: 3,
         }
     }
 }
@@ -110,6 +115,12 @@ impl ClusterConfig {
                 "must be between 1024 and 524288 (NATS messages are 1 MiB at most by default)",
             ));
         }
+        if self.fanout_window_ms > 100 {
+            return Err(invalid(
+                "fanout_window_ms",
+                "must be at most 100 (every fan-out leader waits it)",
+            ));
+        }
         if self.queue == 0 || self.max_request_secs == 0 {
             return Err(invalid(
                 "queue",
@@ -142,6 +153,8 @@ pub(crate) enum Local {
         endpoint: Arc<str>,
         end: PeerEnd,
     },
+    /// The fan-out gate's claims and releases.
+    Fanout(crate::tenancy::FanoutEvent),
 }
 
 /// Where the pool drops what peers should hear; never blocks the request path.

@@ -22,6 +22,16 @@ pub(crate) struct Header {
     /// For a warm-start chunk, whether it is the last.
     #[serde(default)]
     pub(crate) last: bool,
+    /// Wall-clock microseconds when the message left (0: unknown), for the lag metric.
+    #[serde(default)]
+    pub(crate) at_us: u64,
+}
+
+/// Wall-clock microseconds since the epoch.
+pub(crate) fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// One event. Requests are named by the sender's own ids, endpoints by base URL.
@@ -58,6 +68,8 @@ pub(crate) enum WireEvent {
         endpoint: Arc<str>,
         kind: FailureKind,
     },
+    /// A fan-out gate's claim or release.
+    Fanout { event: crate::tenancy::FanoutEvent },
     /// The sender just joined or reconnected and asks for a warm start, tagged `nonce`.
     Hello { nonce: u64 },
     /// The sender is shutting down: drop its requests now.
@@ -119,47 +131,43 @@ pub(crate) fn cap_prompt(request: &mut Request, max_bytes: usize) {
     }
 }
 
+/// Room kept for the header line, which is written when a message leaves (its time).
+const HEADER_ROOM: usize = 160;
+
 /// Builds messages of at most `limit` bytes from a header and events.
 #[derive(Debug)]
 pub(crate) struct Batcher {
     header: Header,
     limit: usize,
+    /// The events so far, each after a newline.
     buf: Vec<u8>,
     events: usize,
 }
 
 impl Batcher {
     pub(crate) fn new(header: Header, limit: usize) -> Self {
-        let mut b = Batcher {
+        Batcher {
             header,
             limit,
             buf: Vec::new(),
             events: 0,
-        };
-        b.reset();
-        b
-    }
-
-    fn reset(&mut self) {
-        self.buf.clear();
-        self.events = 0;
-        // A header of three plain fields always serializes.
-        serde_json::to_writer(&mut self.buf, &self.header).unwrap_or_default();
+        }
     }
 
     /// Adds `event`; returns the full message that had to be cut first to make room, if any.
     /// An event larger than the limit on its own is refused (`Err`).
     pub(crate) fn push(&mut self, event: &WireEvent) -> Result<Option<Vec<u8>>, ()> {
         let line = serde_json::to_vec(event).map_err(|_| ())?;
-        let header_len = serde_json::to_vec(&self.header).map_err(|_| ())?.len();
-        if header_len + 1 + line.len() > self.limit {
+        if HEADER_ROOM + 1 + line.len() > self.limit {
             return Err(());
         }
-        let full = (self.buf.len() + 1 + line.len() > self.limit).then(|| self.take());
+        let full = (HEADER_ROOM + self.buf.len() + 1 + line.len() > self.limit)
+            .then(|| self.take())
+            .flatten();
         self.buf.push(b'\n');
         self.buf.extend_from_slice(&line);
         self.events += 1;
-        Ok(full.flatten())
+        Ok(full)
     }
 
     /// Events held.
@@ -167,27 +175,30 @@ impl Batcher {
         self.events
     }
 
-    /// The message so far (`None` with no event), and a fresh start.
+    /// The message so far (`None` with no event), stamped now, and a fresh start.
     pub(crate) fn take(&mut self) -> Option<Vec<u8>> {
         if self.events == 0 {
             return None;
         }
-        let out = std::mem::take(&mut self.buf);
-        self.reset();
+        let mut out = self.heartbeat();
+        out.append(&mut self.buf);
+        self.events = 0;
         Some(out)
     }
 
-    /// The header alone: a heartbeat.
+    /// The header alone, stamped now: a heartbeat.
     pub(crate) fn heartbeat(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.header).unwrap_or_default()
+        let header = Header {
+            at_us: now_micros(),
+            ..self.header
+        };
+        // A header of plain numbers and a bool always serializes.
+        serde_json::to_vec(&header).unwrap_or_default()
     }
 
     /// Sets the header of the messages to come (a warm start's `last`).
     pub(crate) fn set_header(&mut self, header: Header) {
         self.header = header;
-        if self.events == 0 {
-            self.reset();
-        }
     }
 }
 
@@ -224,8 +235,9 @@ mod tests {
             replica: 9,
             hello: 0,
             last: false,
+            at_us: 0,
         };
-        let mut b = Batcher::new(header, 400);
+        let mut b = Batcher::new(header, 600);
         let mut messages = Vec::new();
         let events: Vec<WireEvent> = (0..10)
             .map(|i| {
@@ -255,9 +267,10 @@ mod tests {
         assert!(messages.len() > 1);
         let mut back = Vec::new();
         for m in &messages {
-            assert!(m.len() <= 400, "{}", m.len());
+            assert!(m.len() <= 600, "{}", m.len());
             let (h, ev, bad) = decode(m).unwrap();
-            assert_eq!((h, bad), (header, 0));
+            assert!(h.at_us > 0);
+            assert_eq!((Header { at_us: 0, ..h }, bad), (header, 0));
             back.extend(ev);
         }
         assert_eq!(back, events);

@@ -58,7 +58,11 @@ pub(crate) async fn hold(
     }
     let key = key.digest();
     let m = &shared.metrics.tenants;
-    match gate.enter(key) {
+    let role = match gate.enter(key) {
+        Role::Lead(l) => gate.contest(l).await,
+        other => other,
+    };
+    match role {
         Role::Pass => {}
         Role::Lead(l) => {
             m.fanout.get_or_create(&reason("led")).inc();

@@ -23,6 +23,7 @@ pub use metrics::TenantMetrics;
 
 pub(crate) use hold::{hold, Held};
 
+pub use fanout::FanoutEvent;
 use fanout::FanoutGate;
 use sessions::SessionCaps;
 
