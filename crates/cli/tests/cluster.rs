@@ -223,3 +223,87 @@ fn bad_cluster_settings_are_refused_with_a_clear_error() {
     );
     assert!(err.contains("peer_timeout_ms"), "{err}");
 }
+
+/// Sends a short chat through `base` with `key`; its status and whether it said when to retry.
+async fn keyed(base: &str, key: &str, max_tokens: u32) -> (u16, bool) {
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&chat(user("hello there"), max_tokens, false))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.headers().contains_key("retry-after"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rate_limits_and_budgets_hold_across_replicas() {
+    let nats = Nats::start(free_port());
+    let engine = engine("e0", "0", &[]);
+    let dir = std::env::temp_dir().join(format!("kvgate-cluster-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let yaml = |replica: &str| {
+        format!(
+            r#"
+cluster: {{url: "{url}", name: "l{pid}"}}
+admin_token: tok
+tenancy:
+  store: {store}
+  flush_ms: 50
+  keys:
+    - {{name: limited, key_sha256: "{limited}", limits: {{rpm: 60, burst_secs: 10}}}}
+    - {{name: budgeted, key_sha256: "{budgeted}", budget: {{tokens: 600}}}}
+"#,
+            url = nats.url(),
+            pid = std::process::id(),
+            store = dir.join(format!("{replica}.redb")).display(),
+            limited = support::sha256("kvg-limited"),
+            budgeted = support::sha256("kvg-budgeted"),
+        )
+    };
+    let a = support::gateway_with_config(&[&engine], "cluster-limits-a", &yaml("a")).await;
+    let b = support::gateway_with_config(&[&engine], "cluster-limits-b", &yaml("b")).await;
+    for r in [&a, &b] {
+        wait_metric(&r.url, "kvgate_cluster_peers ", 10, |v| v == 1.0).await;
+    }
+    // A bucket of 10 requests (refilling one a second), drawn from both replicas in turn: alone,
+    // each replica would accept 10.
+    let mut accepted = 0;
+    for i in 0..20 {
+        let url = if i % 2 == 0 { &a.url } else { &b.url };
+        match keyed(url, "kvg-limited", 1).await {
+            (200, _) => accepted += 1,
+            (429, true) => {}
+            s => panic!("{s:?}: a rate limit answers 200 or 429 with Retry-After"),
+        }
+    }
+    assert!(
+        (10..=12).contains(&accepted),
+        "{accepted} of 20 accepted against a shared bucket of 10"
+    );
+    // A budget of 600 tokens spent through A is refused at B too.
+    let mut spent_at_a = 0;
+    while keyed(&a.url, "kvg-budgeted", 100).await.0 == 200 {
+        spent_at_a += 1;
+        assert!(spent_at_a < 10, "the budget never ran out");
+    }
+    let spent = |status: serde_json::Value| {
+        status["tenancy"]["budgets"]
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["account"] == "key:budgeted"))
+            .and_then(|b| b["spent"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let at_a = spent(support::admin_json(&a.url, "/admin/status", "tok").await);
+    assert!(at_a > 0.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while spent(support::admin_json(&b.url, "/admin/status", "tok").await) < at_a {
+        assert!(Instant::now() < deadline, "B never learned A's spend");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        keyed(&b.url, "kvg-budgeted", 100).await.0,
+        429,
+        "B accepted a request over the budget A spent"
+    );
+}

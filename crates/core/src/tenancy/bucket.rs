@@ -248,6 +248,21 @@ impl RateLimiter {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
+    /// Takes what another gateway replica admitted or settled (requests, limited input tokens,
+    /// output tokens; negative amounts give back), without counting anything in flight here:
+    /// replicas share their rates, each keeps its own concurrency.
+    pub fn take_shared(&mut self, now: Nanos, requests: f64, input: f64, output: f64) {
+        for (bucket, amount) in [
+            (self.requests.as_mut(), requests),
+            (self.input.as_mut(), input),
+            (self.output.as_mut(), output),
+        ] {
+            if let Some(b) = bucket.filter(|_| amount != 0.0) {
+                b.take(now, amount);
+            }
+        }
+    }
+
     /// Limit, remaining and seconds until full of each rate, for `x-ratelimit-*` headers and the
     /// admin status.
     pub fn snapshot(&mut self, now: Nanos) -> Vec<(LimitKind, f64, f64, f64)> {

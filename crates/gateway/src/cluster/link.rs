@@ -41,6 +41,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
             metrics.clone(),
         );
     }
+    shared.tenancy.join_cluster(outbox.clone());
     shared.pool.set_outbox(outbox);
     let replica =
         shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
@@ -245,6 +246,18 @@ impl Publisher {
                 WireEvent::ended(id, endpoint, end)
             }
             Local::Fanout(event) => WireEvent::Fanout { event },
+            Local::Limits {
+                scopes,
+                requests,
+                input,
+                output,
+            } => WireEvent::Limits {
+                scopes,
+                requests,
+                input,
+                output,
+            },
+            Local::Spend(spent) => WireEvent::Spend { spent },
         };
         self.event(event).await;
     }
@@ -437,6 +450,18 @@ impl Receiver {
                 };
                 pool.peer_ended(entry.local, ep, end, entry.prediction);
             }
+            WireEvent::Limits {
+                scopes,
+                requests,
+                input,
+                output,
+            } => {
+                let amounts = (requests, input, output);
+                if amounts.0.is_finite() && amounts.1.is_finite() && amounts.2.is_finite() {
+                    self.shared.tenancy.peer_limits(&scopes, amounts, now);
+                }
+            }
+            WireEvent::Spend { spent } => self.shared.tenancy.peer_spend(&spent),
             WireEvent::Fanout { event } => {
                 if let Some(gate) = self.shared.tenancy.fanout() {
                     gate.peer(event);

@@ -13,7 +13,8 @@
 //! learns an endpoint's failures from its own attempts, and a peer's retries already acted on
 //! its own), and KV events, which every replica subscribes to at the engine (a ZMQ publisher
 //! fans out to any number of subscribers; relaying them would only add delay). Rate limits and
-//! budgets stay per replica.
+//! budgets are shared with the bound stated in `crate::tenancy::shared`; concurrency caps stay
+//! per replica.
 //!
 //! Consistency is best-effort and bounded in time: a peer's dispatch is visible here after one
 //! NATS hop (sub-millisecond on a LAN) plus the publisher's batching (it sends whatever is
@@ -155,6 +156,16 @@ pub(crate) enum Local {
     },
     /// The fan-out gate's claims and releases.
     Fanout(crate::tenancy::FanoutEvent),
+    /// Taken from rate limiters (negative: given back): requests, limited input and output
+    /// tokens.
+    Limits {
+        scopes: Vec<String>,
+        requests: f64,
+        input: f64,
+        output: f64,
+    },
+    /// Spent per budget account.
+    Spend(Vec<(String, f64)>),
 }
 
 /// Where the pool drops what peers should hear; never blocks the request path.

@@ -68,6 +68,15 @@ pub(crate) enum WireEvent {
         endpoint: Arc<str>,
         kind: FailureKind,
     },
+    /// Taken from rate limiters.
+    Limits {
+        scopes: Vec<String>,
+        requests: f64,
+        input: f64,
+        output: f64,
+    },
+    /// Spent per budget account.
+    Spend { spent: Vec<(String, f64)> },
     /// A fan-out gate's claim or release.
     Fanout { event: crate::tenancy::FanoutEvent },
     /// The sender just joined or reconnected and asks for a warm start, tagged `nonce`.

@@ -221,19 +221,39 @@ impl Budgets {
         Ok(Reservation { holds })
     }
 
-    /// Replaces a reservation by what the request used.
-    pub(crate) fn settle(&self, reservation: Reservation, actual: &Charge, price: Option<&Price>) {
+    /// Replaces a reservation by what the request used; returns what each account spent.
+    pub(crate) fn settle(
+        &self,
+        reservation: Reservation,
+        actual: &Charge,
+        price: Option<&Price>,
+    ) -> Vec<(String, f64)> {
         if reservation.holds.is_empty() {
-            return;
+            return Vec::new();
         }
         let mut ledger = self.ledger();
+        let mut spent = Vec::with_capacity(reservation.holds.len());
         for (a, held) in reservation.holds {
             if let Some(r) = ledger.reserved.get_mut(&a.id) {
                 *r = (*r - held).max(0.0);
             }
             let used = a.cost(actual, price).unwrap_or(held);
             *ledger.spent.entry(a.id.clone()).or_default() += used;
-            ledger.dirty.insert(a.id);
+            ledger.dirty.insert(a.id.clone());
+            spent.push((a.id, used));
+        }
+        spent
+    }
+
+    /// Adds what peers (other gateway replicas) spent; written to the store like local spend,
+    /// so every replica's store holds the whole fleet's.
+    pub(crate) fn add_spent(&self, spent: &[(String, f64)]) {
+        let mut ledger = self.ledger();
+        for (id, used) in spent {
+            if used.is_finite() && *used > 0.0 {
+                *ledger.spent.entry(id.clone()).or_default() += used;
+                ledger.dirty.insert(id.clone());
+            }
         }
     }
 

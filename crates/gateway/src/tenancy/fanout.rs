@@ -222,6 +222,16 @@ impl FanoutGate {
         Role::Follow(rx)
     }
 
+    /// In a cluster with peers present, how long a released follower waits before it is
+    /// routed: followers at every replica are released by one first token within a NATS hop of
+    /// each other, and routed at the same instant they would each miss the others' dispatches
+    /// and pile onto the engine holding the prefix. A uniform draw over three windows spreads
+    /// them so that most see the earlier ones.
+    pub(crate) fn release_jitter(&self) -> Option<Duration> {
+        let p = self.peers.get().filter(|p| p.metrics.peers.get() > 0)?;
+        Some(p.window.mul_f64(3.0 * rand::random::<f64>()))
+    }
+
     /// A peer's word about a prefix.
     pub(crate) fn peer(&self, event: FanoutEvent) {
         let Some(p) = self.peers.get() else { return };

@@ -59,7 +59,13 @@ pub(crate) async fn hold(
     let key = key.digest();
     let m = &shared.metrics.tenants;
     let role = match gate.enter(key) {
-        Role::Lead(l) => gate.contest(l).await,
+        Role::Lead(l) => match gate.contest(l).await {
+            Role::Follow(rx) => {
+                m.fanout.get_or_create(&reason("stepped_down")).inc();
+                Role::Follow(rx)
+            }
+            other => other,
+        },
         other => other,
     };
     match role {
@@ -71,6 +77,9 @@ pub(crate) async fn hold(
         Role::Follow(rx) => {
             let started = Instant::now();
             let released = gate.follow(rx).await;
+            if let Some(jitter) = gate.release_jitter().filter(|_| released) {
+                tokio::time::sleep(jitter).await;
+            }
             m.fanout_wait.observe(started.elapsed().as_secs_f64());
             let why = if released { "released" } else { "timeout" };
             m.fanout.get_or_create(&reason(why)).inc();

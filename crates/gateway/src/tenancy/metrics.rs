@@ -56,7 +56,8 @@ pub struct TenantMetrics {
     /// Spend per budget account (settled, as persisted).
     pub spend: Family<AccountLabels, FloatGauge>,
     /// Fan-out serialisation: `led`, `released` (a held call went after its leader's first
-    /// token or failure), `timeout` (it went after the longest wait).
+    /// token or failure), `timeout` (it went after the longest wait), `stepped_down` (it would
+    /// have led but a peer replica claimed the prefix first).
     pub fanout: Family<ReasonLabel, Counter>,
     /// Time held calls waited for their leader.
     pub fanout_wait: Histogram,

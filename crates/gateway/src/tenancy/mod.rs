@@ -17,6 +17,7 @@ mod fanout;
 mod hold;
 pub(crate) mod keys;
 mod sessions;
+mod shared;
 
 pub use config::{AgentConfig, BudgetConfig, KeyConfig, TenancyConfig, TenantConfig};
 pub use metrics::TenantMetrics;
@@ -93,6 +94,8 @@ pub(crate) struct Tenancy {
     fanout: Option<FanoutGate>,
     sessions: Option<SessionCaps>,
     metrics: Arc<Metrics>,
+    /// Where limits taken and spend settled go to peer replicas, in a cluster.
+    outbox: std::sync::OnceLock<crate::cluster::Outbox>,
 }
 
 fn rate_limited(e: &Exceeded, tenant: &str) -> ApiError {
@@ -196,6 +199,7 @@ impl Tenancy {
             }),
             sessions: agents.session_max_concurrency.map(SessionCaps::new),
             metrics,
+            outbox: Default::default(),
         })
     }
 
@@ -366,6 +370,8 @@ impl Tenancy {
                 ids.push(id.clone());
             }
         }
+        drop(limiters);
+        self.share_limits(&ids, 1.0, estimate, &Charge::default());
         Ok((ids, headers.into_boxed_slice()))
     }
 
@@ -379,6 +385,8 @@ impl Tenancy {
                 l.settle(now, estimate, actual);
             }
         }
+        drop(limiters);
+        self.share_limits(ids, 0.0, actual, estimate);
     }
 
     /// The request ended having used `actual`: limits, budgets and metrics learn it. Returns
@@ -394,8 +402,10 @@ impl Tenancy {
         now: Nanos,
     ) -> f64 {
         self.release_limits(&lease.limiters, &lease.estimate, actual, now);
-        self.budgets
+        let spent = self
+            .budgets
             .settle(lease.reservation, actual, price.or(lease.price.as_ref()));
+        self.share_spend(spent);
         let w = &self.config.charge.weights;
         let m = &self.metrics.tenants;
         for (kind, n) in [
