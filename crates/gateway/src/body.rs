@@ -79,8 +79,20 @@ impl Tracked {
         let mut out = first.map(|f| self.pass(&f)).unwrap_or_default();
         if self.upstream_done() {
             out = join(out, self.end());
+        } else {
+            self.finish_at_done();
         }
         self.first = Some(out);
+    }
+
+    /// A stream whose `[DONE]` the client has been handed is complete: it is accounted now
+    /// (the engine's usage reaches the policy and the limits), not when the upstream's end of
+    /// body arrives, which a client that closes on `[DONE]` (the OpenAI SDK, most benchmarks)
+    /// may not wait for; the rest of the upstream body is still read if the client stays.
+    fn finish_at_done(&mut self) {
+        if self.sse && self.events.done {
+            self.finish();
+        }
     }
 
     /// Reads upstream `data` and returns what the client gets of it.
@@ -288,10 +300,17 @@ impl Body for Tracked {
                     let mut out = this.pass(&data);
                     if this.upstream_done() {
                         out = join(out, this.end());
+                    } else {
+                        this.finish_at_done();
                     }
                     this.first = Some(out);
                 }
                 Poll::Ready(None) => this.first = Some(this.end()),
+                // After `[DONE]` the answer is whole: a connection lost before the upstream's
+                // end of body ends nothing.
+                Poll::Ready(Some(Err(_))) if this.sse && this.events.done => {
+                    this.first = Some(this.end());
+                }
                 Poll::Ready(Some(Err(e))) => {
                     this.rest = None;
                     if let Some(d) = this.dispatch.take() {
@@ -344,6 +363,8 @@ pub(crate) struct SseEvents {
     /// The current line is longer than `line` holds.
     long: bool,
     events: u32,
+    /// The `data: [DONE]` terminator went by.
+    pub(crate) done: bool,
 }
 
 impl SseEvents {
@@ -367,7 +388,9 @@ impl SseEvents {
     fn end_line(&mut self) {
         if let Some(value) = self.line.strip_prefix(b"data:") {
             let done = !self.long && value.trim_ascii() == b"[DONE]";
-            if !done {
+            if done {
+                self.done = true;
+            } else {
                 self.events = self.events.saturating_add(1);
             }
         }

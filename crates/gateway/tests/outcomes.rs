@@ -350,3 +350,69 @@ async fn a_streaming_request_takes_the_pool_lock_at_most_three_times() {
         );
     }
 }
+
+/// An upstream that streams a whole answer, `[DONE]` included, and then keeps the body open (as
+/// a server may before its end of body), answering every request so.
+async fn lingering_stream() -> String {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            let events = [
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1,\"total_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n",
+                "data: [DONE]\n\n",
+            ];
+            let whole = futures_util::stream::iter(
+                events.map(|e| Ok::<_, std::io::Error>(bytes::Bytes::from(e))),
+            );
+            let stream = futures_util::StreamExt::chain(whole, futures_util::stream::pending());
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(stream))
+                .unwrap()
+        }),
+    );
+    common::serve(app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_at_done_had_a_whole_answer_not_a_cancelled_one() {
+    let url = lingering_stream().await;
+    let g = gateway(&[&url], |_| {});
+    let body = r#"{"stream":true,"messages":[{"role":"user","content":"x"}]}"#;
+    let response = g
+        .router()
+        .oneshot(
+            Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut seen = String::new();
+    while !seen.contains("[DONE]") {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("the answer arrives")
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    // The client leaves as the OpenAI SDK does once it read `[DONE]`.
+    drop(body);
+    let metrics = g.metrics_text();
+    let outcome = |o: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("kvgate_requests_total{") && l.contains(&format!("outcome=\"{o}\""))
+        })
+    };
+    assert!(outcome("ok") && !outcome("cancelled"), "{metrics}");
+    assert!(
+        metrics.contains("kvgate_cache_prediction_total{result=\"exact\"} 1"),
+        "the usage reached the cache's scoring: {metrics}"
+    );
+}
