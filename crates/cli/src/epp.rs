@@ -17,8 +17,9 @@ pub(crate) fn run(args: &serve::Args) -> anyhow::Result<()> {
         config.listen = DEFAULT_LISTEN.into();
     }
     anyhow::ensure!(
-        !config.endpoints.is_empty(),
-        "kvgate epp picks among model servers: give them with --endpoint URL or in the file"
+        !config.endpoints.is_empty() || config.discovery.inference_pool.is_some(),
+        "kvgate epp picks among model servers: give them with --endpoint URL, in the file, or \
+         through `discovery.inference_pool`"
     );
     for e in &config.endpoints {
         let host = e.base_url().split("://").nth(1).unwrap_or_default();

@@ -228,7 +228,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let runtime = crate::runtime(args.threads)?;
     runtime.block_on(async {
         let mut engines = Vec::new();
-        if config.endpoints.is_empty() {
+        if config.endpoints.is_empty() && config.discovery.inference_pool.is_none() {
             for i in 0..args.embedded_engines.max(1) {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
                 let engine_config = EngineConfig {

@@ -57,6 +57,8 @@ pub struct Config {
     pub resume: crate::resume::ResumeConfig,
     /// Sharing routing state with other replicas over NATS.
     pub cluster: crate::cluster::ClusterConfig,
+    /// Endpoints discovered from the Kubernetes API (an InferencePool's pods).
+    pub discovery: crate::discovery::DiscoveryConfig,
 }
 
 /// TLS on the listeners. The files are PEM and are re-read when they change.
@@ -96,6 +98,7 @@ impl Default for Config {
             spillover: Default::default(),
             resume: Default::default(),
             cluster: Default::default(),
+            discovery: Default::default(),
         }
     }
 }
@@ -431,6 +434,7 @@ impl Config {
         self.kv_events.validate()?;
         self.spillover.validate()?;
         self.cluster.validate()?;
+        self.discovery.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }

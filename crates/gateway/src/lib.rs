@@ -30,6 +30,7 @@ mod admission;
 mod body;
 mod clock;
 pub mod cluster;
+pub mod discovery;
 mod dispatch;
 mod ending;
 pub mod endpoint_config;
@@ -253,6 +254,7 @@ fn start_background(shared: &Arc<Shared>) {
         crate::engine_state::subscriber::spawn(shared.clone(), status.id);
     }
     cluster::spawn(shared.clone());
+    discovery::spawn(shared.clone());
     if shared.tenancy.persists() {
         tokio::spawn(flush_spend(shared.clone()));
     }

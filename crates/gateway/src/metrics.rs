@@ -149,6 +149,8 @@ pub struct Metrics {
     pub output_tokens: Family<EndpointLabel, Counter>,
     /// Exact tokenization and KV-event ingestion.
     pub engine_state: crate::engine_state::EngineStateMetrics,
+    /// Discovery polls by result (`ok`, `error`).
+    pub discovery: Family<ReasonLabel, Counter>,
     /// State sharing between replicas.
     pub cluster: std::sync::Arc<crate::cluster::ClusterMetrics>,
     /// Attempts placed below the first priority tier, by why (`unavailable`, `ttft`, `queue`).
@@ -354,6 +356,12 @@ impl Metrics {
         tenants.register(&mut registry);
         let engine_state = crate::engine_state::EngineStateMetrics::new();
         engine_state.register(&mut registry);
+        let discovery = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "discovery_polls",
+            "Polls of the Kubernetes API for an InferencePool's pods, by result (ok, error)",
+            discovery.clone(),
+        );
         let cluster = std::sync::Arc::new(crate::cluster::ClusterMetrics::default());
         cluster.register(&mut registry);
         let cost_usd = Family::default();
@@ -399,6 +407,7 @@ impl Metrics {
             cost_usd,
             spillover,
             engine_state,
+            discovery,
             cluster,
             prompt_tokens,
             cached_tokens,

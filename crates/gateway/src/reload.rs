@@ -9,7 +9,7 @@
 //! `policy` section itself changed, so command-line policy flags survive reloads that touch only
 //! endpoints. Other sections take effect on restart.
 
-use crate::config::Config;
+use crate::config::{Config, EndpointConfig};
 use crate::state::Shared;
 use kvgate_core::{EndpointId, PolicyConfig};
 use std::path::PathBuf;
@@ -57,46 +57,45 @@ impl ReloadLog {
 }
 
 /// What the last applied file version contributed.
-#[derive(Debug)]
-pub(crate) struct Reloader {
+/// Endpoints one source manages (the file, a discovery), matched by base URL: [`Self::sync`]
+/// makes the pool's members from this source exactly the ones wanted, leaving the others be.
+#[derive(Debug, Default)]
+pub(crate) struct EndpointSet {
     managed: Vec<EndpointId>,
-    file_policy: Option<PolicyConfig>,
-    file_spillover: Option<crate::endpoint_config::SpilloverConfig>,
 }
 
-impl Reloader {
-    /// Starts from the file as it was when the gateway was configured (`None` if unreadable).
-    pub(crate) fn new(shared: &Shared, initial: Option<&Config>) -> Self {
-        let managed = initial.map_or_else(Vec::new, |file| {
-            shared
-                .pool
-                .configs()
-                .into_iter()
-                .filter(|(_, c)| file.endpoints.iter().any(|e| e.base_url() == c.base_url()))
-                .map(|(id, _)| id)
-                .collect()
-        });
-        Reloader {
-            managed,
-            file_policy: initial.map(|c| c.policy.clone()),
-            file_spillover: initial.map(|c| c.spillover.clone()),
-        }
+impl EndpointSet {
+    /// The members already in the pool that `endpoints` name.
+    pub(crate) fn adopt(shared: &Shared, endpoints: &[EndpointConfig]) -> Self {
+        let managed = shared
+            .pool
+            .configs()
+            .into_iter()
+            .filter(|(_, c)| endpoints.iter().any(|e| e.base_url() == c.base_url()))
+            .map(|(id, _)| id)
+            .collect();
+        EndpointSet { managed }
     }
 
-    /// Applies a new version of the file.
-    pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) {
+    /// Wanted endpoints join (with blackout and slow start), missing ones leave (requests
+    /// already sent there finish), the others take their new settings; returns how many
+    /// joined and left.
+    pub(crate) fn sync(
+        &mut self,
+        shared: &Arc<Shared>,
+        wanted: &[EndpointConfig],
+    ) -> (usize, usize) {
         let existing = shared.pool.configs();
+        let before = self.managed.len();
         self.managed.retain(|id| {
             let Some((_, old)) = existing.iter().find(|(e, _)| e == id) else {
                 return false; // removed meanwhile, e.g. through the admin API
             };
-            match new
-                .endpoints
-                .iter()
-                .find(|e| e.base_url() == old.base_url())
-            {
+            match wanted.iter().find(|e| e.base_url() == old.base_url()) {
                 Some(e) => {
-                    shared.pool.update(*id, e.clone());
+                    if e != old {
+                        shared.pool.update(*id, e.clone());
+                    }
                     true
                 }
                 None => {
@@ -105,7 +104,9 @@ impl Reloader {
                 }
             }
         });
-        for e in &new.endpoints {
+        let left = before - self.managed.len();
+        let mut joined = 0;
+        for e in wanted {
             if !existing
                 .iter()
                 .any(|(_, old)| old.base_url() == e.base_url())
@@ -114,8 +115,35 @@ impl Reloader {
                 crate::scrape::spawn(shared.clone(), id);
                 crate::engine_state::subscriber::spawn(shared.clone(), id);
                 self.managed.push(id);
+                joined += 1;
             }
         }
+        (joined, left)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    endpoints: EndpointSet,
+    file_policy: Option<PolicyConfig>,
+    file_spillover: Option<crate::endpoint_config::SpilloverConfig>,
+}
+
+impl Reloader {
+    /// Starts from the file as it was when the gateway was configured (`None` if unreadable).
+    pub(crate) fn new(shared: &Shared, initial: Option<&Config>) -> Self {
+        Reloader {
+            endpoints: initial.map_or_else(EndpointSet::default, |file| {
+                EndpointSet::adopt(shared, &file.endpoints)
+            }),
+            file_policy: initial.map(|c| c.policy.clone()),
+            file_spillover: initial.map(|c| c.spillover.clone()),
+        }
+    }
+
+    /// Applies a new version of the file.
+    pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) {
+        self.endpoints.sync(shared, &new.endpoints);
         if self.file_policy.as_ref() != Some(&new.policy) {
             shared.pool.set_policy(&new.policy);
             self.file_policy = Some(new.policy.clone());

@@ -104,10 +104,13 @@ impl ClusterConfig {
         if self.name.is_empty() || !self.name.chars().all(subject_safe) {
             return Err(invalid("name", "must be letters, digits, `-` or `_`"));
         }
-        if self.heartbeat_ms == 0 || self.peer_timeout_ms < 2 * self.heartbeat_ms {
+        if !(1..=60_000).contains(&self.heartbeat_ms) {
+            return Err(invalid("heartbeat_ms", "must be between 1 and 60000"));
+        }
+        if self.peer_timeout_ms < 2 * self.heartbeat_ms || self.peer_timeout_ms > 3_600_000 {
             return Err(invalid(
                 "peer_timeout_ms",
-                "must be at least twice heartbeat_ms (and heartbeat_ms above 0)",
+                "must be at least twice heartbeat_ms and at most 3600000",
             ));
         }
         if self.max_prompt_bytes < 1024 || self.max_prompt_bytes > 512 * 1024 {
