@@ -15,7 +15,7 @@
 use crate::state::Shared;
 use axum::http::{Method, Request, StatusCode};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use kvgate_core::{EndpointId, Observation};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,19 +118,11 @@ async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Byt
         .body(Full::new(Bytes::new()))
         .map_err(|_| ())?;
     let timeout = Duration::from_millis(shared.config.scrape.timeout_ms);
-    let fetch = async {
-        let response = shared.client.request(request).await.map_err(|e| {
-            tracing::debug!(url = %format!("{base}{path}"), error = %crate::upstream::error_chain(&e), "scrape failed");
-        })?;
-        let status = response.status();
-        let body = http_body_util::Limited::new(response.into_body(), 4 * 1024 * 1024)
-            .collect()
-            .await
-            .map_err(|_| ())?
-            .to_bytes();
-        Ok((status, body))
-    };
-    tokio::time::timeout(timeout, fetch).await.map_err(|_| ())?
+    crate::upstream::fetch(&shared.client, request, 4 * 1024 * 1024, timeout)
+        .await
+        .map_err(|error| {
+            tracing::debug!(url = %format!("{base}{path}"), %error, "scrape failed");
+        })
 }
 
 /// Scrapes one endpoint now.

@@ -24,6 +24,29 @@ use std::time::{Duration, SystemTime};
 /// HTTP/1.1.
 pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// A small `GET`-style exchange off the request path (scrapes, the Kubernetes API): sends
+/// `request` and reads at most `limit` bytes of the answer, all within `timeout`.
+pub(crate) async fn fetch(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), String> {
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| error_chain(&e))?;
+        let status = response.status();
+        let body = http_body_util::Limited::new(response.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("no answer in {timeout:?}"))?
+}
+
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {why}")]

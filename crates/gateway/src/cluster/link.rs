@@ -31,7 +31,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
     };
     let config = shared.config.cluster.clone();
     let metrics = shared.metrics.cluster.clone();
-    let (outbox, rx) = Outbox::new(config.queue, metrics.clone());
+    let (outbox, rx) = Outbox::new(&config, metrics.clone());
     let replica = rand::random::<u64>();
     if let Some(gate) = shared.tenancy.fanout() {
         gate.join_cluster(
@@ -103,7 +103,6 @@ async fn run(
     let nonce = Arc::new(AtomicU64::new(0));
     let (hello_tx, hello_rx) = mpsc::channel(64);
     let publisher = Publisher {
-        limit: MESSAGE_BYTES,
         batcher: Batcher::new(header(replica, 0, false), MESSAGE_BYTES),
         client: client.clone(),
         subject: format!("{prefix}.events"),
@@ -150,7 +149,6 @@ struct Publisher {
     prefix: String,
     replica: u64,
     batcher: Batcher,
-    limit: usize,
     /// The nonce of this replica's latest hello, shared with the receiver.
     nonce: Arc<AtomicU64>,
     /// Recent dispatches, oldest first, and their prompt bytes.
@@ -218,11 +216,7 @@ impl Publisher {
     /// starts.
     async fn take(&mut self, local: Local) {
         let event = match local {
-            Local::Dispatched {
-                endpoint,
-                mut request,
-            } => {
-                wire::cap_prompt(&mut request, self.config.max_prompt_bytes);
+            Local::Dispatched { endpoint, request } => {
                 self.remember(&endpoint, &request);
                 WireEvent::Dispatched {
                     endpoint,
@@ -322,7 +316,7 @@ impl Publisher {
     /// marked so.
     async fn warm(&mut self, joiner: u64, nonce: u64) {
         let subject = format!("{}.warm.{joiner:016x}", self.prefix);
-        let mut batcher = Batcher::new(header(self.replica, nonce, false), self.limit);
+        let mut batcher = Batcher::new(header(self.replica, nonce, false), MESSAGE_BYTES);
         let mut messages = Vec::new();
         for (endpoint, request, _) in &self.recent {
             let done = !self.own.contains(&(request.id, endpoint.clone()));

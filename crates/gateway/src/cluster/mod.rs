@@ -176,15 +176,30 @@ pub(crate) enum Local {
 pub(crate) struct Outbox {
     tx: mpsc::Sender<Local>,
     metrics: Arc<ClusterMetrics>,
+    max_prompt_bytes: usize,
 }
 
 impl Outbox {
     pub(crate) fn new(
-        capacity: usize,
+        config: &ClusterConfig,
         metrics: Arc<ClusterMetrics>,
     ) -> (Self, mpsc::Receiver<Local>) {
-        let (tx, rx) = mpsc::channel(capacity);
-        (Outbox { tx, metrics }, rx)
+        let (tx, rx) = mpsc::channel(config.queue);
+        let outbox = Outbox {
+            tx,
+            metrics,
+            max_prompt_bytes: config.max_prompt_bytes,
+        };
+        (outbox, rx)
+    }
+
+    /// Queues `request`'s dispatch to `endpoint`, its prompt cut to `max_prompt_bytes` as it is
+    /// copied (a prompt of megabytes is never copied whole on the request path).
+    pub(crate) fn dispatched(&self, endpoint: Arc<str>, request: &Request) {
+        self.send(Local::Dispatched {
+            endpoint,
+            request: wire::capped(request, self.max_prompt_bytes),
+        });
     }
 
     /// Queues `event`; a full queue (NATS slower than the traffic) drops it, counted.

@@ -123,20 +123,28 @@ impl WireEvent {
     }
 }
 
-/// Cuts `request`'s prompt to `max_bytes` of text (at a character boundary) and an eighth as
-/// many token ids: the head is what other requests share, the tail only this one.
-pub(crate) fn cap_prompt(request: &mut Request, max_bytes: usize) {
-    if let Some(text) = &mut request.prompt.text {
-        if text.len() > max_bytes {
-            let mut cut = max_bytes;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
+/// A copy of `request` whose prompt keeps at most `max_bytes` of text (cut at a character
+/// boundary) and an eighth as many token ids: the head is what other requests share, the tail
+/// only this one, and a prompt of megabytes is never copied whole.
+pub(crate) fn capped(request: &Request, max_bytes: usize) -> Request {
+    let text = request.prompt.text.as_deref().map(|text| {
+        let mut cut = max_bytes.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
         }
-    }
-    if let Some(tokens) = &mut request.prompt.tokens {
-        tokens.truncate(max_bytes / 8);
+        text[..cut].to_owned()
+    });
+    let tokens = request
+        .prompt
+        .tokens
+        .as_deref()
+        .map(|t| t[..t.len().min(max_bytes / 8)].to_vec());
+    Request {
+        prompt: kvgate_core::Prompt { text, tokens },
+        tenant: request.tenant.clone(),
+        session: request.session.clone(),
+        model: request.model.clone(),
+        ..*request
     }
 }
 
@@ -289,14 +297,17 @@ mod tests {
 
     #[test]
     fn prompts_are_cut_at_a_character_boundary() {
-        let mut r = Request::from_text(1, "héllo wörld");
+        let mut r = Request::from_text(1, "héllo wörld").with_session("s");
         r.prompt.tokens = Some((0..100).collect());
-        cap_prompt(&mut r, 2);
-        assert_eq!(r.prompt.text.as_deref(), Some("h"));
-        assert!(r.prompt.tokens.as_ref().unwrap().is_empty());
-        let mut r = Request::from_text(1, "abc");
-        cap_prompt(&mut r, 8);
-        assert_eq!(r.prompt.text.as_deref(), Some("abc"));
+        let c = capped(&r, 2);
+        assert_eq!(c.prompt.text.as_deref(), Some("h"));
+        assert!(c.prompt.tokens.as_ref().unwrap().is_empty());
+        assert_eq!(
+            (c.id, c.session, c.prompt_tokens),
+            (r.id, r.session.clone(), r.prompt_tokens)
+        );
+        let r = Request::from_text(1, "abc");
+        assert_eq!(capped(&r, 8), r);
     }
 
     #[test]

@@ -148,7 +148,6 @@ impl Api {
 
     /// `GET path` as JSON.
     async fn get(&self, path: &str) -> Result<serde_json::Value, String> {
-        use http_body_util::BodyExt;
         let mut request = hyper::Request::get(format!("{}{path}", self.server));
         if let Ok(token) = std::fs::read_to_string(&self.token_file) {
             request = request.header("authorization", format!("Bearer {}", token.trim()));
@@ -156,30 +155,20 @@ impl Api {
         let request = request
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .map_err(|e| e.to_string())?;
-        let fetch = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| crate::upstream::error_chain(&e))?;
-            let status = response.status();
-            let body = http_body_util::Limited::new(response.into_body(), 16 * 1024 * 1024)
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            if !status.is_success() {
-                let text = String::from_utf8_lossy(&body);
-                return Err(format!(
-                    "{path}: {status}: {}",
-                    text.chars().take(200).collect::<String>()
-                ));
-            }
-            serde_json::from_slice(&body).map_err(|e| format!("{path}: {e}"))
-        };
-        tokio::time::timeout(Duration::from_secs(10), fetch)
-            .await
-            .map_err(|_| format!("{path}: no answer in 10 s"))?
+        let (status, body) = crate::upstream::fetch(
+            &self.client,
+            request,
+            16 * 1024 * 1024,
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|e| format!("{path}: {e}"))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            let text: String = text.chars().take(200).collect();
+            return Err(format!("{path}: {status}: {text}"));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("{path}: {e}"))
     }
 
     /// The pool's ready pods as endpoints.

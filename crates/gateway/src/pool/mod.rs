@@ -447,10 +447,9 @@ impl Pool {
         target.prediction = Some(cache.prediction(request, target.id, &overlaps));
         cache.dispatched(request, target.id, now, &overlaps);
         drop(cache);
-        self.share(|| crate::cluster::Local::Dispatched {
-            endpoint: target.base.clone(),
-            request: request.clone(),
-        });
+        if let Some(outbox) = self.outbox.get() {
+            outbox.dispatched(target.base.clone(), request);
+        }
         Ok(target)
     }
 

@@ -43,19 +43,16 @@ impl Pool {
             core.hedge.record(ttft);
             core.router.first_token(request, endpoint, now, ttft);
         }
-        if let Some(e) = core.endpoint(endpoint) {
-            let base = e.info.about.base.clone();
-            self.share(|| crate::cluster::Local::FirstToken {
-                id: request,
-                endpoint: base,
-                ttft,
-                stream,
-            });
-        }
         if changed {
             self.publish(&core);
         }
         drop(core);
+        self.share_about(endpoint, |base| crate::cluster::Local::FirstToken {
+            id: request,
+            endpoint: base,
+            ttft,
+            stream,
+        });
         self.cache_mut().first_token(request, endpoint, now);
     }
 
@@ -91,15 +88,15 @@ impl Pool {
         (usage, prediction): (Option<Usage>, Option<Prediction>),
     ) {
         let now = self.clock.now();
-        self.share_end(
-            request,
-            endpoint,
-            super::PeerEnd::Completed {
+        self.share_about(endpoint, |base| crate::cluster::Local::Ended {
+            id: request,
+            endpoint: base,
+            end: super::PeerEnd::Completed {
                 latency,
                 output_tokens,
                 usage,
             },
-        );
+        });
         {
             let mut core = self.lock();
             if let Some(usage) = usage {
@@ -179,7 +176,11 @@ impl Pool {
         retry_after: Option<Duration>,
     ) {
         let now = self.clock.now();
-        self.share_end(request, endpoint, super::PeerEnd::Failed(kind));
+        self.share_about(endpoint, |base| crate::cluster::Local::Ended {
+            id: request,
+            endpoint: base,
+            end: super::PeerEnd::Failed(kind),
+        });
         self.cache_mut().finished(request, endpoint);
         let mut core = self.lock();
         core.router.failed(request, endpoint, now, kind);

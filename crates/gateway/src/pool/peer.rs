@@ -11,6 +11,7 @@ use super::Pool;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::index::Prediction;
 use kvgate_core::{EndpointId, Nanos, Request, Usage};
+use std::sync::Arc;
 
 impl Pool {
     /// From now on, what this pool learns from its own requests goes to `outbox`.
@@ -18,24 +19,18 @@ impl Pool {
         let _ = self.outbox.set(outbox);
     }
 
-    /// Tells the peers, in a cluster; `event` is built only then.
-    pub(super) fn share(&self, event: impl FnOnce() -> crate::cluster::Local) {
-        if let Some(outbox) = self.outbox.get() {
-            outbox.send(event());
-        }
-    }
-
-    /// Tells the peers how `request` ended on `endpoint`.
-    pub(super) fn share_end(&self, request: u64, endpoint: EndpointId, end: PeerEnd) {
-        if self.outbox.get().is_none() {
+    /// Tells the peers, in a cluster, what happened at `endpoint`: the event is built (with the
+    /// endpoint's base URL, read lock-free from the snapshot) only then.
+    pub(super) fn share_about(
+        &self,
+        endpoint: EndpointId,
+        event: impl FnOnce(Arc<str>) -> crate::cluster::Local,
+    ) {
+        let Some(outbox) = self.outbox.get() else {
             return;
-        }
+        };
         if let Some(base) = self.base_of(endpoint) {
-            self.share(|| crate::cluster::Local::Ended {
-                id: request,
-                endpoint: base,
-                end,
-            });
+            outbox.send(event(base));
         }
     }
 

@@ -349,7 +349,8 @@ mod tests {
     ) {
         let metrics = Arc::new(crate::cluster::ClusterMetrics::default());
         metrics.peers.set(1);
-        let (outbox, rx) = crate::cluster::Outbox::new(16, metrics.clone());
+        let (outbox, rx) =
+            crate::cluster::Outbox::new(&crate::cluster::ClusterConfig::default(), metrics.clone());
         let gate = FanoutGate::new(Duration::from_secs(2), Duration::from_secs(60));
         gate.join_cluster(outbox, 5, Duration::from_millis(3), metrics);
         (gate, rx)
