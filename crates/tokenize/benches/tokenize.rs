@@ -46,11 +46,24 @@ fn bench(c: &mut Criterion) {
     let tok = ChatTokenizer::load(&dir).unwrap();
     let body = conversation(8192, &tok);
     let tokens = tok.chat_prompt(&body).unwrap().len();
-    // A prompt never seen: the whole text through the tokenizer.
+    // A prompt never seen: the whole text through the tokenizer, its words known from earlier
+    // prompts (as in a running gateway).
     c.bench_function(
         &format!("cold_chat_prompt_and_block_hashes/{tokens}_tokens"),
         |b| {
             b.iter(|| {
+                let text = tok.render_chat(black_box(&body)).unwrap();
+                let ids = tok.encode_whole(&text, false).unwrap();
+                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
+            })
+        },
+    );
+    // The first prompt after start: nothing remembered, not even words.
+    c.bench_function(
+        &format!("first_chat_prompt_and_block_hashes/{tokens}_tokens"),
+        |b| {
+            b.iter(|| {
+                tok.forget();
                 let text = tok.render_chat(black_box(&body)).unwrap();
                 let ids = tok.encode_whole(&text, false).unwrap();
                 black_box(block_hashes(&ids, 16, ENGINE_SCOPE))

@@ -20,6 +20,8 @@
 //!   such as nulls for absent ones), `strftime_now`, multimodal parts. A prompt rendered
 //!   differently only makes the router's cache prediction wrong for that request.
 
+mod bpe;
+mod byte_level;
 mod json;
 mod pieces;
 mod template;
@@ -59,6 +61,10 @@ pub struct ChatTokenizer {
     template: Option<ChatTemplate>,
     /// Encodes between special tokens with long stretches remembered, when that is exact.
     pieces: Option<pieces::PieceEncoder>,
+    /// The byte-level fast path, when it reproduces this tokenizer.
+    fast: Option<bpe::ByteLevelBpe>,
+    /// The tokenizer has no added tokens: a whole text is one stretch.
+    no_added_tokens: bool,
 }
 
 /// Token ids the piece cache keeps (16 MiB of ids): the distinct long messages and system
@@ -139,6 +145,10 @@ impl ChatTokenizer {
             .map_err(|e| load_error("tokenizer.json", e))?;
         tokenizer.with_padding(None);
         let pieces = pieces::PieceEncoder::new(&tokenizer, REMEMBERED_IDS);
+        let fast = read_json(dir, "tokenizer.json")?
+            .as_ref()
+            .and_then(bpe::ByteLevelBpe::from_json);
+        let no_added_tokens = tokenizer.get_added_tokens_decoder().is_empty();
         let config = read_json(dir, "tokenizer_config.json")?;
         let template = match template_source(dir, config.as_ref())? {
             Some(source) => Some(ChatTemplate::new(source, special_tokens(config.as_ref()))?),
@@ -148,6 +158,8 @@ impl ChatTokenizer {
             tokenizer,
             template,
             pieces,
+            fast,
+            no_added_tokens,
         })
     }
 
@@ -165,14 +177,61 @@ impl ChatTokenizer {
     /// The ids of `text`, with the tokenizer's post-processing (BOS and the like) when
     /// `add_special_tokens`.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        if let (Some(pieces), false) = (&self.pieces, add_special_tokens) {
-            return pieces.encode(&self.tokenizer, text);
-        }
-        self.encode_whole(text, add_special_tokens)
+        self.encode_with(text, add_special_tokens, true)
     }
 
-    /// [`Self::encode`] without the piece cache.
+    /// [`Self::encode`] without looking up or keeping long stretches (what a never-seen prompt
+    /// costs).
     pub fn encode_whole(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        self.encode_with(text, add_special_tokens, false)
+    }
+
+    /// Forgets the remembered stretches and words, so the next prompt costs what a first one
+    /// does.
+    pub fn forget(&self) {
+        if let Some(pieces) = &self.pieces {
+            pieces.forget();
+        }
+        if let Some(fast) = &self.fast {
+            fast.forget();
+        }
+    }
+
+    fn encode_with(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        remember: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        if !add_special_tokens {
+            let stretch = |s: &str, out: &mut Vec<u32>| self.encode_stretch(s, out);
+            if let Some(pieces) = &self.pieces {
+                return pieces.encode(text, remember, &stretch);
+            }
+            if self.no_added_tokens {
+                let mut out = Vec::with_capacity(text.len() / 3 + 8);
+                stretch(text, &mut out)?;
+                return Ok(out);
+            }
+        }
+        self.encode_reference(text, add_special_tokens)
+    }
+
+    /// One stretch of text between added tokens: the fast path where it applies.
+    fn encode_stretch(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizeError> {
+        if self.fast.as_ref().is_some_and(|f| f.encode(text, out)) {
+            return Ok(());
+        }
+        out.extend_from_slice(&self.encode_reference(text, false)?);
+        Ok(())
+    }
+
+    /// The tokenizers crate on the whole text.
+    fn encode_reference(
         &self,
         text: &str,
         add_special_tokens: bool,

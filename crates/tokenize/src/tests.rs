@@ -141,7 +141,8 @@ fn piece_encoding_equals_whole_encoding() {
                 text.push_str(&" the cache router".repeat(20));
             }
         }
-        let whole = tok.encode_whole(&text, false).unwrap();
+        let whole = tok.encode_reference(&text, false).unwrap();
+        assert_eq!(tok.encode_whole(&text, false).unwrap(), whole, "{text:?}");
         assert_eq!(tok.encode(&text, false).unwrap(), whole, "{text:?}");
         // Twice: the second time from the cache.
         assert_eq!(
