@@ -10,7 +10,8 @@ use std::sync::LazyLock;
 use tokenizers::Tokenizer;
 
 fn json() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test-data/tokenizer/tokenizer.json");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test-data/tokenizer/tokenizer.json");
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
@@ -28,12 +29,74 @@ fn fast(bpe: &ByteLevelBpe, text: &str) -> Option<Vec<u32>> {
 }
 
 const ATOMS: &[&str] = &[
-    "the", " the", "router", "Router", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'x", "'",
-    " '", "'S", " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "\u{b}", "\u{c}", "\u{85}",
-    "\u{a0}", "\u{1680}", "\u{2003}", "\u{2028}", "\u{3000}", "\u{200b}", "\u{feff}", "\u{180e}",
-    "0", "42", " 7", "٣", "²", "Ⅻ", "½", "é", "e\u{301}", "Å", "東京", "ñ", "ß", "Ω", "ǅ", "ʰ",
-    "\u{5d0}", "🙂", "👩‍💻", "!", "?!", ".", ",", "-", "_", "()", "{\"a\": 1}", "<|im",
-    "\u{0}", "\u{7f}", "\u{ad}", "ﬁ", "ｔｅｓｔ", "\u{e000}", "\u{10ffff}",
+    "the",
+    " the",
+    "router",
+    "Router",
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'x",
+    "'",
+    " '",
+    "'S",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u{b}",
+    "\u{c}",
+    "\u{85}",
+    "\u{a0}",
+    "\u{1680}",
+    "\u{2003}",
+    "\u{2028}",
+    "\u{3000}",
+    "\u{200b}",
+    "\u{feff}",
+    "\u{180e}",
+    "0",
+    "42",
+    " 7",
+    "٣",
+    "²",
+    "Ⅻ",
+    "½",
+    "é",
+    "e\u{301}",
+    "Å",
+    "東京",
+    "ñ",
+    "ß",
+    "Ω",
+    "ǅ",
+    "ʰ",
+    "\u{5d0}",
+    "🙂",
+    "👩‍💻",
+    "!",
+    "?!",
+    ".",
+    ",",
+    "-",
+    "_",
+    "()",
+    "{\"a\": 1}",
+    "<|im",
+    "\u{0}",
+    "\u{7f}",
+    "\u{ad}",
+    "ﬁ",
+    "ｔｅｓｔ",
+    "\u{e000}",
+    "\u{10ffff}",
 ];
 
 fn text() -> impl Strategy<Value = String> {
@@ -86,7 +149,12 @@ fn ignore_merges_takes_whole_vocabulary_words() {
     json["model"]["ignore_merges"] = Value::Bool(true);
     let (tok, bpe) = (reference(&json), ByteLevelBpe::from_json(&json).unwrap());
     assert!(bpe.whole_words.is_some());
-    for text in ["the router sends each request", " hello world", "Ġ weird", "x"] {
+    for text in [
+        "the router sends each request",
+        " hello world",
+        "Ġ weird",
+        "x",
+    ] {
         assert_eq!(fast(&bpe, text).unwrap(), hf(&tok, text), "{text:?}");
     }
 }
@@ -111,7 +179,10 @@ fn shapes_it_cannot_reproduce_are_declined() {
     split["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "▁"});
     cases.push(("metaspace", split));
     let mut missing_byte = base.clone();
-    missing_byte["model"]["vocab"].as_object_mut().unwrap().remove("Ġ");
+    missing_byte["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .remove("Ġ");
     cases.push(("a byte missing", missing_byte));
     for (name, json) in cases {
         assert!(ByteLevelBpe::from_json(&json).is_none(), "{name}");
