@@ -12,8 +12,9 @@
 #              fan-out serialisation on and off: engine-reported hit ratio and TTFT p95.
 #
 #   scripts/tenancy-bench.sh [fairness|ratelimit|fanout|all] [--duration S] [--out DIR]
-#                            [--max-concurrency N] [--headroom N]
-#                            (fairness: the gateway's slots, default 24, and admission.fair_headroom)
+#                            [--max-concurrency N] [--headroom N] [--max-prefills N]
+#                            (fairness: the gateway's slots, default 24, admission.fair_headroom
+#                            and admission.max_prefills)
 #
 # KVGATE=path/to/kvgate skips the release build. ~12 min for `all` with the defaults.
 set -euo pipefail
@@ -25,10 +26,12 @@ duration=60
 out=target/tenancy-bench
 slots=24
 headroom=null
+prefills=null
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --max-concurrency) slots="$2"; shift 2 ;;
     --headroom) headroom="$2"; shift 2 ;;
+    --max-prefills) prefills="$2"; shift 2 ;;
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
@@ -79,7 +82,7 @@ fairness() {
         local o=$order
         [[ $o == alone ]] && o=fair
         cat >"$cfg" <<EOF
-admission: {max_concurrency: $slots, fair_headroom: $headroom, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
+admission: {max_concurrency: $slots, fair_headroom: $headroom, max_prefills: $prefills, max_queue: 4096, queue_timeout_ms: 120000, order: $o}
 observability: {access_log: "$out/access-$order.jsonl"}
 tenancy:
   keys:

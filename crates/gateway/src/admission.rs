@@ -7,6 +7,14 @@
 //! weighted service (`order: fair`, the default) or plain arrival order (`order: fifo`), and
 //! interactive work before batch work within the starvation bound. The queue only decides when a
 //! request is sent; the routing policy still decides where, on the fleet as it is then.
+//!
+//! `max_prefills` also bounds the requests sent whose first bytes have not come back: the ones
+//! an engine is still queueing or prefilling. An engine computes an iteration's prefill before
+//! anything else it holds can start, so a long prompt makes every request that lands behind it
+//! wait its whole iteration; decoding requests cost an iteration little. Held to fewer
+//! prefills than engines, backlogged tenants leave an engine free of long prefills, and the
+//! policy sends an underserved tenant's request (which skips the bound, as it skips the slot
+//! limit) there.
 
 use crate::config::{AdmissionConfig, QueueOrder};
 use crate::error::ApiError;
@@ -33,6 +41,8 @@ pub(crate) struct Claim<'a> {
 #[derive(Debug)]
 struct Gate {
     in_flight: usize,
+    /// Admitted requests without their first bytes yet.
+    prefilling: usize,
     queue: FairQueue<oneshot::Sender<()>>,
 }
 
@@ -60,21 +70,35 @@ impl Inner {
         Nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// A slot freed: hand it to the next waiter still listening, unless headroom admissions
-    /// still hold the gate over its limit.
-    fn release(&self, gate: &mut Gate) {
-        gate.in_flight -= 1;
-        if gate.in_flight >= self.config.max_concurrency {
-            return;
-        }
+    /// Whether a request may be sent now without taking headroom.
+    fn open(&self, gate: &Gate) -> bool {
+        gate.in_flight < self.config.max_concurrency
+            && self.config.max_prefills.is_none_or(|m| gate.prefilling < m)
+    }
+
+    /// Hands freed capacity to the next waiters still listening, unless headroom admissions
+    /// still hold the gate over its limits.
+    fn grant(&self, gate: &mut Gate) {
         let now = self.now();
-        while let Some((_, grant)) = gate.queue.pop(now) {
+        while self.open(gate) {
+            let Some((_, grant)) = gate.queue.pop(now) else {
+                break;
+            };
             self.metrics.queue_depth.dec();
             if grant.send(()).is_ok() {
                 gate.in_flight += 1;
-                break;
+                gate.prefilling += 1;
             }
         }
+    }
+
+    /// A request ended (`prefilling`: before its first bytes).
+    fn release(&self, gate: &mut Gate, prefilling: bool) {
+        gate.in_flight -= 1;
+        if prefilling {
+            gate.prefilling -= 1;
+        }
+        self.grant(gate);
     }
 }
 
@@ -88,13 +112,27 @@ pub(crate) struct Admission {
 #[derive(Debug)]
 pub(crate) struct Permit {
     inner: Arc<Inner>,
+    /// Still counted among the prefilling.
+    prefilling: bool,
+}
+
+impl Permit {
+    /// The first bytes of the answer are in: the request no longer counts against
+    /// `max_prefills`.
+    pub(crate) fn prefilled(&mut self) {
+        if std::mem::take(&mut self.prefilling) {
+            let mut gate = self.inner.lock();
+            gate.prefilling -= 1;
+            self.inner.grant(&mut gate);
+        }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         self.inner.metrics.pending.dec();
         let mut gate = self.inner.lock();
-        self.inner.release(&mut gate);
+        self.inner.release(&mut gate, self.prefilling);
     }
 }
 
@@ -118,7 +156,7 @@ impl Drop for Waiting<'_> {
             self.inner.metrics.queue_depth.dec();
         } else if self.grant.try_recv().is_ok() {
             // Granted under the lock just before we took it: give the slot to the next one.
-            self.inner.release(&mut gate);
+            self.inner.release(&mut gate, true);
         }
     }
 }
@@ -131,6 +169,7 @@ impl Admission {
             inner: Arc::new(Inner {
                 gate: Mutex::new(Gate {
                     in_flight: 0,
+                    prefilling: 0,
                     queue: FairQueue::new(config.max_queue, batch_max_wait),
                 }),
                 config,
@@ -143,6 +182,7 @@ impl Admission {
     fn permit(&self) -> Permit {
         Permit {
             inner: self.inner.clone(),
+            prefilling: true,
         }
     }
 
@@ -166,7 +206,7 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let (ticket, shed) = {
             let mut gate = inner.lock();
-            let free = gate.in_flight < inner.config.max_concurrency && gate.queue.is_empty();
+            let free = inner.open(&gate) && gate.queue.is_empty();
             // A tenant with nothing waiting and no more service than the least-served waiting
             // one would go first anyway: it takes one of the few headroom slots instead of
             // waiting for a request to end (which, for minute-long streams, is what makes a
@@ -178,6 +218,7 @@ impl Admission {
                 && gate.queue.underserved(key);
             if free || headroom {
                 gate.in_flight += 1;
+                gate.prefilling += 1;
                 gate.queue.admitted(key, claim.weight, claim.cost);
                 inner.metrics.pending.inc();
                 return Ok(self.permit());
@@ -250,10 +291,16 @@ impl Admission {
         }
     }
 
-    /// In flight, queued, and every tenant's place, for the admin status.
-    pub(crate) fn status(&self) -> (usize, usize, Vec<TenantDepth>) {
+    /// In flight, of them still prefilling, queued, and every tenant's place, for the admin
+    /// status.
+    pub(crate) fn status(&self) -> (usize, usize, usize, Vec<TenantDepth>) {
         let gate = self.inner.lock();
-        (gate.in_flight, gate.queue.len(), gate.queue.depths())
+        (
+            gate.in_flight,
+            gate.prefilling,
+            gate.queue.len(),
+            gate.queue.depths(),
+        )
     }
 }
 

@@ -133,7 +133,8 @@ async fn an_underserved_tenant_skips_a_heavy_backlog_and_cancelled_waiters_leave
     let _ = gone.await;
     // The light tenant took the headroom slot at once (and is done by now); three heavy requests
     // wait behind the one holding the only regular slot.
-    assert_eq!(gate.status(), (1, 3, gate.status().2));
+    let (in_flight, prefilling, queued, _) = gate.status();
+    assert_eq!((in_flight, prefilling, queued), (1, 1, 3));
     drop(held);
     for t in tasks {
         t.await.unwrap();
@@ -142,5 +143,51 @@ async fn an_underserved_tenant_skips_a_heavy_backlog_and_cancelled_waiters_leave
     assert_eq!(order[0], "light", "{order:?}");
     assert_eq!(gate.status().0, 0);
     assert_eq!(gate.inner.metrics.queue_depth.get(), 0);
+    assert_eq!(gate.inner.metrics.pending.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefills_are_bounded_until_first_bytes_and_the_underserved_skip_the_bound() {
+    let gate = Arc::new(Admission::new(
+        AdmissionConfig {
+            max_prefills: Some(1),
+            fair_headroom: Some(1),
+            ..gate(8, 16, 10_000).inner.config.clone()
+        },
+        Arc::new(Metrics::new()),
+    ));
+    let mut first = gate.admit(claim("heavy", I), None).await.unwrap();
+    let waiter = |tenant: &'static str| {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.admit(claim(tenant, I), None).await.unwrap() })
+    };
+    let second = waiter("heavy");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // A slot is free but a prefill is running: the backlogged tenant waits.
+    assert!(!second.is_finished());
+    let (in_flight, prefilling, queued, _) = gate.status();
+    assert_eq!((in_flight, prefilling, queued), (1, 1, 1));
+    // A tenant with nothing waiting takes the headroom past both bounds.
+    let light = gate.admit(claim("light", I), None).await.unwrap();
+    assert_eq!(gate.status().1, 2);
+    drop(light);
+    assert!(!second.is_finished());
+    // The first bytes of the running one free its prefill; the waiter goes.
+    first.prefilled();
+    first.prefilled(); // a second call changes nothing
+    let second = second.await.unwrap();
+    let (in_flight, prefilling, queued, _) = gate.status();
+    assert_eq!((in_flight, prefilling, queued), (2, 1, 0));
+    // A request that ends before its first bytes frees its prefill too.
+    let third = waiter("heavy");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!third.is_finished());
+    drop(second);
+    let third = third.await.unwrap();
+    let (in_flight, prefilling, queued, _) = gate.status();
+    assert_eq!((in_flight, prefilling, queued), (2, 1, 0));
+    drop((first, third));
+    assert_eq!(gate.status().0, 0);
+    assert_eq!(gate.status().1, 0);
     assert_eq!(gate.inner.metrics.pending.get(), 0);
 }

@@ -198,6 +198,11 @@ pub struct AdmissionConfig {
     /// waiting and no more service than any waiting tenant may take at once (`order: fair`);
     /// `max_concurrency / 8` (at least 1) when absent, 0 turns it off.
     pub fair_headroom: Option<usize>,
+    /// Requests sent whose first bytes have not come back (queued or prefilling in an engine),
+    /// at most; headroom admissions skip it. Fewer than the endpoints keeps an engine free of
+    /// backlogged tenants' long prefills for the others (`crate::admission`). Off when absent.
+    /// A non-streamed request counts until its answer: the gateway cannot see its first token.
+    pub max_prefills: Option<usize>,
 }
 
 /// The order of the admission queue.
@@ -221,6 +226,7 @@ impl Default for AdmissionConfig {
             order: QueueOrder::Fair,
             batch_max_wait_ms: 10_000,
             fair_headroom: None,
+            max_prefills: None,
         }
     }
 }
@@ -463,6 +469,16 @@ impl Config {
             return Err(invalid(
                 "admission.max_queue",
                 format!("and admission.fair_headroom must be at most {MAX_SLOTS}"),
+            ));
+        }
+        if self
+            .admission
+            .max_prefills
+            .is_some_and(|m| !(1..=MAX_SLOTS).contains(&m))
+        {
+            return Err(invalid(
+                "admission.max_prefills",
+                format!("must be from 1 to {MAX_SLOTS}"),
             ));
         }
         self.tenancy.validate()?;

@@ -114,7 +114,7 @@ pub(crate) async fn handle(
         .map(|d| d.saturating_sub(ending.arrived().elapsed()));
     let admitted = shared.admission.admit(claim, left).await;
     ending.facts().queued = Some(ending.arrived().elapsed());
-    let permit = match admitted {
+    let mut permit = match admitted {
         Ok(p) => {
             ending.admitted();
             p
@@ -177,6 +177,7 @@ pub(crate) async fn handle(
                     drop(std::mem::take(&mut run.running)); // cancels a losing hedge
                     ending.at(dispatch.target.name.clone());
                     run.account(ending, Some(&dispatch));
+                    permit.prefilled();
                     let explained = explain.then(|| dispatch.target.decision.summary());
                     let owners = (permit, ending.take());
                     let resume = run.resume();

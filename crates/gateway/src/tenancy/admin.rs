@@ -24,7 +24,7 @@ async fn status(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     authorize(&s, &headers)?;
-    let (in_flight, queued, tenants) = s.admission.status();
+    let (in_flight, prefilling, queued, tenants) = s.admission.status();
     let queue: Vec<_> = tenants
         .iter()
         .map(|t| {
@@ -37,8 +37,10 @@ async fn status(
         "admission": {
             "order": a.order,
             "max_concurrency": a.max_concurrency,
+            "max_prefills": a.max_prefills,
             "max_queue": a.max_queue,
             "in_flight": in_flight,
+            "prefilling": prefilling,
             "queued": queued,
             "tenants": queue,
         },
