@@ -8,8 +8,8 @@
 //! interactive work before batch work within the starvation bound. The queue only decides when a
 //! request is sent; the routing policy still decides where, on the fleet as it is then.
 //!
-//! `max_prefills` also bounds the requests sent whose first bytes have not come back: the ones
-//! an engine is still queueing or prefilling. An engine computes an iteration's prefill before
+//! Under a backlog, `max_prefills` also bounds the requests sent whose first bytes have not come
+//! back: the ones an engine is still queueing or prefilling. An engine computes an iteration's prefill before
 //! anything else it holds can start, so a long prompt makes every request that lands behind it
 //! wait its whole iteration; decoding requests cost an iteration little. Held to fewer
 //! prefills than engines, backlogged tenants leave an engine free of long prefills, and the
@@ -70,7 +70,7 @@ impl Inner {
         Nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// Whether a request may be sent now without taking headroom.
+    /// Whether a waiting request may be sent now.
     fn open(&self, gate: &Gate) -> bool {
         gate.in_flight < self.config.max_concurrency
             && self.config.max_prefills.is_none_or(|m| gate.prefilling < m)
@@ -206,7 +206,9 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let (ticket, shed) = {
             let mut gate = inner.lock();
-            let free = inner.open(&gate) && gate.queue.is_empty();
+            // With nobody waiting there is no backlog to hold back: `max_prefills` applies to
+            // requests leaving the queue.
+            let free = gate.in_flight < inner.config.max_concurrency && gate.queue.is_empty();
             // A tenant with nothing waiting and no more service than the least-served waiting
             // one would go first anyway: it takes one of the few headroom slots instead of
             // waiting for a request to end (which, for minute-long streams, is what makes a

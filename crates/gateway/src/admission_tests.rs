@@ -147,47 +147,56 @@ async fn an_underserved_tenant_skips_a_heavy_backlog_and_cancelled_waiters_leave
 }
 
 #[tokio::test(start_paused = true)]
-async fn prefills_are_bounded_until_first_bytes_and_the_underserved_skip_the_bound() {
+async fn under_a_backlog_prefills_are_bounded_until_first_bytes_and_the_underserved_skip_it() {
     let gate = Arc::new(Admission::new(
         AdmissionConfig {
             max_prefills: Some(1),
             fair_headroom: Some(1),
-            ..gate(8, 16, 10_000).inner.config.clone()
+            ..gate(2, 16, 10_000).inner.config.clone()
         },
         Arc::new(Metrics::new()),
     ));
-    let mut first = gate.admit(claim("heavy", I), None).await.unwrap();
     let waiter = |tenant: &'static str| {
         let gate = gate.clone();
         tokio::spawn(async move { gate.admit(claim(tenant, I), None).await.unwrap() })
     };
-    let second = waiter("heavy");
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    // A slot is free but a prefill is running: the backlogged tenant waits.
-    assert!(!second.is_finished());
+    let settle = || tokio::time::sleep(Duration::from_millis(1));
+    // Nobody waits: both go at once, the bound notwithstanding.
+    let mut a = gate.admit(claim("heavy", I), None).await.unwrap();
+    let mut b = gate.admit(claim("heavy", I), None).await.unwrap();
+    assert_eq!(gate.status().1, 2);
+    a.prefilled();
+    a.prefilled(); // a second call changes nothing
+    b.prefilled();
+    let c = waiter("heavy");
+    let d = waiter("heavy");
+    settle().await;
+    drop(a);
+    let mut c = c.await.unwrap();
+    // A slot is free, but one request left the queue and is still prefilling: `d` waits.
+    drop(b);
+    settle().await;
+    assert!(!d.is_finished());
     let (in_flight, prefilling, queued, _) = gate.status();
     assert_eq!((in_flight, prefilling, queued), (1, 1, 1));
-    // A tenant with nothing waiting takes the headroom past both bounds.
+    // A tenant with nothing waiting takes the headroom past the bound.
     let light = gate.admit(claim("light", I), None).await.unwrap();
     assert_eq!(gate.status().1, 2);
     drop(light);
-    assert!(!second.is_finished());
-    // The first bytes of the running one free its prefill; the waiter goes.
-    first.prefilled();
-    first.prefilled(); // a second call changes nothing
-    let second = second.await.unwrap();
-    let (in_flight, prefilling, queued, _) = gate.status();
-    assert_eq!((in_flight, prefilling, queued), (2, 1, 0));
+    assert!(!d.is_finished());
+    // The first bytes of `c` free its prefill: `d` goes.
+    c.prefilled();
+    let d = d.await.unwrap();
+    let e = waiter("heavy");
+    settle().await;
+    assert!(!e.is_finished());
     // A request that ends before its first bytes frees its prefill too.
-    let third = waiter("heavy");
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    assert!(!third.is_finished());
-    drop(second);
-    let third = third.await.unwrap();
+    drop(d);
+    let e = e.await.unwrap();
     let (in_flight, prefilling, queued, _) = gate.status();
     assert_eq!((in_flight, prefilling, queued), (2, 1, 0));
-    drop((first, third));
-    assert_eq!(gate.status().0, 0);
-    assert_eq!(gate.status().1, 0);
+    drop((c, e));
+    assert_eq!((gate.status().0, gate.status().1), (0, 0));
     assert_eq!(gate.inner.metrics.pending.get(), 0);
+    assert_eq!(gate.inner.metrics.queue_depth.get(), 0);
 }

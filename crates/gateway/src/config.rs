@@ -198,10 +198,11 @@ pub struct AdmissionConfig {
     /// waiting and no more service than any waiting tenant may take at once (`order: fair`);
     /// `max_concurrency / 8` (at least 1) when absent, 0 turns it off.
     pub fair_headroom: Option<usize>,
-    /// Requests sent whose first bytes have not come back (queued or prefilling in an engine),
-    /// at most; headroom admissions skip it. Fewer than the endpoints keeps an engine free of
-    /// backlogged tenants' long prefills for the others (`crate::admission`). Off when absent.
-    /// A non-streamed request counts until its answer: the gateway cannot see its first token.
+    /// While requests wait, one leaves the queue only if fewer than this many requests sent
+    /// are without their first bytes (queued or prefilling in an engine); headroom admissions
+    /// skip it. Fewer than the endpoints keeps an engine free of backlogged tenants' long
+    /// prefills for the others (`crate::admission`). Off when absent. A non-streamed request
+    /// counts until its answer: the gateway cannot see its first token.
     pub max_prefills: Option<usize>,
 }
 
