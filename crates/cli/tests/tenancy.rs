@@ -263,3 +263,35 @@ async fn fanout_serialisation_turns_a_parallel_burst_into_hits() {
     let text = get_text(&client(), &off.url, "/metrics").await;
     assert_eq!(metric(&text, "kvgate_fanout_calls_total"), None);
 }
+
+/// A stream counts against `admission.max_prefills` only until its first bytes: after them it
+/// holds its slot but no longer keeps queued requests from their prefill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_stops_counting_as_prefilling_at_its_first_bytes() {
+    let engine = engine("e0", "1", &[]);
+    let gw = gateway_with_config(
+        &[&engine],
+        "prefills",
+        "admin_token: tok\nadmission: {max_prefills: 1}",
+    )
+    .await;
+    let mut stream = client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat(user("count slowly"), 2_000, true))
+        .send()
+        .await
+        .unwrap();
+    assert!(stream.status().is_success());
+    let first = stream.chunk().await.unwrap().expect("a first chunk");
+    assert!(!first.is_empty());
+    let status = admin_json(&gw.url, "/admin/status", "tok").await;
+    let admission = &status["admission"];
+    assert_eq!(admission["max_prefills"], 1, "{status}");
+    assert_eq!(admission["in_flight"], 1, "{status}");
+    assert_eq!(admission["prefilling"], 0, "{status}");
+    drop(stream);
+    wait_for(&format!("{}/metrics", gw.url), "the stream to end", |m| {
+        metric(m, "kvgate_pending_requests") == Some(0.0)
+    })
+    .await;
+}

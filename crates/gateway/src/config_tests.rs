@@ -52,9 +52,18 @@ fn sizes_the_gateway_allocates_from_are_bounded() {
         "admission: {max_concurrency: 18446744073709551615}",
         "hedge: {window: 18446744073709551615}",
         "hedge: {window: 4294967295}",
+        "admission: {max_prefills: 0}",
+        "admission: {max_prefills: 18446744073709551615}",
     ] {
         assert_invalid(yaml);
     }
+    assert_eq!(
+        Config::from_yaml("admission: {max_prefills: 3}")
+            .unwrap()
+            .admission
+            .max_prefills,
+        Some(3)
+    );
     let config =
         Config::from_yaml("admission: {max_concurrency: 1}\nhedge: {window: 65536}").unwrap();
     crate::Gateway::with_seed(config, 1).unwrap();
