@@ -15,25 +15,40 @@ const WORDS: [&str; 16] = [
     "its", "prefix", "and", "balances", "load",
 ];
 
-fn conversation(target_tokens: usize, tok: &ChatTokenizer) -> Map<String, Value> {
+/// Words of a conversation: from [`WORDS`], or (`random`) letter strings of 2-10 letters, nearly
+/// every one new (the worst case for a word cache).
+fn words(state: &mut u64, random: bool) -> String {
+    let mut next = || {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *state >> 33
+    };
+    let mut text = String::new();
+    for _ in 0..200 {
+        if random {
+            for _ in 0..2 + next() % 9 {
+                text.push(char::from(b'a' + (next() % 26) as u8));
+            }
+        } else {
+            text.push_str(WORDS[(next() >> 27) as usize % WORDS.len()]);
+        }
+        text.push(' ');
+    }
+    text
+}
+
+fn conversation(target_tokens: usize, tok: &ChatTokenizer, random: bool) -> Map<String, Value> {
     let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
     let mut state = 7u64;
     let mut body = Map::new();
     loop {
-        let mut text = String::new();
-        for _ in 0..200 {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            text.push_str(WORDS[(state >> 60) as usize]);
-            text.push(' ');
-        }
         let role = if messages.len() % 2 == 1 {
             "user"
         } else {
             "assistant"
         };
-        messages.push(json!({"role": role, "content": text}));
+        messages.push(json!({"role": role, "content": words(&mut state, random)}));
         body.insert("messages".into(), Value::Array(messages.clone()));
         if tok.chat_prompt(&body).unwrap().len() >= target_tokens {
             return body;
@@ -44,7 +59,7 @@ fn conversation(target_tokens: usize, tok: &ChatTokenizer) -> Map<String, Value>
 fn bench(c: &mut Criterion) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test-data/tokenizer");
     let tok = ChatTokenizer::load(&dir).unwrap();
-    let body = conversation(8192, &tok);
+    let body = conversation(8192, &tok, false);
     let tokens = tok.chat_prompt(&body).unwrap().len();
     // A prompt never seen: the whole text through the tokenizer, its words known from earlier
     // prompts (as in a running gateway).
@@ -65,6 +80,20 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 tok.forget();
                 let text = tok.render_chat(black_box(&body)).unwrap();
+                let ids = tok.encode_whole(&text, false).unwrap();
+                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
+            })
+        },
+    );
+    // The worst case for the word cache: every word new, nothing remembered.
+    let random = conversation(8192, &tok, true);
+    let random_tokens = tok.chat_prompt(&random).unwrap().len();
+    c.bench_function(
+        &format!("first_random_words_chat_prompt_and_block_hashes/{random_tokens}_tokens"),
+        |b| {
+            b.iter(|| {
+                tok.forget();
+                let text = tok.render_chat(black_box(&random)).unwrap();
                 let ids = tok.encode_whole(&text, false).unwrap();
                 black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
             })
