@@ -56,6 +56,28 @@ fn conversation(target_tokens: usize, tok: &ChatTokenizer, random: bool) -> Map<
     }
 }
 
+/// Renders, encodes (no stretch remembered) and block-hashes `body`; `forget`: the word cache is
+/// emptied before each iteration too.
+fn never_seen(
+    c: &mut Criterion,
+    name: &str,
+    tok: &ChatTokenizer,
+    body: &Map<String, Value>,
+    forget: bool,
+) {
+    let tokens = tok.chat_prompt(body).unwrap().len();
+    c.bench_function(&format!("{name}_and_block_hashes/{tokens}_tokens"), |b| {
+        b.iter(|| {
+            if forget {
+                tok.forget();
+            }
+            let text = tok.render_chat(black_box(body)).unwrap();
+            let ids = tok.encode_whole(&text, false).unwrap();
+            black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
+        })
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test-data/tokenizer");
     let tok = ChatTokenizer::load(&dir).unwrap();
@@ -63,42 +85,12 @@ fn bench(c: &mut Criterion) {
     let tokens = tok.chat_prompt(&body).unwrap().len();
     // A prompt never seen: the whole text through the tokenizer, its words known from earlier
     // prompts (as in a running gateway).
-    c.bench_function(
-        &format!("cold_chat_prompt_and_block_hashes/{tokens}_tokens"),
-        |b| {
-            b.iter(|| {
-                let text = tok.render_chat(black_box(&body)).unwrap();
-                let ids = tok.encode_whole(&text, false).unwrap();
-                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
-            })
-        },
-    );
+    never_seen(c, "cold_chat_prompt", &tok, &body, false);
     // The first prompt after start: nothing remembered, not even words.
-    c.bench_function(
-        &format!("first_chat_prompt_and_block_hashes/{tokens}_tokens"),
-        |b| {
-            b.iter(|| {
-                tok.forget();
-                let text = tok.render_chat(black_box(&body)).unwrap();
-                let ids = tok.encode_whole(&text, false).unwrap();
-                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
-            })
-        },
-    );
+    never_seen(c, "first_chat_prompt", &tok, &body, true);
     // The worst case for the word cache: every word new, nothing remembered.
     let random = conversation(8192, &tok, true);
-    let random_tokens = tok.chat_prompt(&random).unwrap().len();
-    c.bench_function(
-        &format!("first_random_words_chat_prompt_and_block_hashes/{random_tokens}_tokens"),
-        |b| {
-            b.iter(|| {
-                tok.forget();
-                let text = tok.render_chat(black_box(&random)).unwrap();
-                let ids = tok.encode_whole(&text, false).unwrap();
-                black_box(block_hashes(&ids, 16, ENGINE_SCOPE))
-            })
-        },
-    );
+    never_seen(c, "first_random_words_chat_prompt", &tok, &random, true);
     // The next turn of a conversation: the same history and a new user message (~150 tokens,
     // different every iteration), as a multi-turn chat or an agent loop sends them.
     let mut turn = 0u64;
