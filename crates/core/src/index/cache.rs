@@ -86,8 +86,13 @@ enum Index {
 pub struct Prediction {
     /// The endpoint.
     pub endpoint: EndpointId,
-    /// Predicted units held.
+    /// Predicted units held when this request is prefilled: what the index lists, or more
+    /// when an earlier dispatch still prefilling will have cached it by then.
     pub units: u32,
+    /// Units the index listed as held at the pick, without the in-flight part: only a miss
+    /// of these shows an eviction. A shortfall in the in-flight part is a sibling admitted
+    /// before its prefix was computed, and the entries are right.
+    pub held: u32,
     /// Units in the prompt.
     pub total: u32,
     /// What the units are.
@@ -421,6 +426,7 @@ impl PrefixCache {
         Prediction {
             endpoint,
             units: overlap.total().max(overlap.pending),
+            held: overlap.total(),
             total: overlaps.total,
             unit: overlaps.unit,
             touched: overlap.touched,
@@ -460,7 +466,10 @@ impl PrefixCache {
                 *bytes_per_token += (ratio - *bytes_per_token) * 0.05;
             }
         }
-        if predicted.cached_tokens(prompt_tokens) <= cached_tokens.saturating_add(slack) {
+        let held = predicted
+            .unit
+            .tokens(predicted.held, predicted.total, prompt_tokens);
+        if held <= cached_tokens.saturating_add(slack) {
             return;
         }
         if predicted.by_tokens {

@@ -165,3 +165,46 @@ fn only_the_sibling_admitted_with_the_first_calls_last_chunk_misses_part_of_the_
     let (_, third) = predicted_on_0(&mut r, &request(13, 5_000, 5_100), at);
     assert!((4_984..=5_000).contains(&third), "{third}");
 }
+
+#[test]
+fn a_sibling_that_missed_an_in_flight_prefix_does_not_make_the_index_forget_what_is_held() {
+    let mut r = routing(1);
+    let e = EndpointId(0);
+    let serve_alone = |r: &mut Routing, req: &Request, at: Nanos, cached: u32| {
+        predicted_on_0(r, req, at);
+        serve(r, req, e, at, Nanos::from_millis(200), cached);
+    };
+    // A is served and cached; so are the first 1,000 tokens of another prefix, X.
+    serve_alone(&mut r, &request(1, 4_000, 4_200), Nanos::ZERO, 0);
+    let x = |id: u64, shared: u32, len: u32| {
+        Request::from_tokens(
+            id,
+            (0..len)
+                .map(|i| {
+                    if i < shared {
+                        500_000 + i
+                    } else {
+                        600_000 + id as u32 * 10_000 + i
+                    }
+                })
+                .collect(),
+        )
+    };
+    serve_alone(&mut r, &x(2, 1_000, 1_100), Nanos::from_millis(500), 0);
+    // B and C share 3,000 tokens of X and go out together: C counts the part of X that B is
+    // still computing as soon cached, but the engine admits C before B computes it and
+    // reports only the 1,000 tokens held before.
+    let at = Nanos::from_secs(1);
+    let (b, c) = (x(3, 3_000, 3_100), x(4, 3_000, 3_100));
+    predicted_on_0(&mut r, &b, at);
+    let (_, counted) = predicted_on_0(&mut r, &c, at);
+    assert!(counted >= 2_000, "the in-flight part counts: {counted}");
+    serve(&mut r, &b, e, at, Nanos::from_millis(400), 1_000);
+    serve(&mut r, &c, e, at, Nanos::from_millis(450), 1_000);
+    // That shortfall is no eviction: A is still listed.
+    let (_, cached) = predicted_on_0(&mut r, &request(5, 4_000, 4_200), Nanos::from_secs(2));
+    assert!(
+        cached >= 3_984,
+        "A's prefix is still predicted cached: {cached}"
+    );
+}
