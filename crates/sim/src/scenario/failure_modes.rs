@@ -18,12 +18,12 @@
 use super::capacity::{sweep, Experiment, ORACLE};
 use super::metrics::Slo;
 use super::{policy_names, share, Error, Options, Params, Report};
-use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig};
+use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig, RequestRecord};
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{Agentic, AgenticConfig, Bursts, BurstsConfig, Workload};
 use kvgate_core::{Nanos, PolicyConfig};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The rows every failure-mode sweep compares, then the oracle.
 pub(super) const DEFAULT_POLICIES: [&str; 6] = [
@@ -97,33 +97,83 @@ fn no_extra(_: &Outcome) -> BTreeMap<String, Value> {
     BTreeMap::new()
 }
 
-/// TTFT P95 (ms) of the requests that arrived in the 30 s before `at` and in the 30 s after.
-fn before_and_after(outcome: &Outcome, at: Nanos) -> BTreeMap<String, Value> {
+/// TTFT P95 (ms) of the requests that arrived in the 30 s before `at` and in the 30 s after,
+/// when `lost` died at `at`; and the same after the loss without the first request of each
+/// displaced session (one whose last request before the loss went to `lost`). That request
+/// must recompute the session's context wherever it goes, so its TTFT is set by the context's
+/// length, not by the routing; the split shows how much of the rise is that floor.
+fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String, Value> {
     let window = Nanos::from_secs(30);
-    let p95 = |lo: Nanos, hi: Nanos| {
-        let mut v: Vec<f64> = outcome
-            .records
-            .iter()
-            .filter(|r| r.arrival >= lo && r.arrival < hi)
-            .filter_map(|r| r.first_token.map(|f| (f - r.arrival).as_millis_f64()))
-            .collect();
+    let ttft = |r: &RequestRecord| r.first_token.map(|f| (f - r.arrival).as_millis_f64());
+    let p95 = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         kvgate_core::stats::percentile(&v, 0.95).map(|x| (x * 10.0).round() / 10.0)
     };
-    let after = outcome
+    let in_window = |r: &&RequestRecord, lo: Nanos, hi: Nanos| r.arrival >= lo && r.arrival < hi;
+    let mut home: HashMap<u64, u32> = HashMap::new();
+    for r in outcome.records.iter().filter(|r| r.arrival < at) {
+        if let Some(s) = r.session {
+            home.insert(s, r.replica);
+        }
+    }
+    // The first request (and siblings sent with it) of each displaced session after the loss.
+    let mut first_after: HashMap<u64, Nanos> = HashMap::new();
+    for r in outcome.records.iter().filter(|r| r.arrival >= at) {
+        if let Some(s) = r.session.filter(|s| home.get(s) == Some(&lost)) {
+            let t = first_after.entry(s).or_insert(r.arrival);
+            *t = (*t).min(r.arrival);
+        }
+    }
+    let recomputes = |r: &RequestRecord| {
+        r.session
+            .and_then(|s| first_after.get(&s))
+            .is_some_and(|&t| r.arrival == t)
+    };
+    let after: Vec<&RequestRecord> = outcome
         .records
         .iter()
-        .filter(|r| r.arrival >= at && r.arrival < at + window)
-        .count();
+        .filter(|r| in_window(r, at, at + window))
+        .collect();
     let failed_before_first_token = outcome
         .records
         .iter()
         .filter(|r| r.failed && r.output_tokens == 0)
         .count();
+    let recompute_ttfts: Vec<f64> = after
+        .iter()
+        .filter(|r| recomputes(r))
+        .filter_map(|r| ttft(r))
+        .collect();
+    let mut median = recompute_ttfts.clone();
+    median.sort_by(f64::total_cmp);
     BTreeMap::from([
-        ("ttft_p95_30s_before".into(), json!(p95(at - window, at))),
-        ("ttft_p95_30s_after".into(), json!(p95(at, at + window))),
-        ("requests_30s_after".into(), json!(after)),
+        (
+            "ttft_p95_30s_before".into(),
+            json!(p95(outcome
+                .records
+                .iter()
+                .filter(|r| in_window(r, at - window, at))
+                .filter_map(ttft)
+                .collect())),
+        ),
+        (
+            "ttft_p95_30s_after".into(),
+            json!(p95(after.iter().filter_map(|r| ttft(r)).collect())),
+        ),
+        (
+            "ttft_p95_30s_after_without_recomputes".into(),
+            json!(p95(after
+                .iter()
+                .filter(|r| !recomputes(r))
+                .filter_map(|r| ttft(r))
+                .collect())),
+        ),
+        ("requests_30s_after".into(), json!(after.len())),
+        ("recomputes_30s_after".into(), json!(recompute_ttfts.len())),
+        (
+            "recompute_ttft_p50".into(),
+            json!(kvgate_core::stats::percentile(&median, 0.5).map(|x| x.round())),
+        ),
         (
             "failed_before_first_token".into(),
             json!(failed_before_first_token),
@@ -233,11 +283,9 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             let rates = rates(&mut p, default_rates)?;
             let fail_at = if name == "replica-loss" {
                 let at = Nanos::from_secs_f64(p.f64("fail_at_s", 120.0)?);
-                fleet.failures.push(Failure {
-                    replica: fleet.replicas.len() - 1,
-                    at,
-                });
-                Some(at)
+                let replica = fleet.replicas.len() - 1;
+                fleet.failures.push(Failure { replica, at });
+                Some((at, replica as u32))
             } else {
                 None
             };
@@ -248,7 +296,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 }))
             };
             let extra = move |o: &Outcome| match fail_at {
-                Some(at) => before_and_after(o, at),
+                Some((at, lost)) => before_and_after(o, at, lost),
                 None => BTreeMap::new(),
             };
             let exp = Experiment {
@@ -265,5 +313,52 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             };
             Ok(sweep(&exp, &rows, seed, p.finish()?))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(session: u64, replica: u32, arrival_s: u64, ttft_ms: u64) -> RequestRecord {
+        let arrival = Nanos::from_secs(arrival_s);
+        RequestRecord {
+            arrival,
+            first_token: Some(arrival + Nanos::from_millis(ttft_ms)),
+            finished: None,
+            replica,
+            router: 0,
+            prompt_tokens: 1_000,
+            cached_tokens: 0,
+            output_tokens: 1,
+            tag: 0,
+            tenant: None,
+            session: Some(session),
+            retries: 0,
+            failed: false,
+            predicted_ttft_ms: None,
+            predicted_cached: None,
+        }
+    }
+
+    #[test]
+    fn only_the_first_request_of_a_session_displaced_by_the_loss_counts_as_a_recompute() {
+        let mut o = Outcome::new(2);
+        // Session 1 lived on replica 1 (lost at 100 s), session 2 on replica 0.
+        o.records.push(record(1, 1, 90, 100));
+        o.records.push(record(2, 0, 95, 100));
+        // After the loss: session 1's next request recomputes (900 ms), its later ones do not.
+        o.records.push(record(1, 0, 105, 900));
+        o.records.push(record(1, 0, 110, 120));
+        o.records.push(record(2, 0, 106, 110));
+        let keys = before_and_after(&o, Nanos::from_secs(100), 1);
+        assert_eq!(keys["recomputes_30s_after"], json!(1));
+        assert_eq!(keys["requests_30s_after"], json!(3));
+        assert_eq!(keys["recompute_ttft_p50"], json!(900.0));
+        let without = keys["ttft_p95_30s_after_without_recomputes"]
+            .as_f64()
+            .unwrap();
+        let with = keys["ttft_p95_30s_after"].as_f64().unwrap();
+        assert!(without < 121.0 && with > 500.0, "{without} {with}");
     }
 }
