@@ -53,7 +53,7 @@ fanout-long)
 heterogeneous)
     workload=(--workload agentic --agentic-max-context 16000)
     scales=(1 1 2.5 2.5)
-    sweep=${sweep:-0.75:1.75:0.5}
+    sweep=${sweep:-5:8:1.5}
     duration=${duration:-60}
     ;;
 mix)
