@@ -58,7 +58,7 @@ heterogeneous)
     ;;
 mix)
     workload=(--workload agentic --agentic-max-context 16000)
-    sweep=${sweep:-2:4:1}
+    sweep=${sweep:-8:12:2}
     duration=${duration:-60}
     ;;
 *) echo "unknown scenario $scenario" >&2; exit 2 ;;
