@@ -105,10 +105,11 @@ fn no_extra(_: &Outcome) -> BTreeMap<String, Value> {
 fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String, Value> {
     let window = Nanos::from_secs(30);
     let ttft = |r: &RequestRecord| r.first_token.map(|f| (f - r.arrival).as_millis_f64());
-    let p95 = |mut v: Vec<f64>| {
+    let percentile = |mut v: Vec<f64>, q: f64| {
         v.sort_by(f64::total_cmp);
-        kvgate_core::stats::percentile(&v, 0.95).map(|x| (x * 10.0).round() / 10.0)
+        kvgate_core::stats::percentile(&v, q).map(|x| (x * 10.0).round() / 10.0)
     };
+    let p95 = |v: Vec<f64>| percentile(v, 0.95);
     let in_window = |r: &&RequestRecord, lo: Nanos, hi: Nanos| r.arrival >= lo && r.arrival < hi;
     let mut home: HashMap<u64, u32> = HashMap::new();
     for r in outcome.records.iter().filter(|r| r.arrival < at) {
@@ -144,8 +145,6 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
         .filter(|r| recomputes(r))
         .filter_map(|r| ttft(r))
         .collect();
-    let mut median = recompute_ttfts.clone();
-    median.sort_by(f64::total_cmp);
     BTreeMap::from([
         (
             "ttft_p95_30s_before".into(),
@@ -172,7 +171,7 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
         ("recomputes_30s_after".into(), json!(recompute_ttfts.len())),
         (
             "recompute_ttft_p50".into(),
-            json!(kvgate_core::stats::percentile(&median, 0.5).map(|x| x.round())),
+            json!(percentile(recompute_ttfts, 0.5)),
         ),
         (
             "failed_before_first_token".into(),
