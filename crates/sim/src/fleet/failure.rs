@@ -7,6 +7,9 @@ use kvgate_core::decision::FailureKind;
 use kvgate_core::{EndpointId, Nanos};
 use rand_chacha::ChaCha8Rng;
 
+/// The queue model's TTFT beyond which the oracle does not run a copy of the engine forward.
+const FORWARD_LIMIT: Nanos = Nanos(10_000_000_000);
+
 impl Sim<'_> {
     /// Replica `i` dies now: every router forgets it, requests without a first token are sent
     /// again through their router, those mid-stream fail (and their sessions go on, as an agent
@@ -46,21 +49,36 @@ impl Sim<'_> {
     }
 
     /// The oracle's pick: the live replica where the true queue, the true cache and the true
-    /// speed put the first token earliest (the iteration in progress included), with that
-    /// prediction; ties go to the lowest index.
+    /// speed put the first token earliest (the iteration in progress included); ties go to the
+    /// lowest index. The prediction recorded is the chosen replica's engine run forward
+    /// ([`crate::model::EngineModel::forward_ttft`]), the best any router could predict; the
+    /// pick itself uses the queue model, which is cheaper and ranks the same way (running four
+    /// copies forward per request would only sharpen the greedy pick the oracle stands for).
+    /// Past [`FORWARD_LIMIT`] the queue model's figure stands: an overloaded replica's queue
+    /// would take the copy thousands of iterations per request, and the run's SLO is lost
+    /// anyway.
     pub(super) fn oracle_pick(&self, prompt: &[u32]) -> (usize, Nanos) {
         let now = self.now;
+        let residual = |r: &super::Replica| r.busy_until.saturating_since(now).0;
+        let scaled = |r: &super::Replica, t: Nanos| (t.0 as f64 / r.speed) as u64;
         let mut best: Option<(usize, u64)> = None;
         for (i, r) in self.replicas.iter().enumerate() {
             if !r.alive {
                 continue;
             }
-            let residual = r.busy_until.saturating_since(now).0;
-            let ttft = residual + (r.engine.oracle_ttft(prompt).0 as f64 / r.speed) as u64;
+            let ttft = residual(r) + scaled(r, r.engine.oracle_ttft(prompt));
             if best.is_none_or(|(_, b)| ttft < b) {
                 best = Some((i, ttft));
             }
         }
-        best.map_or((0, Nanos::ZERO), |(i, t)| (i, Nanos(t)))
+        let Some((i, queue_model)) = best else {
+            return (0, Nanos::ZERO);
+        };
+        let r = &self.replicas[i];
+        let forward = (queue_model < FORWARD_LIMIT.0)
+            .then(|| r.engine.forward_ttft(prompt))
+            .flatten()
+            .map(|t| residual(r) + scaled(r, t));
+        (i, Nanos(forward.unwrap_or(queue_model)))
     }
 }

@@ -71,7 +71,7 @@ struct Work {
 }
 
 /// The engine. See the module documentation of [`crate::model`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineModel {
     config: EngineConfig,
     pool: BlockPool,
