@@ -82,18 +82,21 @@ fn features(work: f64, decodes: f64) -> [f64; N] {
     [1.0, d, w, w * d]
 }
 
-/// The weight of a sample whose (clipped) TTFT is `ttft` seconds: inversely proportional to
-/// it, the quasi-likelihood fit for a spread that grows in proportion to the mean. A long
-/// TTFT spans more iterations and shares more of them with later arrivals, so its error in
-/// seconds is larger. An unweighted fit lets those samples set the fixed term, which then
-/// over-predicts every short TTFT. Weighting by the square, a fit of relative error, put too
-/// little weight on the long prefills that decide where a busy fleet's work goes (the sim's
-/// mix capacity fell 1.3%). With 1/TTFT, 49-64% of agentic predictions land within 20%, up
-/// from 39-51%, and capacity is level or higher (docs/routing.md). The 20 ms floor keeps one
-/// instant first token from dominating; 200 ms scales weights to about one per sample, which
-/// keeps `prior_strength` meaning pseudo-samples.
-fn sample_weight(ttft: f64) -> f64 {
-    0.2 / ttft.max(0.02)
+/// The weight of a sample whose (clipped) TTFT is `ttft` seconds, where this endpoint's TTFTs
+/// run at about `typical`: inversely proportional to it, the quasi-likelihood fit for a spread
+/// that grows in proportion to the mean. A long TTFT spans more iterations and shares more of
+/// them with later arrivals, so its error in seconds is larger. An unweighted fit lets those
+/// samples set the fixed term, which then over-predicts every short TTFT. Weighting by the
+/// square, a fit of relative error, put too little weight on the long prefills that decide
+/// where a busy fleet's work goes (the sim's mix capacity fell 1.3%); with 1/TTFT, 50-70% of
+/// agentic predictions land within 20% instead of 39-51%, capacity level or higher
+/// (docs/routing.md). Dividing by the typical TTFT keeps the mean weight near one whatever the
+/// engine's speed, so `prior_strength` keeps meaning pseudo-samples (a fixed 200 ms scale gave
+/// a CPU engine's one-second samples a fifth of a sample each, and the prior won: 16% within
+/// 20% on real vLLM against 32%); the floor at a tenth of it keeps one instant first token from
+/// dominating.
+fn sample_weight(ttft: f64, typical: f64) -> f64 {
+    typical / ttft.max(0.1 * typical).max(1e-6)
 }
 
 /// Decayed sufficient statistics of a least-squares fit.
@@ -107,6 +110,8 @@ pub struct Fit {
     n: f64,
     /// Decayed mean absolute residual, seconds.
     mad: f64,
+    /// Decayed mean of the (clipped) samples, seconds.
+    typical: f64,
     at: Nanos,
 }
 
@@ -134,7 +139,12 @@ impl Fit {
         };
         let y = predicted + residual.clamp(-guard, guard);
         let f = features(work, decodes);
-        let w = sample_weight(y);
+        self.typical = if self.n < 1.0 {
+            y
+        } else {
+            self.typical + (y - self.typical) * 0.05
+        };
+        let w = sample_weight(y, self.typical);
         for i in 0..N {
             for j in 0..N {
                 self.a[i][j] += w * f[i] * f[j];
