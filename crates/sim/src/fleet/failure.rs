@@ -51,9 +51,9 @@ impl Sim<'_> {
     /// The oracle's pick: the live replica where the true queue, the true cache and the true
     /// speed put the first token earliest (the iteration in progress included); ties go to the
     /// lowest index. The prediction recorded is the chosen replica's engine run forward
-    /// ([`crate::model::EngineModel::forward_ttft`]), the best any router could predict; the
-    /// pick itself uses the queue model, which is cheaper and ranks the same way (running four
-    /// copies forward per request would only sharpen the greedy pick the oracle stands for).
+    /// ([`crate::model::EngineModel::forward_ttft`]), the best any router could predict. The
+    /// pick keeps the queue model, so the oracle routes (and its capacities read) as before the
+    /// forward copy existed, at a quarter of the cost of running every replica forward.
     /// Past [`FORWARD_LIMIT`] the queue model's figure stands: an overloaded replica's queue
     /// would take the copy thousands of iterations per request, and the run's SLO is lost
     /// anyway.
