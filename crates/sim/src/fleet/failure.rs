@@ -53,7 +53,7 @@ impl Sim<'_> {
     /// lowest index. The prediction recorded is the chosen replica's engine run forward
     /// ([`crate::model::EngineModel::forward_ttft`]), the best any router could predict. The
     /// pick keeps the queue model, so the oracle routes (and its capacities read) as before the
-    /// forward copy existed, at a quarter of the cost of running every replica forward.
+    /// forward copy existed, with one copy per request rather than one per replica.
     /// Past [`FORWARD_LIMIT`] the queue model's figure stands: an overloaded replica's queue
     /// would take the copy thousands of iterations per request, and the run's SLO is lost
     /// anyway.

@@ -93,8 +93,8 @@ fn features(work: f64, decodes: f64) -> [f64; N] {
 /// (docs/routing.md). Dividing by the typical TTFT keeps the mean weight near one whatever the
 /// engine's speed, so `prior_strength` keeps meaning pseudo-samples (a fixed 200 ms scale gave
 /// a CPU engine's one-second samples a fifth of a sample each, and the prior won: 16% within
-/// 20% on real vLLM against 32%, one run each); the floor at a tenth of it keeps one instant first token from
-/// dominating.
+/// 20% on real vLLM against 32%, one run each); the floor at a tenth of it keeps one instant
+/// first token from dominating.
 fn sample_weight(ttft: f64, typical: f64) -> f64 {
     typical / ttft.max(0.1 * typical).max(1e-6)
 }
