@@ -208,3 +208,72 @@ fn a_sibling_that_missed_an_in_flight_prefix_does_not_make_the_index_forget_what
         "A's prefix is still predicted cached: {cached}"
     );
 }
+
+/// The endpoints a burst of `calls` sharing a 4,000-token prompt and 1,000 tokens of context
+/// goes to, on two replicas busy half the last 10 s, when only replica 0 has computed the
+/// prompt.
+fn burst_homes(replicate: bool, session: bool, calls: u64) -> Vec<EndpointId> {
+    let config = Config {
+        replicate_shared_prefixes: replicate,
+        ..Config::default()
+    };
+    let mut r = Routing::new(&PolicyConfig::PredictedTtft(config), 1);
+    for i in 0..2 {
+        r.router_mut().add(EndpointView::new(EndpointId(i)));
+    }
+    let only = |e: u32| move |v: &EndpointView| v.id == EndpointId(e);
+    let warm = request(1, 4_000, 4_200);
+    r.route(&warm, Nanos::ZERO, &only(0));
+    serve(
+        &mut r,
+        &warm,
+        EndpointId(0),
+        Nanos::ZERO,
+        Nanos::from_millis(500),
+        0,
+    );
+    for e in 0..2u32 {
+        let background = request(10 + u64::from(e), 0, 8_000);
+        r.route(&background, Nanos::ZERO, &only(e));
+        let busy = Nanos::from_secs(7);
+        r.first_token(background.id, EndpointId(e), busy, busy);
+    }
+    let at = Nanos::from_secs(7);
+    (0..calls)
+        .map(|k| {
+            let tokens = (0..5_300)
+                .map(|i| match i {
+                    0..4_000 => i,
+                    4_000..5_000 => 500_000 + i,
+                    _ => 1_000_000 + k as u32 * 10_000 + i,
+                })
+                .collect();
+            let mut call = Request::from_tokens(100 + k, tokens);
+            if session {
+                call = call.with_session("parent");
+            }
+            r.route(&call, at, &accept_all).endpoint().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_burst_copies_a_shared_prompt_its_siblings_are_queueing_for() {
+    let copies = |homes: &[EndpointId]| homes.iter().filter(|&&e| e == EndpointId(1)).count();
+    let charged = burst_homes(false, true, 40);
+    let replicated = burst_homes(true, true, 40);
+    assert_eq!(
+        replicated[0],
+        EndpointId(0),
+        "the first call goes where the prompt is"
+    );
+    assert!(
+        copies(&replicated) > copies(&charged) && copies(&charged) <= 2,
+        "copying the shared prompt is not charged as load: {} calls to the second replica, \
+         {} when it is",
+        copies(&replicated),
+        copies(&charged)
+    );
+    // Without a session name, a prefix on one replica may be a conversation's history.
+    assert_eq!(copies(&burst_homes(true, false, 40)), copies(&charged));
+}
