@@ -16,7 +16,8 @@
 //! ttft     = fixed + per_decode * decodes + (queued + own) * (per_token + interference * decodes)
 //! ```
 //! and the pick minimises that plus the delay its own prefill imposes on the queue it joins,
-//! weighted by `externality_weight` (ties at random). `fixed`, `per_token` and `interference`
+//! weighted by `externality_weight` (ties at random); copying a shared prefix that a burst is
+//! queueing for is exempt from that term ([`sessions`]). `fixed`, `per_token` and `interference`
 //! are learned per endpoint from every first token and the engine's usage ([`calibration`]),
 //! starting from the fleet's pooled fit. There is no balance threshold: a hot prefix spreads to
 //! a second replica exactly when recomputing it there, counting what the duplicated prefill
