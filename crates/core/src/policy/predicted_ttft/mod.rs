@@ -487,7 +487,8 @@ impl Policy for PredictedTtft {
                     ..
                 } = self.predict(endpoint, overlaps, prompt, None, at);
                 self.finish(request.id, endpoint, at);
-                if let Some(key) = Sessions::key(request) {
+                let key = Sessions::key(request).filter(|_| self.config.replicate_shared_prefixes);
+                if let Some(key) = key {
                     self.sessions.record(key, endpoint, at, || {
                         let tokens = |o: &crate::index::Overlap| {
                             f64::from(overlaps.tokens(o.total(), prompt as u32))
