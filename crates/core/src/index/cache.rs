@@ -404,7 +404,7 @@ impl PrefixCache {
     /// What this index predicted for `request` on `endpoint`, kept from the pick until the
     /// engine's usage arrives ([`Self::correct`]): what the endpoint holds, or, when more, what
     /// prompts sent there and still in prefill will have put in its cache by the time this one
-    /// is prefilled (engines cache a block once computed, so a request queued behind its
+    /// is prefilled (engines cache a block as they schedule it, so a request queued behind its
     /// prefix's first sender finds it).
     pub fn prediction(
         &self,

@@ -1,11 +1,11 @@
 //! Prompts sent to each endpoint whose prefill has not finished yet.
 //!
-//! An engine caches a prompt's blocks as it computes them (vLLM registers each full block once
-//! computed). A request that arrives behind one still prefilling the same prefix finds the
-//! blocks computed before it is admitted, and recomputes the rest: with chunked prefill, a
-//! sibling admitted in the same iteration as the first call's last chunk recomputes up to one
-//! iteration's budget of it. So an index that mirrors engines keeps these prompts apart from
-//! what is known to be cached, and the policy decides how much of them to count.
+//! An engine caches a prompt's blocks as it schedules them (vLLM v1 caches a block when it
+//! allocates its slots), so a request that arrives behind one still prefilling the same prefix
+//! finds that prefix cached when it is admitted, even in the iteration that computes its last
+//! chunk. Until the first token says so, though, the prefix is not known to be cached (the
+//! request may fail, or the engine evict it), so an index that mirrors engines keeps these
+//! prompts apart from what is known to be cached, and the policy decides how to count them.
 //!
 //! Each held prompt is cut into chained block hashes (16 tokens, or 64 bytes of text when only
 //! text is known); an endpoint's overlap is the run of a query's leading blocks that some held

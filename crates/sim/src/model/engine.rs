@@ -445,35 +445,65 @@ impl EngineModel {
         self.prefix_queries_tokens += prompt_len;
         self.prefix_hits_tokens += u64::from(cached);
         self.running.push(id);
+        if self.caches_on_schedule() {
+            self.register(id, cached + tokens, it);
+        }
         Some(tokens)
+    }
+
+    /// Whether blocks are offered to the prefix cache when scheduled rather than once computed.
+    /// vLLM v1, whose scheduler is the chunked one, caches a block when it allocates the slots
+    /// that will hold it (`KVCacheManager::allocate_slots` caches up to the computed plus the
+    /// newly scheduled tokens), so a sequence admitted later in the same iteration finds the
+    /// blocks an earlier one is computing there: each layer's KV is written before attention
+    /// reads it, so the hits are sound, and a fan-out's siblings never recompute the prefix
+    /// their first call is prefilling (checked on vLLM 0.32: four prompts sharing 800 tokens,
+    /// sent in one batch, report 3 x 800 cached tokens). vLLM v0 marked blocks computed after
+    /// the step, which the whole-prompt modes (and the reference labs built on them) keep.
+    fn caches_on_schedule(&self) -> bool {
+        matches!(self.config.batching, Batching::Chunked { .. })
+    }
+
+    /// Offers to the prefix cache the full prompt blocks of `id` through its first `upto`
+    /// tokens ([`Self::caches_on_schedule`] says when).
+    fn register(&mut self, id: u64, upto: u32, it: &mut Iteration) {
+        if !self.config.prefix_caching {
+            return;
+        }
+        let bs = self.config.block_size;
+        let seq = self.seqs.get(&id).expect("scheduled");
+        let full = (upto as usize / bs).min(seq.hashes.len());
+        let mut stored_from = None;
+        for b in seq.registered..full {
+            let ok = self.pool.register(seq.blocks[b], seq.hashes[b]);
+            match (ok, stored_from) {
+                (true, None) => stored_from = Some(b),
+                (false, Some(from)) => {
+                    if self.kv_events {
+                        it.kv_events.push(stored_event(seq, from, b, bs));
+                    }
+                    stored_from = None;
+                }
+                _ => {}
+            }
+        }
+        if let (Some(from), true) = (stored_from, self.kv_events) {
+            it.kv_events.push(stored_event(seq, from, full, bs));
+        }
+        let seq = self.seqs.get_mut(&id).expect("scheduled");
+        seq.registered = seq.registered.max(full);
     }
 
     /// Applies scheduled work; returns whether the sequence finished.
     fn execute(&mut self, w: Work, it: &mut Iteration) -> bool {
-        let bs = self.config.block_size;
+        let on_schedule = self.caches_on_schedule();
         let seq = self.seqs.get_mut(&w.id).expect("scheduled");
         seq.computed += w.tokens;
-        if !w.decode && self.config.prefix_caching {
-            let full = (seq.computed as usize / bs).min(seq.hashes.len());
-            let mut stored_from = None;
-            for b in seq.registered..full {
-                let ok = self.pool.register(seq.blocks[b], seq.hashes[b]);
-                match (ok, stored_from) {
-                    (true, None) => stored_from = Some(b),
-                    (false, Some(from)) => {
-                        if self.kv_events {
-                            it.kv_events.push(stored_event(seq, from, b, bs));
-                        }
-                        stored_from = None;
-                    }
-                    _ => {}
-                }
-            }
-            if let (Some(from), true) = (stored_from, self.kv_events) {
-                it.kv_events.push(stored_event(seq, from, full, bs));
-            }
-            seq.registered = seq.registered.max(full);
+        if !w.decode && !on_schedule {
+            let computed = seq.computed;
+            self.register(w.id, computed, it);
         }
+        let seq = self.seqs.get_mut(&w.id).expect("scheduled");
         if seq.prefilling() {
             return false;
         }

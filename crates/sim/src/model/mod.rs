@@ -10,7 +10,9 @@
 //!   ([`kvgate_core::index::blocks::block_hashes`]). On admission the leading blocks found in
 //!   the prefix cache are reused; only the rest is prefilled, and at least one token is always
 //!   computed. Blocks become cacheable when full; only prompt blocks are cached (generated
-//!   tokens are not known to the model).
+//!   tokens are not known to the model). With [`Batching::Chunked`] a block is cached when an
+//!   iteration schedules its computation, as vLLM v1 does, so a sequence admitted later in the
+//!   same iteration reuses it; the whole-prompt modes cache it once computed, as vLLM v0 did.
 //! - The iteration that finishes a prefill samples a token: the first output token, or after a
 //!   recompute the next one. Each later iteration decodes one token per running sequence.
 //! - [`Batching::Continuous`]: when a waiting sequence can be admitted, the iteration prefills

@@ -179,6 +179,44 @@ fn chunked_prefill_shares_the_budget_with_decodes() {
     assert_eq!(chunks, vec![19, 19, 12]);
 }
 
+/// The cached tokens each request's first token reports when `batching` admits two prompts
+/// sharing a 64-token prefix in one iteration.
+fn siblings_in_one_iteration(batching: Batching) -> Vec<(u64, u32)> {
+    let mut e = EngineModel::new(config(batching, 1000, 4));
+    let shared = prompt(1, 64);
+    for id in 1..=2 {
+        let mut p = shared.clone();
+        p.extend(prompt(10 + id as u32, 8));
+        e.submit(req(id, p, 1));
+    }
+    let it = e.step().unwrap();
+    let mut firsts: Vec<(u64, u32)> = it
+        .events
+        .iter()
+        .filter_map(|ev| match *ev {
+            SeqEvent::FirstToken { id, cached_tokens } => Some((id, cached_tokens)),
+            _ => None,
+        })
+        .collect();
+    firsts.sort_unstable();
+    firsts
+}
+
+#[test]
+fn a_chunked_iteration_caches_blocks_as_it_schedules_them() {
+    // vLLM v1: the second prompt finds the 4 shared blocks the first is computing in the same
+    // iteration, and the iteration computes 72 + 8 tokens.
+    let chunked = Batching::Chunked {
+        max_num_batched_tokens: 512,
+    };
+    assert_eq!(siblings_in_one_iteration(chunked), vec![(1, 0), (2, 64)]);
+    // Whole-prompt batching caches them once computed: both compute the prefix.
+    assert_eq!(
+        siblings_in_one_iteration(Batching::Continuous),
+        vec![(1, 0), (2, 0)]
+    );
+}
+
 #[test]
 fn static_batching_waits_for_the_whole_batch() {
     let mut e = EngineModel::new(config(Batching::Static, 1000, 4));

@@ -3,11 +3,10 @@
 //! For every eligible endpoint:
 //!
 //! ```text
-//! cached   = what the prefix index knows it holds of this prompt, plus the part of a prefix an
-//!            earlier dispatch there is still prefilling that will be computed before this one
-//!            is admitted: an engine caches blocks as it computes them, so a fan-out's sibling
-//!            queued behind the first call finds its prefix cached but for the chunk computed
-//!            in the iteration that admits it
+//! cached   = what the prefix index knows it holds of this prompt, plus what an earlier
+//!            dispatch there is still prefilling: engines cache a block as they schedule it
+//!            (vLLM v1) or hold back a request sharing a prefix with one in the batch (SGLang),
+//!            so a fan-out's sibling queued behind the first call finds the whole prefix cached
 //! own      = prompt tokens - cached
 //! queued   = uncached prefill work this router sent there that is predicted not computed yet:
 //!            each dispatch adds its own tokens, the backlog drains at the endpoint's learned
@@ -106,9 +105,6 @@ pub struct Config {
     pub max_tree_size: usize,
     /// Bound the index by each engine's KV capacity and correct it from usage.
     pub mirror_engines: bool,
-    /// The engines' prefill budget per iteration (vLLM `max_num_batched_tokens`): of a prefix
-    /// an earlier dispatch is still prefilling, all but this many tokens count as cached.
-    pub chunk_tokens: u32,
     /// Let tenants share cache affinity.
     pub share_across_tenants: bool,
     /// Weight of the externality term, the delay a request's prefill imposes on the requests
@@ -140,7 +136,6 @@ impl Default for Config {
             key: TreeKey::Auto,
             max_tree_size: 67_108_864,
             mirror_engines: true,
-            chunk_tokens: 2_048,
             share_across_tenants: false,
             externality_weight: 3.0,
             replicate_shared_prefixes: true,
@@ -281,31 +276,16 @@ impl PredictedTtft {
     }
 
     /// Prompt tokens `endpoint` will have cached for this prompt when it is admitted: what the
-    /// index knows is cached, plus the part of a prefix an earlier dispatch there is still
-    /// prefilling that will be computed by then. The engine admits this one in the iteration
-    /// that finishes the `ahead` tokens queued in front, and the tokens computed in that same
-    /// iteration, the last `ahead mod chunk_tokens` of the queue, are not cached yet. They are
-    /// the tail of the last dispatch's uncached tokens (`last`): its own suffix first, then
-    /// the end of the shared prefix. When the last dispatch's uncached tokens are fewer than
-    /// the in-flight prefix, an earlier dispatch is computing that prefix and finishes before
-    /// the last one starts (first come, first served): nothing is missed.
-    fn cached(
-        overlaps: &Overlaps,
-        endpoint: EndpointId,
-        prompt: f64,
-        ahead: f64,
-        last: f64,
-        chunk: f64,
-    ) -> (f64, Held) {
+    /// index knows is cached, plus the prefix an earlier dispatch there is still prefilling.
+    /// First come, first served puts that dispatch's chunks ahead of this one, and the engine
+    /// finds them cached as they are scheduled (vLLM v1 caches a block when it allocates its
+    /// slots; `kvgate sim`'s engine model does the same), even in the iteration that admits
+    /// this one.
+    fn cached(overlaps: &Overlaps, endpoint: EndpointId, prompt: f64) -> (f64, Held) {
         let o = overlaps.of(endpoint);
         let tokens = |units| f64::from(overlaps.tokens(units, prompt as u32));
         let known = tokens(o.total());
         let in_flight = (tokens(o.pending) - known).max(0.0);
-        let miss = if last >= in_flight {
-            (ahead % chunk - (last - in_flight)).clamp(0.0, in_flight)
-        } else {
-            0.0
-        };
         let held = Held {
             endpoint,
             computed: known,
@@ -315,7 +295,7 @@ impl PredictedTtft {
                 0.0
             },
         };
-        ((known + in_flight - miss).min(prompt - 1.0).max(0.0), held)
+        ((known + in_flight).min(prompt - 1.0).max(0.0), held)
     }
 
     /// The prediction for one endpoint.
@@ -328,7 +308,6 @@ impl PredictedTtft {
         now: Nanos,
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
-        let chunk = f64::from(self.config.chunk_tokens.max(1));
         let q = self.queues.entry(endpoint).or_default();
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
@@ -336,8 +315,7 @@ impl PredictedTtft {
         };
         q.decodes = decodes;
         let ahead = q.ahead(now, c.seconds_per_token(decodes));
-        let (cached, held) =
-            Self::cached(overlaps, endpoint, prompt, ahead, q.last.min(ahead), chunk);
+        let (cached, held) = Self::cached(overlaps, endpoint, prompt);
         let own = (prompt - cached).max(1.0);
         Prediction {
             ttft: c.predict(ahead + own, decodes),
@@ -502,7 +480,6 @@ impl Policy for PredictedTtft {
                 q.backlog_at = q.backlog_at.max(at);
                 let sent_before = q.sent;
                 q.sent += own;
-                q.last = own;
                 q.waiting += 1;
                 q.busy.set(true, at);
                 self.pending.insert(

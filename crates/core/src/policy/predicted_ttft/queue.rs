@@ -22,8 +22,6 @@ pub(super) struct Queue {
     pub(super) backlog_at: Nanos,
     /// Uncached tokens ever sent, to tell what was sent after a given dispatch.
     pub(super) sent: f64,
-    /// The last dispatch's uncached tokens.
-    pub(super) last: f64,
     /// Dispatches without a first token.
     pub(super) waiting: u32,
     /// Dispatches past their first token, not finished.

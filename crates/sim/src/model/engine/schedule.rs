@@ -24,6 +24,9 @@ impl EngineModel {
                 break; // `id` itself was preempted: it was last, nothing follows
             };
             budget -= tokens;
+            if !decode {
+                self.register(id, computed + tokens, it);
+            }
             let context = if decode { computed + 1 } else { 0 };
             work.push(Work {
                 id,
