@@ -112,15 +112,16 @@ pub struct Config {
     /// Poisson, so the M/M/1 figure understates that delay (Kingman's G/G/1 approximation
     /// scales it by (c_a² + c_s²)/2). 3 measured best over `kvgate sim`'s failure-mode sweeps
     /// (5 seeds each, against 2 and 4: 2 fell below `cache_aware` on the heterogeneous sweep, 4
-    /// held fan-out bursts too long and lost 3% there; docs/routing.md has the table);
+    /// held fan-out bursts too long and lost 3% there; docs/routing.md has the table); on the
+    /// engine model corrected to cache blocks as they are scheduled, 1.5 to 4 came within 1.5%
+    /// of each other on every sweep but fan-out, which gains up to 3 and little beyond;
     /// measuring Kingman's factor from the dispatches instead put fan-out bursts at ~15 and
     /// lost a third of their capacity.
     pub externality_weight: f64,
     /// Exempt from the externality the duplicated prefill of a prefix other sessions share
     /// that a request is prefilling now ([`sessions`]): hot system prompts spread to more
-    /// replicas. On `kvgate sim`'s fan-out sweeps (5 seeds) +4% capacity, +8% with twelve
-    /// shared prompts, +14% with 8,000-token ones; the agentic scenarios within ±1.1%
-    /// (docs/routing.md).
+    /// replicas. On `kvgate sim`'s sweeps (5 seeds) +5% capacity on fan-out and +4% on many
+    /// tenants, the other scenarios within ±1% (docs/routing.md).
     pub replicate_shared_prefixes: bool,
     /// Stale-signal handling.
     pub load: LoadConfig,
