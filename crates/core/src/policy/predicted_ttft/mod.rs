@@ -113,8 +113,8 @@ pub struct Config {
     /// scales it by (c_a² + c_s²)/2). 3 measured best over `kvgate sim`'s failure-mode sweeps
     /// (5 seeds each, against 2 and 4: 2 fell below `cache_aware` on the heterogeneous sweep, 4
     /// held fan-out bursts too long and lost 3% there; docs/routing.md has the table); on the
-    /// engine model corrected to cache blocks as they are scheduled, 1.5 to 4 came within 1.5%
-    /// of each other on every sweep but fan-out, which gains up to 3 and little beyond;
+    /// engine model corrected to cache blocks as they are scheduled, 3 is the highest of 1.5 to
+    /// 4 or within 1.7% of it on every sweep;
     /// measuring Kingman's factor from the dispatches instead put fan-out bursts at ~15 and
     /// lost a third of their capacity.
     pub externality_weight: f64,
