@@ -459,7 +459,9 @@ impl EngineModel {
     /// reads it, so the hits are sound, and a fan-out's siblings never recompute the prefix
     /// their first call is prefilling (checked on vLLM 0.32: four prompts sharing 800 tokens,
     /// sent in one batch, report 3 x 800 cached tokens). vLLM v0 marked blocks computed after
-    /// the step, which the whole-prompt modes (and the reference labs built on them) keep.
+    /// the step, which the whole-prompt modes (and the reference labs built on them) keep;
+    /// caching on schedule there too moved the routing lab off its reference ordering
+    /// (DOMAIN.md §4.2: `least_kv`'s TTFT P95 at seed 5 fell below `random`'s).
     fn caches_on_schedule(&self) -> bool {
         matches!(self.config.batching, Batching::Chunked { .. })
     }
