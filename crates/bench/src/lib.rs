@@ -491,7 +491,12 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         Vec::new()
     };
     if !args.quiet {
-        print!("{}", report::table(&results, &capacity, &slo));
+        let rate_unit = match args.workload.as_str() {
+            "agentic" => "sessions/s",
+            "fanout" => "bursts/s",
+            _ => "req/s",
+        };
+        print!("{}", report::table(&results, &capacity, &slo, rate_unit));
     }
     let outcome = BenchOutcome {
         results,

@@ -236,7 +236,14 @@ fn fmt_ms(x: f64) -> String {
 }
 
 /// The readable table: one row per target and rate, then capacities and warnings.
-pub fn table(results: &[TargetReport], capacity: &[Capacity], slo: &Slo) -> String {
+/// `rate_unit` names what `--rate` counts: requests, or the sessions or bursts that open-loop
+/// workloads start (`--rate` docs).
+pub fn table(
+    results: &[TargetReport],
+    capacity: &[Capacity],
+    slo: &Slo,
+    rate_unit: &str,
+) -> String {
     let mut out = String::new();
     let name_w = results
         .iter()
@@ -296,7 +303,7 @@ pub fn table(results: &[TargetReport], capacity: &[Capacity], slo: &Slo) -> Stri
     }
     for c in capacity {
         let rate = c.rate.map_or("below the lowest swept rate".into(), |x| {
-            format!("{x} req/s")
+            format!("{x} {rate_unit}")
         });
         let _ = writeln!(
             out,
@@ -376,8 +383,17 @@ mod tests {
                 assert!(json[key][p].is_number(), "{key}.{p}");
             }
         }
-        let text = table(&[r], &[], &slo);
+        let capacity = Capacity {
+            target: "http://a".into(),
+            rate: Some(1.5),
+            min_attainment: 0.95,
+        };
+        let text = table(&[r], &[capacity], &slo, "bursts/s");
         assert!(text.contains("http_5xx=1"), "{text}");
+        assert!(
+            text.contains("capacity of http://a: 1.5 bursts/s (SLO attainment >= 95%)"),
+            "{text}"
+        );
     }
 
     #[test]
