@@ -17,17 +17,6 @@ use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos, Request};
 use serde::{Deserialize, Serialize};
 
-/// Share of a text-keyed prediction by which the engine may report fewer cached tokens
-/// without that counting as an eviction. Bytes become tokens at the whole prompt's mean bytes
-/// per token, but a prompt's parts differ (tool schemas dense in punctuation, prose, generated
-/// text), so the matched part's count is off by a percent or more. Through the gateway on
-/// four emulated engines (heterogeneous agentic sessions at 6 sessions/s, 2026-12-02), half
-/// the predictions exceeded the engine's count by 0.6% or more, 5% by 0.9% and 1% by 11%;
-/// with one block of slack alone, each such shortfall made the index forget every older
-/// session on that endpoint, and 13% of the next predictions came in under by more than a
-/// block. A real eviction in LRU order takes a session's tail or all of it, well past 3%.
-const TEXT_TOKEN_TOLERANCE: f64 = 0.03;
-
 /// What a radix tree is keyed by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -453,10 +442,9 @@ impl PrefixCache {
 
     /// The engine's usage said `cached_tokens` of the prompt's `prompt_tokens` came from its
     /// cache, where this index predicted `predicted` at the dispatch. When the prediction was
-    /// over by more than `slack` tokens (and, keyed by text, [`TEXT_TOKEN_TOLERANCE`] of it),
-    /// the engine evicted what this index still listed: an index that mirrors engines forgets
-    /// everything that endpoint was sent at or before the missed prefix was (LRU order). Also
-    /// learns the text's bytes per token.
+    /// over by more than `slack` tokens, the engine evicted what this index still listed: an
+    /// index that mirrors engines forgets everything that endpoint was sent at or before the
+    /// missed prefix was (LRU order). Also learns the text's bytes per token.
     pub fn correct(&mut self, predicted: &Prediction, usage: (u32, u32), slack: u32) {
         let (prompt_tokens, cached_tokens) = usage;
         if let (Some(engines), Some((tokens, _))) = (&mut self.engines, predicted.engine) {
@@ -481,12 +469,7 @@ impl PrefixCache {
         let held = predicted
             .unit
             .tokens(predicted.held, predicted.total, prompt_tokens);
-        let tolerance = if predicted.by_tokens {
-            slack
-        } else {
-            slack.saturating_add((f64::from(held) * TEXT_TOKEN_TOLERANCE) as u32)
-        };
-        if held <= cached_tokens.saturating_add(tolerance) {
+        if held <= cached_tokens.saturating_add(slack) {
             return;
         }
         if predicted.by_tokens {

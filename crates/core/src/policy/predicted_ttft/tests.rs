@@ -1,5 +1,5 @@
 use super::*;
-use crate::decision::{FailureKind, Usage};
+use crate::decision::Usage;
 use crate::router::accept_all;
 use crate::{EndpointView, PolicyConfig, Request, Routing};
 
@@ -268,55 +268,4 @@ fn a_burst_copies_a_shared_prompt_its_siblings_are_queueing_for() {
     );
     // Without a session name, a prefix on one replica may be a conversation's history.
     assert_eq!(copies(&burst_homes(true, false, 40)), copies(&charged));
-}
-
-#[test]
-fn a_text_prediction_a_percent_over_the_engines_count_does_not_make_the_index_forget() {
-    // Text keys turn bytes into tokens at the prompt's mean rate, so the engine's count of a
-    // matched prefix differs by a percent or so; only a larger shortfall is an eviction.
-    let mut r = routing(1);
-    let e = EndpointId(0);
-    let system =
-        "You are a careful agent; call tools as {\"name\": ..., \"args\": ...}. ".repeat(100);
-    let turn = |id: u64, session: &str, words: usize| {
-        let history = format!("{session} said more. ").repeat(words);
-        Request::from_text(id, format!("{system}{history}"))
-    };
-    // Routes `req` at `secs` s and serves it, the engine reporting `report(predicted)` cached
-    // tokens; returns what was predicted.
-    let send = |r: &mut Routing, req: &Request, secs: u64, report: &dyn Fn(u32) -> u32| {
-        let at = Nanos::from_secs(secs);
-        let (_, predicted) = predicted_on_0(r, req, at);
-        serve(r, req, e, at, Nanos::from_millis(100), report(predicted));
-        predicted
-    };
-    // What the index holds of `req`, leaving nothing in flight.
-    let held = |r: &mut Routing, req: &Request, secs: u64| {
-        let at = Nanos::from_secs(secs);
-        let (_, held) = predicted_on_0(r, req, at);
-        r.failed(req.id, e, at, FailureKind::Cancelled);
-        held
-    };
-    let exact = |p: u32| p;
-    let a = turn(1, "alpha", 200);
-    send(&mut r, &a, 0, &exact);
-    send(&mut r, &turn(2, "beta", 200), 1, &exact);
-    let listed = held(&mut r, &turn(3, "alpha", 300), 2);
-    assert!(
-        listed > a.prompt_tokens * 9 / 10,
-        "{listed} of A's {}",
-        a.prompt_tokens
-    );
-    // B's next turn: the engine reports 1.5% fewer cached tokens than predicted.
-    let predicted = send(&mut r, &turn(4, "beta", 300), 3, &|p| p - p * 15 / 1_000);
-    assert!(
-        predicted * 15 / 1_000 > 16,
-        "more than a block apart: {predicted}"
-    );
-    let still = held(&mut r, &turn(5, "alpha", 300), 4);
-    assert_eq!(still, listed, "A is still listed");
-    // A shortfall of a fifth is an eviction: A, sent before the missed prefix, is forgotten.
-    send(&mut r, &turn(6, "beta", 400), 5, &|p| p * 4 / 5);
-    let gone = held(&mut r, &turn(7, "alpha", 300), 6);
-    assert!(gone < listed * 3 / 4, "A is forgotten: {gone} of {listed}");
 }
