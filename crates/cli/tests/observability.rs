@@ -354,3 +354,52 @@ async fn the_dashboard_is_grafana_json_over_metrics_the_gateway_exports() {
     }
     assert!(wanted.len() >= 20, "{wanted:?}");
 }
+
+/// The gateway reads each engine's iteration time off the chunks of the streams it relays (the
+/// phase `predicted_ttft` adds to its predictions): what it reports matches the gaps a client
+/// sees between the chunks of a stream, and the gauge exports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_iteration_time_read_off_streams_matches_the_gaps_between_chunks() {
+    let a = engine("a", "1", &[]);
+    let g = gateway(&[&a], &["--admin-token", TOKEN]).await;
+    let status = || async { admin_json(&g.url, "/admin/endpoints", TOKEN).await };
+    assert!(
+        status().await["endpoints"][0].get("iteration_ms").is_none(),
+        "nothing streamed yet"
+    );
+    let r = client()
+        .post(format!("{}/v1/chat/completions", g.url))
+        .json(&chat(support::user("Count to forty, slowly."), 40, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut arrivals = Vec::new();
+    let mut body = r.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        chunk.unwrap();
+        arrivals.push(Instant::now());
+    }
+    let mut gaps: Vec<f64> = arrivals
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .filter(|&ms| ms > 1.0)
+        .collect();
+    assert!(gaps.len() >= 20, "{} separate chunks", gaps.len());
+    gaps.sort_by(f64::total_cmp);
+    let median = gaps[gaps.len() / 2];
+    let learned = status().await["endpoints"][0]["iteration_ms"]
+        .as_f64()
+        .expect("learned from the stream");
+    assert!(
+        learned > 0.6 * median && learned < 1.6 * median,
+        "learned {learned:.2} ms against a median gap of {median:.2} ms"
+    );
+    let metrics = support::get_text(&client(), &g.url, "/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kvgate_endpoint_iteration_seconds{")),
+        "{metrics}"
+    );
+}

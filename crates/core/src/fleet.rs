@@ -1,7 +1,7 @@
 //! The fleet as a policy sees it: per endpoint, what the router was last told and what it did
 //! itself since.
 
-use crate::Nanos;
+use crate::{Cadence, Nanos};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
@@ -95,6 +95,10 @@ pub struct EndpointView {
     pub own_inflight: u32,
     /// When the endpoint joined the pool; drives blackout and slow start.
     pub joined_at: Nanos,
+    /// Its iteration clock, from the streams this router relays; `None` until it has seen
+    /// tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cadence: Option<Cadence>,
 }
 
 impl EndpointView {
@@ -109,6 +113,7 @@ impl EndpointView {
             own_since_observation: 0,
             own_inflight: 0,
             joined_at: Nanos::ZERO,
+            cadence: None,
         }
     }
 

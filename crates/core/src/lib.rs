@@ -21,6 +21,7 @@
 //! assert!(matches!(again, Decision::Route(_)));
 //! ```
 
+pub mod cadence;
 pub mod decision;
 pub mod fasthash;
 pub mod fleet;
@@ -35,6 +36,7 @@ pub mod stats;
 pub mod tenancy;
 mod time;
 
+pub use cadence::Cadence;
 pub use decision::{Decision, Event, Reason, Rejection, Route, Usage};
 pub use fleet::{EndpointId, EndpointView, Fleet, Health, InflightLedger, Observation};
 pub use load::{LoadConfig, LoadView};

@@ -18,8 +18,8 @@ use crate::index::blocks::KvEvent;
 use crate::index::{Overlaps, Prediction, PrefixCache};
 use crate::policy::Query;
 use crate::{
-    Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos, Observation,
-    Policy, PolicyConfig, Request,
+    Cadence, Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos,
+    Observation, Policy, PolicyConfig, Request,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -133,6 +133,25 @@ impl Router {
     pub fn set_health(&mut self, id: EndpointId, health: Health) {
         if let Some(i) = self.position(id) {
             self.views[i].health = health;
+        }
+    }
+
+    /// A stream this router relays from `id` delivered tokens at `at` ([`Cadence`]).
+    pub fn tokens(&mut self, id: EndpointId, at: Nanos) {
+        if let Some(i) = self.position(id) {
+            let view = &mut self.views[i];
+            match &mut view.cadence {
+                Some(c) => c.tick(at),
+                None => view.cadence = Some(Cadence::starting(at)),
+            }
+        }
+    }
+
+    /// Sets `id`'s iteration clock, kept outside the router (the gateway's streams keep theirs
+    /// without the pool's lock).
+    pub fn set_cadence(&mut self, id: EndpointId, cadence: Option<Cadence>) {
+        if let Some(i) = self.position(id) {
+            self.views[i].cadence = cadence;
         }
     }
 
@@ -349,6 +368,11 @@ impl Routing {
         if let Some(cache) = &mut self.cache {
             cache.dispatched(request, endpoint, now, &overlaps);
         }
+    }
+
+    /// See [`Router::tokens`].
+    pub fn tokens(&mut self, id: EndpointId, at: Nanos) {
+        self.router.tokens(id, at);
     }
 
     /// A scrape of `id` taken at `at`: the router's view, and the cache's bound for an engine

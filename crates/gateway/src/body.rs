@@ -297,6 +297,9 @@ impl Body for Tracked {
                         Ok(data) => data,
                         Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
                     };
+                    if let Some(d) = this.dispatch.as_ref().filter(|_| this.sse) {
+                        d.tokens();
+                    }
                     let mut out = this.pass(&data);
                     if this.upstream_done() {
                         out = join(out, this.end());

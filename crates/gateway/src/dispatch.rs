@@ -121,6 +121,7 @@ impl Dispatch {
         let now = self.shared.pool.clock().now();
         self.first = Some(now);
         if self.stream {
+            self.target.cadence.tick(now);
             let measured = (now - self.sent).as_secs_f64();
             if let Some(span) = &mut self.span {
                 span.set_attribute(KeyValue::new("gen_ai.server.time_to_first_token", measured));
@@ -142,6 +143,11 @@ impl Dispatch {
             now - self.sent,
             self.stream,
         );
+    }
+
+    /// More of the stream arrived: the engine finished an iteration.
+    pub(crate) fn tokens(&self) {
+        self.target.cadence.tick(self.shared.pool.clock().now());
     }
 
     /// The endpoint answered with a non-2xx status that is passed to the client as it is

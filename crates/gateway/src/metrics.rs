@@ -125,6 +125,8 @@ pub struct Metrics {
     pub cache_prediction: Family<ResultLabel, Counter>,
     /// Learned prefill speed per endpoint (`predicted_ttft`).
     pub prefill_rate: Family<EndpointLabel, FloatGauge>,
+    /// Engine iteration time per endpoint, from the streams relayed.
+    pub iteration: Family<EndpointLabel, FloatGauge>,
     /// Learned fixed time to first token per endpoint (`predicted_ttft`).
     pub ttft_fixed: Family<EndpointLabel, FloatGauge>,
     /// Learned speed relative to the fleet per endpoint (`predicted_ttft`).
@@ -331,6 +333,13 @@ impl Metrics {
             "Learned prefill speed per endpoint (predicted_ttft)",
             prefill_rate.clone(),
         );
+        let iteration = Family::default();
+        registry.register_with_unit(
+            "endpoint_iteration",
+            "Engine iteration time per endpoint, from the gaps between chunks of the streams relayed",
+            Unit::Seconds,
+            iteration.clone(),
+        );
         let ttft_fixed = Family::default();
         registry.register_with_unit(
             "endpoint_ttft_fixed",
@@ -418,6 +427,7 @@ impl Metrics {
             tenants,
             cache_prediction,
             prefill_rate,
+            iteration,
             ttft_fixed,
             speed_factor,
             ttft_prediction_ratio,

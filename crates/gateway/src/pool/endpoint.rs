@@ -98,6 +98,8 @@ pub(crate) struct EndpointInfo {
     pub(crate) slots: Option<u32>,
     /// Requests this gateway has in flight there, kept by the pool under its lock.
     pub(crate) inflight: Arc<AtomicU32>,
+    /// Its iteration clock, ticked by the streams it sends.
+    pub(crate) cadence: Arc<super::CadenceCell>,
 }
 
 impl EndpointInfo {
@@ -190,6 +192,7 @@ impl Endpoint {
                 observation: None,
                 slots: None,
                 inflight: Arc::new(AtomicU32::new(0)),
+                cadence: Arc::default(),
             },
             breaker,
             scrape_failures: 0,

@@ -13,6 +13,7 @@
 //! health checks pass (the router's view), no Retry-After window or open breaker holds it
 //! back, it serves the requested model, and this request has not tried it yet.
 
+mod cadence;
 mod endpoint;
 mod limits;
 mod outcome;
@@ -22,6 +23,7 @@ mod target;
 mod tiers;
 
 pub use crate::clock::Clock;
+pub use cadence::CadenceCell;
 pub use peer::PeerEnd;
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
@@ -312,6 +314,9 @@ impl Pool {
                 core.budget.request(now);
             }
             let started = Instant::now();
+            for e in &core.endpoints {
+                core.router.set_cadence(e.info.id, e.info.cadence.get());
+            }
             let model = request.model.as_deref();
             // Deployments at one of their own rate limits sit this request out.
             let charge = kvgate_core::tenancy::ChargeModel::default().estimate(request);
@@ -402,6 +407,7 @@ impl Pool {
                 id: route.endpoint,
                 name: e.info.about.name.clone(),
                 base: e.info.about.base.clone(),
+                cadence: e.info.cadence.clone(),
                 reason: route.reason.label(),
                 decision: record,
                 authorization: e.info.about.authorization.clone(),

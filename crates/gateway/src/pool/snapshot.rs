@@ -35,6 +35,11 @@ pub struct EndpointStatus {
     pub observation: Option<Observation>,
     /// Requests this gateway has in flight there.
     pub inflight: u32,
+    /// How long its engine's iterations take, milliseconds, from the gaps between the
+    /// chunks of the streams this gateway relays ([`kvgate_core::Cadence`]); absent until
+    /// a stream has shown two iterations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iteration_ms: Option<f64>,
     /// Its KV-event stream (trust, entries held, next sequence number), once one arrived.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<kvgate_core::index::events::StreamStatus>,
@@ -170,6 +175,14 @@ impl Pool {
                     .inflight
                     .get_or_create(&label)
                     .set(i64::from(inflight));
+                let iteration = e
+                    .cadence
+                    .get()
+                    .filter(|c| c.interval.0 > 0)
+                    .map(|c| c.interval.as_secs_f64());
+                if let Some(seconds) = iteration {
+                    self.metrics.iteration.get_or_create(&label).set(seconds);
+                }
                 EndpointStatus {
                     id: e.id,
                     name: e.about.name.to_string(),
@@ -181,6 +194,7 @@ impl Pool {
                     breaker,
                     observation: e.observation,
                     inflight,
+                    iteration_ms: iteration.map(|s| s * 1e3),
                     kv_events: cache.engine_status(e.id),
                 }
             })

@@ -17,6 +17,8 @@ pub struct Target {
     pub name: Arc<str>,
     /// Its base URL.
     pub base: Arc<str>,
+    /// Its iteration clock, which the attempt's stream ticks.
+    pub cadence: Arc<super::CadenceCell>,
     /// [`kvgate_core::Reason::label`] of the pick.
     pub reason: &'static str,
     /// Why it went there, with the candidates as the pick saw them.

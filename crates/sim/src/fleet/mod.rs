@@ -107,6 +107,9 @@ struct Replica {
     /// When the iteration in progress ends.
     busy_until: Nanos,
     alive: bool,
+    /// Per router, its requests decoding here: a router sees the engine's iterations through
+    /// their streams ([`kvgate_core::Cadence`]).
+    streams: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -176,6 +179,7 @@ impl<'c> Sim<'c> {
                 stepping: false,
                 busy_until: Nanos::ZERO,
                 alive: true,
+                streams: vec![0; config.routers.max(1)],
             })
             .collect();
         let routers = (0..config.routers.max(1))
@@ -500,6 +504,19 @@ impl<'c> Sim<'c> {
                 }
             }
         }
+        if it.output_tokens > 0 {
+            for r in 0..self.routers.len() {
+                let first = |e: &SeqEvent| match *e {
+                    SeqEvent::FirstToken { id, .. } => {
+                        self.out.records[id as usize].router as usize == r
+                    }
+                    _ => false,
+                };
+                if self.replicas[i].streams[r] > 0 || it.events.iter().any(first) {
+                    self.routers[r].tokens(endpoint, now);
+                }
+            }
+        }
         for event in it.events {
             match event {
                 SeqEvent::FirstToken { id, cached_tokens } => {
@@ -507,6 +524,7 @@ impl<'c> Sim<'c> {
                     rec.first_token = Some(now);
                     rec.cached_tokens = cached_tokens;
                     let (dispatched, router) = (rec.arrival, rec.router as usize);
+                    self.replicas[i].streams[router] += 1;
                     let ttft = now - dispatched;
                     self.routers[router].first_token(id, endpoint, now, ttft);
                     let news = share::News::FirstToken { id, endpoint, ttft };
@@ -524,6 +542,8 @@ impl<'c> Sim<'c> {
                         output_tokens,
                     };
                     let from = rec.router as usize;
+                    let streams = &mut self.replicas[i].streams[from];
+                    *streams = streams.saturating_sub(1);
                     let router = &mut self.routers[from];
                     let e2e = now - dispatched;
                     router.usage(id, endpoint, now, usage);

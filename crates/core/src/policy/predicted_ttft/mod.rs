@@ -12,16 +12,19 @@
 //!            each dispatch adds its own tokens, the backlog drains at the endpoint's learned
 //!            prefill rate, and a first token clears everything sent before it (engines admit
 //!            first come, first served)
-//! ttft     = fixed + per_decode * decodes + (queued + own) * (per_token + interference * decodes)
+//! phase    = what is left of the endpoint's iteration in progress, read off the streams this
+//!            router relays ([`Cadence`]): an arrival waits for it before the scheduler sees it
+//! ttft     = phase + fixed + per_decode * decodes
+//!            + (queued + own) * (per_token + interference * decodes)
 //! ```
 //! and the pick minimises that plus the delay its own prefill imposes on the queue it joins,
 //! weighted by `externality_weight` (ties at random); copying a shared prefix that a burst is
 //! queueing for is exempt from that term ([`sessions`]). `fixed`, `per_token` and `interference`
-//! are learned per endpoint from every first token and the engine's usage ([`calibration`]),
-//! starting from the fleet's pooled fit. There is no balance threshold: a hot prefix spreads to
-//! a second replica exactly when recomputing it there, counting what the duplicated prefill
-//! costs the queue it joins, is predicted faster than queueing at home, and a slower replica
-//! gets work only while its shorter queue makes up for its speed.
+//! are learned per endpoint from every first token (less its phase) and the engine's usage
+//! ([`calibration`]), starting from the fleet's pooled fit. There is no balance threshold: a
+//! hot prefix spreads to a second replica exactly when recomputing it there, counting what the
+//! duplicated prefill costs the queue it joins, is predicted faster than queueing at home, and
+//! a slower replica gets work only while its shorter queue makes up for its speed.
 //!
 //! The index it consults mirrors each engine's cache (`mirror_engines`): bounded by the KV
 //! capacity the engine reports, and corrected when usage shows a predicted hit missed. Prompt
@@ -36,7 +39,7 @@ mod sessions;
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
 use crate::index::{IndexSpec, Overlaps, TreeKey};
-use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
+use crate::{Cadence, Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
 use queue::Queue;
 use rand::RngCore;
@@ -209,6 +212,8 @@ struct Pending {
     sent_before: f64,
     /// Its estimated prompt tokens before scaling.
     estimate: u32,
+    /// Seconds left of the iteration in progress when it was sent ([`Cadence`]).
+    remaining: f64,
     /// Time to first token, once it came.
     ttft: Option<Nanos>,
     /// Whether the calibration has seen it.
@@ -226,6 +231,8 @@ struct Prediction {
     ahead: f64,
     /// Sequences decoding beside it.
     decodes: f64,
+    /// Seconds left of the iteration in progress there.
+    remaining: f64,
     /// [`Queue::externality`] there now.
     externality: f64,
     /// What it holds of the prompt.
@@ -242,6 +249,8 @@ pub struct PredictedTtft {
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
     predictions: Vec<Option<Prediction>>,
+    /// Each endpoint's iteration clock as of the last pick.
+    cadences: IntMap<EndpointId, Cadence>,
     /// The last pick's predictions as decision-record scores, milliseconds.
     scores: Vec<(usize, f64)>,
     sessions: Sessions,
@@ -267,6 +276,7 @@ impl PredictedTtft {
             pending: IntMap::default(),
             token_ratio: 1.0,
             predictions: Vec::new(),
+            cadences: IntMap::default(),
             scores: Vec::new(),
             sessions: Sessions::default(),
         }
@@ -309,6 +319,11 @@ impl PredictedTtft {
         now: Nanos,
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
+        let remaining = self
+            .cadences
+            .get(&endpoint)
+            .and_then(|k| k.remaining(now))
+            .map_or(0.0, Nanos::as_secs_f64);
         let q = self.queues.entry(endpoint).or_default();
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
@@ -319,10 +334,11 @@ impl PredictedTtft {
         let (cached, held) = Self::cached(overlaps, endpoint, prompt);
         let own = (prompt - cached).max(1.0);
         Prediction {
-            ttft: c.predict(ahead + own, decodes),
+            ttft: remaining + c.predict(ahead + own, decodes),
             own,
             ahead,
             decodes,
+            remaining,
             externality: q.externality(now, ahead * c.seconds_per_token(decodes)),
             held,
         }
@@ -340,8 +356,9 @@ impl PredictedTtft {
         let own = cached.map_or(p.own, |c| {
             (self.prompt_tokens(p.estimate) - f64::from(c)).max(1.0)
         });
+        let ttft = (ttft.as_secs_f64() - p.remaining).max(0.0);
         self.calibration
-            .observe(endpoint.0, at, p.ahead + own, p.decodes, ttft.as_secs_f64());
+            .observe(endpoint.0, at, p.ahead + own, p.decodes, ttft);
         if let Some(p) = self.pending.get_mut(&(request, endpoint)) {
             p.calibrated = true;
         }
@@ -385,6 +402,9 @@ impl Policy for PredictedTtft {
         predictions.resize(fleet.len(), None);
         for i in view.routable() {
             let e = &fleet.views()[i];
+            if let Some(c) = e.cadence {
+                self.cadences.insert(e.id, c);
+            }
             let running = view
                 .is_fresh(i)
                 .then(|| e.observation.map_or(0, |o| o.running));
@@ -463,6 +483,7 @@ impl Policy for PredictedTtft {
                     own,
                     ahead,
                     decodes,
+                    remaining,
                     ..
                 } = self.predict(endpoint, overlaps, prompt, None, at);
                 self.finish(request.id, endpoint, at);
@@ -491,6 +512,7 @@ impl Policy for PredictedTtft {
                         decodes,
                         sent_before,
                         estimate: request.prompt_tokens,
+                        remaining,
                         ttft: None,
                         calibrated: false,
                     },
@@ -553,6 +575,7 @@ impl Policy for PredictedTtft {
             } => self.finish(request, endpoint, at),
             Event::EndpointRemoved { endpoint } => {
                 self.queues.remove(&endpoint);
+                self.cadences.remove(&endpoint);
                 self.calibration.remove(endpoint.0);
                 self.pending.retain(|&(_, e), _| e != endpoint);
             }

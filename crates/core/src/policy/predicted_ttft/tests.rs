@@ -269,3 +269,54 @@ fn a_burst_copies_a_shared_prompt_its_siblings_are_queueing_for() {
     // Without a session name, a prefix on one replica may be a conversation's history.
     assert_eq!(copies(&burst_homes(true, false, 40)), copies(&charged));
 }
+
+#[test]
+fn the_iteration_in_progress_is_waited_for_and_not_learned_as_prefill() {
+    let mut r = routing(2);
+    let ms = Nanos::from_millis;
+    // Both engines iterate every 40 ms; endpoint 0's iteration ended at 1,000 ms, endpoint 1's
+    // at 1,030 ms.
+    for (e, end) in [(0, 1_000), (1, 1_030)] {
+        for k in 0..4 {
+            r.tokens(EndpointId(e), ms(end - 120 + 40 * k));
+        }
+    }
+    let req = request(1, 0, 100);
+    let d = r.route(&req, ms(1_035), &accept_all);
+    assert_eq!(
+        d.endpoint(),
+        Some(EndpointId(0)),
+        "5 ms to wait there, 35 ms here"
+    );
+    let Decision::Route(Route {
+        reason: Reason::PredictedTtft { ttft_ms, .. },
+        ..
+    }) = d
+    else {
+        panic!("{d:?}")
+    };
+    let idle = {
+        let mut fresh = routing(1);
+        let d = fresh.route(&request(2, 0, 100), ms(1_035), &accept_all);
+        match d {
+            Decision::Route(Route {
+                reason: Reason::PredictedTtft { ttft_ms, .. },
+                ..
+            }) => ttft_ms,
+            _ => panic!("{d:?}"),
+        }
+    };
+    assert!((ttft_ms - idle - 5.0).abs() < 1e-6, "{ttft_ms} vs {idle}");
+    // A first token 5 ms of phase plus 20 ms of work later teaches the model 20 ms, not 25.
+    serve(&mut r, &req, EndpointId(0), ms(1_035), ms(25), 0);
+    let model = r.router_mut().models(ms(1_060));
+    let m = model.iter().find(|(id, _)| *id == EndpointId(0)).unwrap().1;
+    let taught = {
+        let mut other = routing(1);
+        let q = request(3, 0, 100);
+        other.route(&q, ms(1_040), &accept_all);
+        serve(&mut other, &q, EndpointId(0), ms(1_040), ms(20), 0);
+        other.router_mut().models(ms(1_060))[0].1
+    };
+    assert_eq!(m, taught);
+}
