@@ -16,15 +16,26 @@
 //! exponentially time-decayed samples (recent behaviour dominates; with no samples, the
 //! configured prior). Each endpoint then has one factor of its own: how much slower or faster
 //! than the fleet's prediction its first tokens come, the decayed mean of the log of measured
-//! over predicted, pulled towards 1 by `strength` pseudo-samples. One robust number per endpoint
-//! is learned from a few dozen requests and does not wander on noise the way four would (a
-//! homogeneous fleet stays homogeneous), while a replica 2.5x slower shows as one within
-//! seconds; an endpoint that stops getting traffic drifts back to the fleet. Samples far from
+//! over predicted, pulled towards 1 by a quarter of `strength` in pseudo-samples
+//! ([`FACTOR_STRENGTH`]). One robust number per endpoint is learned from a few dozen requests
+//! and does not wander on noise the way four would (a homogeneous fleet stays homogeneous),
+//! while a replica 2.5x slower shows as one within seconds; an endpoint that stops getting
+//! traffic drifts back to the fleet. Samples far from
 //! the current prediction are clipped (three mean absolute deviations for the fit, a factor of
 //! e^1.5 for the ratio) before they count: a stalled request or a preemption does not teach
 //! nonsense. Memory: a 4x4 system per endpoint (pooled for the fleet) and two numbers.
 
 use crate::Nanos;
+
+/// The speed factor's pull towards the fleet, as a share of the fit's `strength`. The pull
+/// shrinks the factor of a replica that gets few requests: at 0.5 sessions/s on `kvgate sim
+/// --scenario heterogeneous` a replica 2.5x slower got about one request a second, and with
+/// the full 20 pseudo-samples against a minute of decayed samples its first tokens came 14%
+/// later than predicted while the fast ones came 8% sooner (seed 1). A quarter of it put 80-83%
+/// of that sweep's predictions within 20% at the lowest rate instead of 70-75% (seeds 1-5),
+/// capacity level on every scenario; the fleet's fit keeps the full pull, which held the
+/// many-tenant sweep's accuracy that pulling both by 5 lost (docs/routing.md).
+const FACTOR_STRENGTH: f64 = 0.25;
 
 /// Coefficients of the TTFT model (seconds; work in tokens).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -302,16 +313,34 @@ impl Calibration {
         }
     }
 
-    /// How much slower (above 1) or faster than the fleet `endpoint` is at `now`.
+    /// How much slower (above 1) or faster than the fleet `endpoint` is at `now`. An endpoint
+    /// without samples gets the geometric mean of the others' factors: with the factor's weak
+    /// pull the fleet's fit can settle near the replicas whose factor is 1, and a newcomer
+    /// should start in the middle of the fleet, not at its fastest.
     pub fn factor(&mut self, endpoint: u32, now: Nanos) -> f64 {
-        let (tau, strength) = (self.tau, self.strength);
+        let (tau, strength) = (self.tau, self.strength * FACTOR_STRENGTH);
         match self.ratios.binary_search_by_key(&endpoint, |&(e, _)| e) {
             Ok(i) => {
                 let r = &mut self.ratios[i].1;
                 r.decay(now, tau);
                 r.factor(strength)
             }
-            Err(_) => 1.0,
+            Err(_) => {
+                let n = self.ratios.len();
+                let logs: f64 = self
+                    .ratios
+                    .iter_mut()
+                    .map(|(_, r)| {
+                        r.decay(now, tau);
+                        r.factor(strength).ln()
+                    })
+                    .sum();
+                if n == 0 {
+                    1.0
+                } else {
+                    (logs / n as f64).exp()
+                }
+            }
         }
     }
 
@@ -320,7 +349,7 @@ impl Calibration {
     pub fn observe(&mut self, endpoint: u32, now: Nanos, work: f64, decodes: f64, ttft: f64) {
         let fleet = self.fleet(now);
         let predicted = fleet.predict(work, decodes).max(1e-6);
-        let (tau, strength) = (self.tau, self.strength);
+        let (tau, strength) = (self.tau, self.strength * FACTOR_STRENGTH);
         let i = match self.ratios.binary_search_by_key(&endpoint, |&(e, _)| e) {
             Ok(i) => i,
             Err(i) => {
@@ -403,6 +432,11 @@ mod tests {
             }
         }
         let newcomer = c.coefficients(7, now).per_token;
+        let (f0, f1) = (c.factor(0, now), c.factor(1, now));
+        assert!(
+            (c.factor(7, now) - (f0 * f1).sqrt()).abs() < 1e-9,
+            "the geometric mean of {f0} and {f1}"
+        );
         assert!(
             newcomer > 1.0 / 8_000.0 && newcomer < 1.0 / 3_000.0,
             "a new endpoint starts between the two: {newcomer}"

@@ -62,7 +62,7 @@ const DOC: PolicyDoc = PolicyDoc {
         ("calibration_secs", "time constant over which samples fade"),
         (
             "prior_strength",
-            "pseudo-samples pulling each endpoint towards the fleet's fit",
+            "pseudo-samples pulling the fleet's fit towards the prior (a quarter of them each endpoint's speed towards the fleet)",
         ),
         (
             "key",
@@ -99,8 +99,8 @@ pub struct Config {
     pub prior_fixed_ms: f64,
     /// Time constant over which calibration samples fade.
     pub calibration_secs: f64,
-    /// Pseudo-samples pulling each endpoint's speed factor towards the fleet (and the fleet's
-    /// fit towards the prior).
+    /// Pseudo-samples pulling the fleet's fit towards the prior; a quarter of them pull each
+    /// endpoint's speed factor towards the fleet.
     pub prior_strength: f64,
     /// Text or token keys for the index.
     pub key: TreeKey,
