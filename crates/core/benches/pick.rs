@@ -160,9 +160,9 @@ fn bench_kv_cost(c: &mut Criterion) {
 /// predicted_ttft as the gateway drives it: every prompt of the corpus dispatched, answered
 /// (first token, usage with the cached tokens the index predicted, completion) and so learned
 /// from; the last 32 still in flight, so queued work and pending prefixes are part of each
-/// pick. Engines report room for 100,000 blocks of 16 tokens, so the mirrored index keeps the
-/// whole corpus: the sent
-/// 1.7M characters leave over a million stored once corrections evicted what usage said was gone.
+/// pick, and every engine's iteration clock is running. Engines report room for 100,000 blocks
+/// of 16 tokens, so the mirrored index keeps the whole corpus: the sent 1.7M characters leave
+/// over a million stored once corrections evicted what usage said was gone.
 fn bench_predicted_ttft(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let fleet = fleet(64, &mut rng);
@@ -203,6 +203,13 @@ fn bench_predicted_ttft(c: &mut Criterion) {
         .map_or(0, |t| t.stored());
     eprintln!("predicted_ttft index: {stored} characters stored");
     let now = ms(prompts.len());
+    // Every engine iterating, each at its own phase, as the streams relayed show them.
+    for (i, e) in fleet.iter().enumerate() {
+        for k in 0..3u64 {
+            let at = now - Nanos::from_millis(70 - 25 * k) + Nanos(i as u64 * 300_000);
+            routing.tokens(e.id, at);
+        }
+    }
     let query = Request::from_text(u64::MAX, format!("{}{}", systems[3], "x".repeat(6200)));
     bench_pick(
         c,
