@@ -70,8 +70,8 @@ impl Cadence {
     /// How long until the iteration in progress at `now` ends, if the clock can tell. The
     /// iteration that started when the last tokens arrived ends one interval later. Past that
     /// it is a longer one (it prefills a chunk) whose end the clock cannot see: half an
-    /// interval, the mean remainder at an unknown phase (without it the same sweep put 79/73/66%
-    /// within 20% instead of 81/76/72%). After [`PAUSE`] intervals without tokens the engine is
+    /// interval, the mean remainder at an unknown phase (at an average weight of 0.25, without
+    /// it the same sweep put 79/73/66% within 20% instead of 81/76/72%). After [`PAUSE`] intervals without tokens the engine is
     /// idle or only prefilling (the router's own queue model covers that), and before two
     /// iterations have been seen the clock knows nothing: `None`.
     pub fn remaining(&self, now: Nanos) -> Option<Nanos> {
