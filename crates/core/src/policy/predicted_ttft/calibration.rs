@@ -257,6 +257,9 @@ pub struct Calibration {
     fits: Vec<(u32, Fit)>,
     ratios: Vec<(u32, Ratio)>,
     pooled: Option<(Nanos, Coefficients)>,
+    /// A newcomer's factor and when it was computed: every pick asks it of every endpoint
+    /// without samples, and it costs a pass over the others.
+    newcomer: Option<(Nanos, f64)>,
 }
 
 impl Calibration {
@@ -270,6 +273,7 @@ impl Calibration {
             fits: Vec::new(),
             ratios: Vec::new(),
             pooled: None,
+            newcomer: None,
         }
     }
 
@@ -326,6 +330,9 @@ impl Calibration {
                 r.factor(strength)
             }
             Err(_) => {
+                if let Some((_, f)) = self.newcomer.filter(|&(at, _)| at == now) {
+                    return f;
+                }
                 let n = self.ratios.len();
                 let logs: f64 = self
                     .ratios
@@ -335,11 +342,9 @@ impl Calibration {
                         r.factor(strength).ln()
                     })
                     .sum();
-                if n == 0 {
-                    1.0
-                } else {
-                    (logs / n as f64).exp()
-                }
+                let f = if n == 0 { 1.0 } else { (logs / n as f64).exp() };
+                self.newcomer = Some((now, f));
+                f
             }
         }
     }
@@ -347,6 +352,7 @@ impl Calibration {
     /// Records one observed first token on `endpoint`: `work` prefill tokens (queued ahead
     /// plus its own uncached), `decodes` beside it, `ttft` seconds.
     pub fn observe(&mut self, endpoint: u32, now: Nanos, work: f64, decodes: f64, ttft: f64) {
+        self.newcomer = None;
         let fleet = self.fleet(now);
         let predicted = fleet.predict(work, decodes).max(1e-6);
         let (tau, strength) = (self.tau, self.strength * FACTOR_STRENGTH);
@@ -382,6 +388,7 @@ impl Calibration {
 
     /// Forgets an endpoint that left.
     pub fn remove(&mut self, endpoint: u32) {
+        self.newcomer = None;
         if let Ok(i) = self.fits.binary_search_by_key(&endpoint, |&(e, _)| e) {
             self.fits.remove(i);
         }

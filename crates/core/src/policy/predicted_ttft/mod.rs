@@ -39,7 +39,7 @@ mod sessions;
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
 use crate::index::{IndexSpec, Overlaps, TreeKey};
-use crate::{Cadence, Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
+use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
 use queue::Queue;
 use rand::RngCore;
@@ -249,8 +249,9 @@ pub struct PredictedTtft {
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
     predictions: Vec<Option<Prediction>>,
-    /// Each endpoint's iteration clock as of the last pick.
-    cadences: IntMap<EndpointId, Cadence>,
+    /// The last pick (request, endpoint) and the phase it predicted there, which its
+    /// [`Event::Dispatched`] records: the event carries no view of the endpoint's clock.
+    chosen: Option<(u64, EndpointId, f64)>,
     /// The last pick's predictions as decision-record scores, milliseconds.
     scores: Vec<(usize, f64)>,
     sessions: Sessions,
@@ -276,7 +277,7 @@ impl PredictedTtft {
             pending: IntMap::default(),
             token_ratio: 1.0,
             predictions: Vec::new(),
-            cadences: IntMap::default(),
+            chosen: None,
             scores: Vec::new(),
             sessions: Sessions::default(),
         }
@@ -316,14 +317,10 @@ impl PredictedTtft {
         overlaps: &Overlaps,
         prompt: f64,
         observed_running: Option<u32>,
+        remaining: f64,
         now: Nanos,
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
-        let remaining = self
-            .cadences
-            .get(&endpoint)
-            .and_then(|k| k.remaining(now))
-            .map_or(0.0, Nanos::as_secs_f64);
         let q = self.queues.entry(endpoint).or_default();
         let decodes = match observed_running {
             Some(running) => f64::from(q.decoding.max(running)),
@@ -402,13 +399,14 @@ impl Policy for PredictedTtft {
         predictions.resize(fleet.len(), None);
         for i in view.routable() {
             let e = &fleet.views()[i];
-            if let Some(c) = e.cadence {
-                self.cadences.insert(e.id, c);
-            }
             let running = view
                 .is_fresh(i)
                 .then(|| e.observation.map_or(0, |o| o.running));
-            let p = self.predict(e.id, query.overlaps, prompt, running, now);
+            let remaining = e
+                .cadence
+                .and_then(|c| c.remaining(now))
+                .map_or(0.0, Nanos::as_secs_f64);
+            let p = self.predict(e.id, query.overlaps, prompt, running, remaining, now);
             predictions[i] = Some(p);
         }
         self.scores.clear();
@@ -442,6 +440,7 @@ impl Policy for PredictedTtft {
             Some((i, _)) => {
                 let id = fleet.views()[i].id;
                 let p = predictions[i].expect("eligible endpoints are predicted");
+                self.chosen = Some((query.request.id, id, p.remaining));
                 Decision::Route(Route {
                     endpoint: id,
                     reason: Reason::PredictedTtft {
@@ -485,7 +484,14 @@ impl Policy for PredictedTtft {
                     decodes,
                     remaining,
                     ..
-                } = self.predict(endpoint, overlaps, prompt, None, at);
+                } = {
+                    // A peer's dispatch was not picked here: its phase is unknown.
+                    let phase = self
+                        .chosen
+                        .filter(|&(r, e, _)| r == request.id && e == endpoint)
+                        .map_or(0.0, |(_, _, phase)| phase);
+                    self.predict(endpoint, overlaps, prompt, None, phase, at)
+                };
                 self.finish(request.id, endpoint, at);
                 let key = Sessions::key(request).filter(|_| self.config.replicate_shared_prefixes);
                 if let Some(key) = key {
@@ -575,7 +581,6 @@ impl Policy for PredictedTtft {
             } => self.finish(request, endpoint, at),
             Event::EndpointRemoved { endpoint } => {
                 self.queues.remove(&endpoint);
-                self.cadences.remove(&endpoint);
                 self.calibration.remove(endpoint.0);
                 self.pending.retain(|&(_, e), _| e != endpoint);
             }
