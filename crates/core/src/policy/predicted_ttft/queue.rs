@@ -30,6 +30,8 @@ pub(super) struct Queue {
     pub(super) decodes: f64,
     /// Prefill utilisation.
     pub(super) busy: Busy,
+    /// Tokens per KV block, from the endpoint's last observation that reported it.
+    pub(super) block_size: Option<u32>,
 }
 
 impl Queue {

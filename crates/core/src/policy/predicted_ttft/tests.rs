@@ -320,3 +320,37 @@ fn the_iteration_in_progress_is_waited_for_and_not_learned_as_prefill() {
     };
     assert_eq!(m, taught);
 }
+
+#[test]
+fn cached_tokens_are_predicted_in_whole_blocks_once_the_engine_reports_its_block_size() {
+    let cached_of = |block_size: Option<u32>| {
+        let mut r = routing(1);
+        let now = Nanos::ZERO;
+        let observation = crate::Observation {
+            block_size,
+            ..crate::Observation::default()
+        };
+        r.router_mut().observed(EndpointId(0), observation, now);
+        let first = request(1, 530, 530);
+        r.route(&first, now, &accept_all);
+        serve(
+            &mut r,
+            &first,
+            EndpointId(0),
+            now,
+            Nanos::from_millis(50),
+            0,
+        );
+        let at = Nanos::from_millis(100);
+        match r.route(&request(2, 530, 1_000), at, &accept_all) {
+            Decision::Route(Route {
+                reason: Reason::PredictedTtft { cached_tokens, .. },
+                ..
+            }) => cached_tokens,
+            other => panic!("{other:?}"),
+        }
+    };
+    // The engine caches whole blocks: of a 530-token shared prefix, 33 blocks of 16.
+    assert_eq!(cached_of(Some(16)), 528);
+    assert_eq!(cached_of(None), 530);
+}
