@@ -224,6 +224,14 @@ struct Pending {
     calibrated: bool,
 }
 
+/// What the endpoint's view at a pick says: the engine's running batch when the scrape is
+/// fresh, its KV block size when reported. A dispatch has no view.
+#[derive(Clone, Copy, Debug, Default)]
+struct Observed {
+    running: Option<u32>,
+    block_size: Option<u32>,
+}
+
 /// One endpoint's prediction for one request.
 #[derive(Clone, Copy, Debug)]
 struct Prediction {
@@ -341,17 +349,19 @@ impl PredictedTtft {
         endpoint: EndpointId,
         overlaps: &Overlaps,
         prompt: f64,
-        observed_running: Option<u32>,
+        observed: Observed,
         remaining: f64,
         now: Nanos,
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
         let q = self.queues.entry(endpoint).or_default();
-        let decodes = match observed_running {
+        let decodes = match observed.running {
             Some(running) => f64::from(q.decoding.max(running)),
             None => q.decodes.max(f64::from(q.decoding)),
         };
         q.decodes = decodes;
+        // A dispatch, which has no view, uses the size its pick saw.
+        q.block_size = observed.block_size.or(q.block_size);
         let ahead = q.ahead(now, c.seconds_per_token(decodes));
         let (cached, held) = Self::cached(overlaps, endpoint, prompt, q.block_size);
         let unscaled = (prompt - cached).max(1.0);
@@ -446,10 +456,11 @@ impl Policy for PredictedTtft {
                 .cadence
                 .and_then(|c| c.remaining(now))
                 .map_or(0.0, Nanos::as_secs_f64);
-            if let Some(b) = e.observation.and_then(|o| o.block_size) {
-                self.queues.entry(e.id).or_default().block_size = Some(b);
-            }
-            let p = self.predict(e.id, query.overlaps, prompt, running, remaining, now);
+            let observed = Observed {
+                running,
+                block_size: e.observation.and_then(|o| o.block_size),
+            };
+            let p = self.predict(e.id, query.overlaps, prompt, observed, remaining, now);
             predictions[i] = Some(p);
         }
         self.scores.clear();
@@ -534,7 +545,7 @@ impl Policy for PredictedTtft {
                         .chosen
                         .filter(|&(r, e, _)| r == request.id && e == endpoint)
                         .map_or(0.0, |(_, _, phase)| phase);
-                    self.predict(endpoint, overlaps, prompt, None, phase, at)
+                    self.predict(endpoint, overlaps, prompt, Observed::default(), phase, at)
                 };
                 self.finish(request.id, endpoint, at);
                 let key = Sessions::key(request).filter(|_| self.config.replicate_shared_prefixes);

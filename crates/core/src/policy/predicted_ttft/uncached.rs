@@ -14,54 +14,31 @@
 //! and that says nothing about how the next tail is counted; up to half the reports can be
 //! such misses without moving it. With token keys and no misses it stays at 1.
 
-/// Engine uncached tokens per predicted one (see the module documentation), within a factor
-/// of two either way: past that the index, not the count, is wrong.
+/// Engine uncached tokens per predicted one (see the module documentation): the log of the
+/// running median.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct UncachedScale {
-    ratio: MedianRatio,
+    log: f64,
 }
 
 impl UncachedScale {
+    /// Log-scale step per report: 1%, so a steady 25% is learned in about 25 reports and one
+    /// report moves a prediction by 1%.
+    const STEP: f64 = 0.01;
+
+    /// The scale stays within a factor of two either way: past that the index, not the
+    /// count, is wrong.
+    const LIMIT: f64 = std::f64::consts::LN_2;
+
     /// `predicted` uncached tokens as the engine will count them.
     pub(super) fn apply(&self, predicted: f64) -> f64 {
-        (predicted * self.ratio.get()).max(1.0)
+        (predicted * self.log.exp()).max(1.0)
     }
 
     /// One report: the engine computed `reported` uncached tokens where the index predicted
     /// `predicted`.
     pub(super) fn learn(&mut self, reported: f64, predicted: f64) {
-        self.ratio.learn(
-            reported.max(1.0) / predicted.max(1.0),
-            std::f64::consts::LN_2,
-        );
-    }
-
-    /// The current scale.
-    #[cfg(test)]
-    pub(super) fn scale(&self) -> f64 {
-        self.ratio.get()
-    }
-}
-
-/// A running median of a ratio, on a log scale: each report moves it a fixed step (1%)
-/// towards its side, so a steady 25% is learned in about 25 reports, one report moves it by
-/// 1%, and up to half the reports can be outliers of any size without moving it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct MedianRatio {
-    log: f64,
-}
-
-impl MedianRatio {
-    const STEP: f64 = 0.01;
-
-    /// The current median.
-    fn get(&self) -> f64 {
-        self.log.exp()
-    }
-
-    /// One report of `ratio`; the median stays within `limit` of 1 on the log scale.
-    fn learn(&mut self, ratio: f64, limit: f64) {
-        let r = ratio.ln();
+        let r = (reported.max(1.0) / predicted.max(1.0)).ln();
         let step = if r > self.log {
             Self::STEP
         } else if r < self.log {
@@ -69,7 +46,13 @@ impl MedianRatio {
         } else {
             0.0
         };
-        self.log = (self.log + step).clamp(-limit, limit);
+        self.log = (self.log + step).clamp(-Self::LIMIT, Self::LIMIT);
+    }
+
+    /// The current scale.
+    #[cfg(test)]
+    pub(super) fn scale(&self) -> f64 {
+        self.log.exp()
     }
 }
 
