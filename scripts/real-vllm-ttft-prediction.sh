@@ -21,7 +21,7 @@ pids+=($!)
 for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; sleep 0.1; done
 
 "$PY" - "$N" $GW "$log" <<'PY'
-import json, random, sys, threading, time, urllib.error, urllib.request
+import json, random, re, sys, threading, time, urllib.error, urllib.request
 n, gw, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rng = random.Random(7)
 systems = [f"Team {t}. " + " ".join(f"policy{t}-{i} applies to every answer." for i in range(rng.randrange(40, 160)))
@@ -74,4 +74,12 @@ print(f"requests {len(rows)}, streamed with a prediction {len(pairs)}, after a 2
 print(f"measured / predicted TTFT: within 20% {within:.0%}; p10 {q(0.1):.2f}, median {q(0.5):.2f}, p90 {q(0.9):.2f}")
 cached = [r for r in rows if r.get("cached_tokens")]
 print(f"requests the engines served partly from cache: {len(cached)} of {len(rows)}")
+# The index's own figure, scored by the gateway against every usage (exact = within a block).
+metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw}/metrics").read().decode()
+scored = {m.group(1): float(m.group(2)) for m in re.finditer(
+    r'^kvgate_cache_prediction_total\{result="(\w+)"\} (\S+)$', metrics, re.M)}
+total = sum(scored.values())
+if total:
+    print("cached-token predictions: " + ", ".join(
+        f"{k} {scored.get(k, 0) / total:.0%}" for k in ("exact", "over", "under")) + f" of {total:.0f}")
 PY

@@ -288,6 +288,7 @@ impl BlockIndex {
             endpoints,
             block_hashes: Vec::new(),
             engine: Vec::new(),
+            tail: Default::default(),
         }
     }
 

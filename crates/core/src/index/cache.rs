@@ -13,7 +13,7 @@ use super::blocks::{BlockIndex, KvEvent};
 use super::events::{BatchOutcome, EngineCaches, StreamStatus};
 use super::pending::{self, PendingPrompts, BLOCK_TOKENS};
 use super::radix::RadixTree;
-use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
+use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, TailScale, Unit};
 use crate::{EndpointId, Nanos, Request};
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +70,8 @@ enum Index {
         mirror: bool,
         /// Text bytes per engine token, learned from usage (four until then).
         bytes_per_token: f64,
+        /// How the text tree's uncached tails are counted, learned from usage.
+        tail: TailScale,
         /// Prompts sent and not yet prefilled (mirroring only: they enter the tree at their
         /// first token, when the engine has cached them).
         pending: Box<PendingPrompts>,
@@ -106,6 +108,8 @@ pub struct Prediction {
     /// When the endpoint has a KV-event stream: the tokens its events alone say it holds, and
     /// whether the stream was trusted (then `units` is exactly that).
     pub engine: Option<(u32, bool)>,
+    /// How the index counted uncached tails at the pick.
+    pub tail: TailScale,
 }
 
 impl Prediction {
@@ -120,7 +124,10 @@ impl Prediction {
 impl Prediction {
     /// The predicted cached tokens of a prompt of `prompt_tokens` tokens.
     pub fn cached_tokens(&self, prompt_tokens: u32) -> u32 {
-        self.unit.tokens(self.units, self.total, prompt_tokens)
+        self.tail.cached(
+            self.unit.tokens(self.units, self.total, prompt_tokens),
+            prompt_tokens,
+        )
     }
 }
 
@@ -152,6 +159,7 @@ impl PrefixCache {
                     interval: eviction_interval,
                     mirror: mirror_engines,
                     bytes_per_token: 4.0,
+                    tail: TailScale::default(),
                     pending: Box::default(),
                 },
                 share_across_tenants,
@@ -231,6 +239,7 @@ impl PrefixCache {
                 tokens,
                 pending,
                 mirror,
+                tail,
                 ..
             } => {
                 let by_tokens = matches!(
@@ -240,7 +249,9 @@ impl PrefixCache {
                 let mut out = if by_tokens {
                     tokens.overlaps(&key, now)
                 } else {
-                    text.overlaps(&key, now)
+                    let mut out = text.overlaps(&key, now);
+                    out.tail = *tail;
+                    out
                 };
                 if *mirror {
                     out.block_hashes = pending::hashes(&key);
@@ -437,15 +448,18 @@ impl PrefixCache {
                 .iter()
                 .find(|(e, _, _)| *e == endpoint)
                 .map(|&(_, tokens, live)| (tokens, live)),
+            tail: overlaps.tail,
         }
     }
 
     /// The engine's usage said `cached_tokens` of the prompt's `prompt_tokens` came from its
-    /// cache, where this index predicted `predicted` at the dispatch. When the prediction was
-    /// over by more than `slack` tokens, the engine evicted what this index still listed: an
-    /// index that mirrors engines forgets everything that endpoint was sent at or before the
-    /// missed prefix was (LRU order). Also learns the text's bytes per token.
-    pub fn correct(&mut self, predicted: &Prediction, usage: (u32, u32), slack: u32) {
+    /// cache, where this index predicted `predicted` at the dispatch; the engine caches in
+    /// blocks of `block` tokens. When what the index listed as held, read as the engine counts
+    /// (whole blocks, at most `prompt_tokens - 1`, the tail scaled), was over by more than a
+    /// block, the engine evicted what this index still listed: an index that mirrors engines
+    /// forgets everything that endpoint was sent at or before the missed prefix was (LRU
+    /// order). Also learns the text's bytes per token and how its tails are counted.
+    pub fn correct(&mut self, predicted: &Prediction, usage: (u32, u32), block: u32) {
         let (prompt_tokens, cached_tokens) = usage;
         if let (Some(engines), Some((tokens, _))) = (&mut self.engines, predicted.engine) {
             engines.verified(predicted.endpoint, tokens == cached_tokens);
@@ -455,21 +469,36 @@ impl PrefixCache {
             tokens,
             mirror: true,
             bytes_per_token,
+            tail,
             ..
         } = &mut self.index
         else {
             return;
         };
-        if let (Some(bytes), true) = (predicted.text_bytes, prompt_tokens > 0) {
+        if prompt_tokens == 0 {
+            return;
+        }
+        if let Some(bytes) = predicted.text_bytes {
             let ratio = bytes as f64 / f64::from(prompt_tokens);
             if ratio.is_finite() && ratio > 0.0 {
                 *bytes_per_token += (ratio - *bytes_per_token) * 0.05;
             }
         }
-        let held = predicted
-            .unit
-            .tokens(predicted.held, predicted.total, prompt_tokens);
-        if held <= cached_tokens.saturating_add(slack) {
+        let as_engine = |units: u32, tail: TailScale| {
+            let read = predicted.unit.tokens(units, predicted.total, prompt_tokens);
+            let cached = tail.cached(read, prompt_tokens).min(prompt_tokens - 1);
+            cached - cached % block.max(1)
+        };
+        let by_text = predicted.unit == Unit::Bytes;
+        if by_text && predicted.units > 0 {
+            let read = as_engine(predicted.units, TailScale::default());
+            tail.learn(
+                prompt_tokens - cached_tokens.min(prompt_tokens),
+                prompt_tokens - read,
+            );
+        }
+        let scale = if by_text { *tail } else { TailScale::default() };
+        if as_engine(predicted.held, scale) <= cached_tokens.saturating_add(block) {
             return;
         }
         if predicted.by_tokens {

@@ -262,6 +262,7 @@ impl EngineCaches {
             endpoints: Vec::with_capacity(ids.len()),
             block_hashes: approx.block_hashes.clone(),
             engine: Vec::new(),
+            tail: Default::default(),
         };
         for id in ids {
             let a = in_tokens(&approx.of(id));

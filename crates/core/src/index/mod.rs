@@ -17,8 +17,10 @@ pub mod cache;
 pub mod events;
 mod pending;
 pub mod radix;
+mod tail;
 
 pub use cache::{IndexSpec, Prediction, PrefixCache, TreeKey};
+pub use tail::TailScale;
 
 use crate::{EndpointId, Nanos, Request};
 use serde::Serialize;
@@ -126,13 +128,19 @@ pub struct Overlaps {
     /// and whether that stream is trusted ([`events::Trust::Live`]).
     #[serde(skip)]
     pub(crate) engine: Vec<(EndpointId, u32, bool)>,
+    /// How a text-keyed index's uncached tails are counted ([`TailScale`]).
+    #[serde(skip)]
+    pub(crate) tail: TailScale,
 }
 
 impl Overlaps {
     /// `units` of this index as prompt tokens, for a prompt of `prompt_tokens` tokens (at most
     /// that many).
     pub fn tokens(&self, units: u32, prompt_tokens: u32) -> u32 {
-        self.unit.tokens(units, self.total, prompt_tokens)
+        self.tail.cached(
+            self.unit.tokens(units, self.total, prompt_tokens),
+            prompt_tokens,
+        )
     }
 
     /// Prompt tokens `endpoint` holds in any tier.

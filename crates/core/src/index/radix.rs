@@ -396,6 +396,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             endpoints,
             block_hashes: Vec::new(),
             engine: Vec::new(),
+            tail: Default::default(),
         }
     }
 

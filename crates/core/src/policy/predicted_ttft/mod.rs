@@ -35,7 +35,6 @@
 pub mod calibration;
 mod queue;
 mod sessions;
-mod uncached;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
@@ -46,7 +45,6 @@ use queue::Queue;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sessions::{Held, Sessions};
-use uncached::UncachedScale;
 
 const DOC: PolicyDoc = PolicyDoc {
     name: "predicted_ttft",
@@ -208,8 +206,6 @@ struct Pending {
     ahead: f64,
     /// Its own predicted uncached tokens.
     own: f64,
-    /// The same before the [`UncachedScale`] (what the index alone predicts).
-    unscaled: f64,
     /// Decoding sequences beside it when it was sent.
     decodes: f64,
     /// The endpoint's [`Queue::sent`] before it.
@@ -239,8 +235,6 @@ struct Prediction {
     ttft: f64,
     /// The request's own uncached tokens there.
     own: f64,
-    /// The same before the [`UncachedScale`].
-    unscaled: f64,
     /// Uncached tokens queued ahead of it.
     ahead: f64,
     /// Sequences decoding beside it.
@@ -262,8 +256,6 @@ pub struct PredictedTtft {
     pending: IntMap<(u64, EndpointId), Pending>,
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
-    /// Engine uncached tokens per predicted one, learned from usage.
-    uncached: UncachedScale,
     predictions: Vec<Option<Prediction>>,
     /// The last pick (request, endpoint) and the phase it predicted there, which its
     /// [`Event::Dispatched`] records: the event carries no view of the endpoint's clock.
@@ -292,7 +284,6 @@ impl PredictedTtft {
             queues: IntMap::default(),
             pending: IntMap::default(),
             token_ratio: 1.0,
-            uncached: UncachedScale::default(),
             predictions: Vec::new(),
             chosen: None,
             scores: Vec::new(),
@@ -364,12 +355,10 @@ impl PredictedTtft {
         q.block_size = observed.block_size.or(q.block_size);
         let ahead = q.ahead(now, c.seconds_per_token(decodes));
         let (cached, held) = Self::cached(overlaps, endpoint, prompt, q.block_size);
-        let unscaled = (prompt - cached).max(1.0);
-        let own = self.uncached.apply(unscaled);
+        let own = (prompt - cached).max(1.0);
         Prediction {
             ttft: remaining + c.predict(ahead + own, decodes),
             own,
-            unscaled,
             ahead,
             decodes,
             remaining,
@@ -399,9 +388,7 @@ impl PredictedTtft {
                 } else {
                     self.prompt_tokens(p.estimate)
                 };
-                let own = (prompt - f64::from(cached)).max(1.0);
-                self.uncached.learn(own, p.unscaled);
-                own
+                (prompt - f64::from(cached)).max(1.0)
             });
         let ttft = (ttft.as_secs_f64() - p.remaining).max(0.0);
         self.calibration
@@ -484,7 +471,7 @@ impl Policy for PredictedTtft {
         };
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
-                let copied = (replicable - (prompt - p.unscaled)).clamp(0.0, p.own - 1.0);
+                let copied = (replicable - (prompt - p.own)).clamp(0.0, p.own - 1.0);
                 let work = (p.own - copied) * pooled.seconds_per_token(p.decodes);
                 let cost = p.ttft + weight * p.externality * work;
                 cost / view.slow_start_factor(i)
@@ -499,7 +486,7 @@ impl Policy for PredictedTtft {
                     endpoint: id,
                     reason: Reason::PredictedTtft {
                         ttft_ms: p.ttft / view.slow_start_factor(i) * 1e3,
-                        cached_tokens: (prompt - p.unscaled).max(0.0) as u32,
+                        cached_tokens: (prompt - p.own).max(0.0) as u32,
                     },
                 })
             }
@@ -534,7 +521,6 @@ impl Policy for PredictedTtft {
                 let prompt = self.prompt_tokens(request.prompt_tokens);
                 let Prediction {
                     own,
-                    unscaled,
                     ahead,
                     decodes,
                     remaining,
@@ -570,7 +556,6 @@ impl Policy for PredictedTtft {
                     Pending {
                         ahead,
                         own,
-                        unscaled,
                         decodes,
                         sent_before,
                         estimate: request.prompt_tokens,

@@ -354,3 +354,49 @@ fn cached_tokens_are_predicted_in_whole_blocks_once_the_engine_reports_its_block
     assert_eq!(cached_of(Some(16)), 528);
     assert_eq!(cached_of(None), 530);
 }
+
+#[test]
+fn a_text_index_learns_how_the_engine_counts_a_new_turn_and_keeps_what_it_holds() {
+    // Two chats on one endpoint, keyed by text. The engine counts each new turn's 400 bytes as
+    // 130 tokens where the text's average says 100 (a turn's chat-template tokens have no
+    // text), so every hit reports 30-45 tokens fewer cached than the bytes read in proportion.
+    let mut r = routing(1);
+    let e = EndpointId(0);
+    let chat = |id: u64, turns: u64| {
+        let text: String = (0..turns)
+            .map(|t| format!("chat {id:>3} turn {t:>3} {}", "x".repeat(382)))
+            .collect();
+        Request::from_text(id * 1_000 + turns, text)
+    };
+    let mut at = Nanos::ZERO;
+    let mut send = |r: &mut Routing, req: &Request, first: bool| {
+        let (_, predicted) = predicted_on_0(r, req, at);
+        let cached = if first {
+            0
+        } else {
+            let c = req.prompt_tokens - 130;
+            c - c % 16
+        };
+        serve(r, req, e, at, Nanos::from_millis(100), cached);
+        at = at + Nanos::from_millis(500);
+        (predicted, cached)
+    };
+    for turns in 1..=40 {
+        send(&mut r, &chat(1, turns), turns == 1);
+    }
+    // The other chat arrives; the first goes on, every one of its turns a hit.
+    send(&mut r, &chat(2, 5), true);
+    for turns in 41..=50 {
+        let (predicted, cached) = send(&mut r, &chat(1, turns), false);
+        assert!(
+            predicted.abs_diff(cached) <= 16,
+            "turn {turns}: {predicted} predicted, {cached} reported"
+        );
+    }
+    // Those hits were no evictions: the other chat is still listed.
+    let (predicted, cached) = send(&mut r, &chat(2, 6), false);
+    assert!(
+        predicted.abs_diff(cached) <= 16,
+        "{predicted} predicted, {cached} reported"
+    );
+}
