@@ -13,7 +13,7 @@ use super::blocks::{BlockIndex, KvEvent};
 use super::events::{BatchOutcome, EngineCaches, StreamStatus};
 use super::pending::{self, PendingPrompts, BLOCK_TOKENS};
 use super::radix::RadixTree;
-use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, TailScale, Unit};
+use super::{as_reported, Overlap, Overlaps, PrefixIndex, PrefixKey, TailScale, Unit};
 use crate::{EndpointId, Nanos, Request};
 use serde::{Deserialize, Serialize};
 
@@ -486,8 +486,8 @@ impl PrefixCache {
         }
         let as_engine = |units: u32, tail: TailScale| {
             let read = predicted.unit.tokens(units, predicted.total, prompt_tokens);
-            let cached = tail.cached(read, prompt_tokens).min(prompt_tokens - 1);
-            cached - cached % block.max(1)
+            let read = f64::from(tail.cached(read, prompt_tokens));
+            as_reported(read, f64::from(prompt_tokens), Some(block)) as u32
         };
         let by_text = predicted.unit == Unit::Bytes;
         if by_text && predicted.units > 0 {

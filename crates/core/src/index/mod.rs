@@ -91,6 +91,17 @@ impl Unit {
     }
 }
 
+/// `cached` tokens of a prompt of `prompt_tokens` as an engine reports them: at most all but the
+/// last token, which it always computes, and in whole blocks of `block` tokens when the block
+/// size is known (vLLM v1's `get_computed_blocks`; the sim's engine model does the same).
+pub fn as_reported(cached: f64, prompt_tokens: f64, block: Option<u32>) -> f64 {
+    let cached = cached.min(prompt_tokens - 1.0).max(0.0);
+    match block.filter(|&b| b > 1).map(f64::from) {
+        Some(b) => (cached / b).floor() * b,
+        None => cached,
+    }
+}
+
 /// What an index counts in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -411,7 +411,7 @@ impl Calibration {
     /// differ.
     ///
     /// Fit and factors multiply, so only their product is identified, and left alone they split
-    /// it badly when the prior is far off: on two CPU vLLM engines about 3x slower than the
+    /// it badly when the prior is far off: on two CPU vLLM engines 2-4x slower than the
     /// prior, the fit learned samples already divided by factors that had climbed to 1.6 and
     /// 2.3 and stayed near the prior, and the factor of the endpoint taking a third of the
     /// requests, pulled towards 1 by its pseudo-samples, lagged its truth by 1.9x

@@ -38,7 +38,7 @@ mod sessions;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
-use crate::index::{IndexSpec, Overlaps, TreeKey};
+use crate::index::{as_reported, IndexSpec, Overlaps, TreeKey};
 use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route, Usage};
 use calibration::{Calibration, Coefficients};
 use queue::Queue;
@@ -302,11 +302,9 @@ impl PredictedTtft {
     /// slots; `kvgate sim`'s engine model does the same), even in the iteration that admits
     /// this one.
     ///
-    /// With the engine's block size known (vLLM's `cache_config_info`), the count is rounded
-    /// down to whole blocks of at most `prompt - 1` tokens: the engine caches whole blocks only
-    /// and computes at least the last token, so it reports hits in block multiples (vLLM v1's
-    /// `get_computed_blocks`; the sim's engine model does the same). An append of a few dozen
-    /// tokens to a long context is then predicted with the up-to-a-block it recomputes.
+    /// The count is what the engine will report ([`as_reported`]), in whole blocks once it
+    /// reports its block size (vLLM's `cache_config_info`): an append of a few dozen tokens
+    /// to a long context is then predicted with the up-to-a-block it recomputes.
     fn cached(
         overlaps: &Overlaps,
         endpoint: EndpointId,
@@ -326,12 +324,7 @@ impl PredictedTtft {
                 0.0
             },
         };
-        let cached = (known + in_flight).min(prompt - 1.0).max(0.0);
-        let cached = match block_size.filter(|&b| b > 1).map(f64::from) {
-            Some(b) => (cached / b).floor() * b,
-            None => cached,
-        };
-        (cached, held)
+        (as_reported(known + in_flight, prompt, block_size), held)
     }
 
     /// The prediction for one endpoint.
