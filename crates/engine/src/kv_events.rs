@@ -29,6 +29,10 @@ use zeromq::{Socket, SocketSend, ZmqMessage};
 /// Batches the publisher may hold before it drops new ones (like a full ZMQ high-water mark).
 const QUEUE_BATCHES: usize = 4096;
 
+/// Wait before connecting again after a failed handshake (ZMQ's default reconnect interval is
+/// 100 ms; a subscriber that is not up yet is already retried inside `connect`).
+const RECONNECT: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn medium(tier: Tier) -> &'static str {
     match tier {
         Tier::Device => "GPU",
@@ -172,10 +176,10 @@ pub(crate) async fn start(
     let endpoint = endpoint.to_owned();
     tokio::spawn(async move {
         if !bind {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                connected = socket.connect(&endpoint) => if connected.is_err() { return },
-            }
+            socket = match connect(&endpoint, &shutdown).await {
+                Some(s) => s,
+                None => return,
+            };
         }
         let mut seq: u64 = 0;
         loop {
@@ -201,6 +205,28 @@ pub(crate) async fn start(
         let _ = socket.close().await;
     });
     Ok(KvEventSink { tx })
+}
+
+/// Connects a fresh socket until one completes the ZMQ handshake, or until shutdown.
+///
+/// The crate retries refused TCP connections itself but gives up on a failed handshake. One
+/// happens whenever the TCP connection reaches something that is not the subscriber: on
+/// loopback, a connect to an unbound port in the ephemeral range can pick that same port as its
+/// source and connect to itself (a TCP simultaneous open), and then holds the port the
+/// subscriber is trying to bind. Giving up there would leave the engine silent for its life.
+async fn connect(endpoint: &str, shutdown: &CancellationToken) -> Option<zeromq::PubSocket> {
+    loop {
+        let mut socket = zeromq::PubSocket::new();
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            connected = socket.connect(endpoint) => if connected.is_ok() { return Some(socket) },
+        }
+        drop(socket);
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(RECONNECT) => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -305,6 +305,31 @@ async fn wire_schema_matches_the_real_vllm_capture() {
     assert_eq!(schema(real_stored), schema(our_stored));
 }
 
+/// The first connection reaches something that is not a subscriber and fails its handshake (as
+/// a loopback connect that picked its own target port as source does); the engine connects
+/// again and its batches reach the subscriber that binds the port afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_handshake_is_retried() {
+    let impostor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = impostor.local_addr().unwrap().port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let engine = start(EngineConfig {
+        kv_events: Some(endpoint.clone()),
+        ..fast_config()
+    })
+    .await;
+    let (stream, _) = tokio::time::timeout(Duration::from_secs(10), impostor.accept())
+        .await
+        .expect("the engine connects")
+        .unwrap();
+    drop(stream);
+    drop(impostor);
+    let mut socket = zeromq::SubSocket::new();
+    socket.bind(&endpoint).await.unwrap();
+    socket.subscribe("").await.unwrap();
+    connect(&engine, &mut socket).await;
+}
+
 /// Key sets of the capture's first event of `kind` (the readable JSON conversion).
 fn fixture_keys(kind: &str) -> std::collections::BTreeSet<String> {
     let path = format!(
