@@ -14,7 +14,9 @@
 //!            first come, first served)
 //! phase    = what is left of the endpoint's iteration in progress, read off the streams this
 //!            router relays ([`Cadence`]): an arrival waits for it before the scheduler sees it
-//! ttft     = phase + fixed + per_decode * decodes
+//! slot     = the wait for a batch slot when the engine runs as many sequences as it can
+//!            ([`slots`]): a slot frees as a running sequence finishes
+//! ttft     = phase + slot + fixed + per_decode * decodes
 //!            + (queued + own) * (per_token + interference * decodes)
 //! ```
 //! and the pick minimises that plus the delay its own prefill imposes on the queue it joins,
@@ -35,6 +37,7 @@
 pub mod calibration;
 mod queue;
 mod sessions;
+mod slots;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
@@ -212,7 +215,8 @@ struct Pending {
     sent_before: f64,
     /// Its estimated prompt tokens before scaling.
     estimate: u32,
-    /// Seconds left of the iteration in progress when it was sent ([`Cadence`]).
+    /// Seconds left of the iteration in progress when it was sent ([`Cadence`]), plus its
+    /// predicted wait for a batch slot.
     remaining: f64,
     /// Time to first token, once it came.
     ttft: Option<Nanos>,
@@ -239,7 +243,7 @@ struct Prediction {
     ahead: f64,
     /// Sequences decoding beside it.
     decodes: f64,
-    /// Seconds left of the iteration in progress there.
+    /// Seconds left of the iteration in progress there, plus the wait for a batch slot.
     remaining: f64,
     /// [`Queue::externality`] there now.
     externality: f64,
@@ -257,8 +261,8 @@ pub struct PredictedTtft {
     /// Engine prompt tokens per estimated token, learned from usage.
     token_ratio: f64,
     predictions: Vec<Option<Prediction>>,
-    /// The last pick (request, endpoint) and the phase it predicted there, which its
-    /// [`Event::Dispatched`] records: the event carries no view of the endpoint's clock.
+    /// The last pick (request, endpoint) and the phase and slot wait it predicted there, which
+    /// its [`Event::Dispatched`] records: the event carries no view of the endpoint.
     chosen: Option<(u64, EndpointId, f64)>,
     /// The last pick's predictions as decision-record scores, milliseconds.
     scores: Vec<(usize, f64)>,
@@ -432,10 +436,20 @@ impl Policy for PredictedTtft {
             let running = view
                 .is_fresh(i)
                 .then(|| e.observation.map_or(0, |o| o.running));
-            let remaining = e
+            let phase = e
                 .cadence
                 .and_then(|c| c.remaining(now))
                 .map_or(0.0, Nanos::as_secs_f64);
+            let slots = &mut self.queues.entry(e.id).or_default().slots;
+            // Sequences there: the fresh scrape's plus ours since it.
+            let slot = match (running, e.observation) {
+                (Some(_), Some(o)) => {
+                    slots.observe(o.running, o.waiting, e.observed_at);
+                    slots.wait(o.outstanding().saturating_add(e.own_since_observation))
+                }
+                _ => 0.0,
+            };
+            let remaining = phase + slot;
             let observed = Observed {
                 running,
                 block_size: e.observation.and_then(|o| o.block_size),
@@ -602,8 +616,14 @@ impl Policy for PredictedTtft {
                 request,
                 endpoint,
                 at,
+                latency,
                 ..
             } => {
+                let ttft = self.pending.get(&(request, endpoint)).and_then(|p| p.ttft);
+                if let (Some(ttft), Some(q)) = (ttft, self.queues.get_mut(&endpoint)) {
+                    q.slots
+                        .finished(latency.saturating_since(ttft).as_secs_f64());
+                }
                 self.settle(request, endpoint, at, None);
                 self.finish(request, endpoint, at);
             }

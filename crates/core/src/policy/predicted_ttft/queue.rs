@@ -1,6 +1,7 @@
 //! What `predicted_ttft` knows of the work it has queued at one endpoint: the backlog still to
 //! prefill, and how busy the endpoint has been, which prices what more work there costs.
 
+use super::slots::Slots;
 use crate::Nanos;
 
 /// What this router has queued at one endpoint.
@@ -32,6 +33,8 @@ pub(super) struct Queue {
     pub(super) busy: Busy,
     /// Tokens per KV block, from the endpoint's last observation that reported it.
     pub(super) block_size: Option<u32>,
+    /// Its batch slots.
+    pub(super) slots: Slots,
 }
 
 impl Queue {

@@ -400,3 +400,57 @@ fn a_text_index_learns_how_the_engine_counts_a_new_turn_and_keeps_what_it_holds(
         "{predicted} predicted, {cached} reported"
     );
 }
+
+#[test]
+fn a_cached_replica_whose_batch_slots_are_all_taken_loses_to_a_recompute() {
+    let pick_when = |waiting: u32| {
+        let mut r = routing(2);
+        let home = EndpointId(0);
+        let only_home = |v: &EndpointView| v.id == home;
+        // One long conversation at home: 4,000 shared tokens, each turn decodes for 6 s.
+        for k in 0..20u64 {
+            let at = Nanos::from_secs(k * 2);
+            let req = request(k, 4_000, 4_200);
+            assert_eq!(r.route(&req, at, &only_home).endpoint(), Some(home));
+            let ttft = Nanos::from_millis(100);
+            r.first_token(req.id, home, at + ttft, ttft);
+            let usage = Usage {
+                prompt_tokens: req.prompt_tokens,
+                cached_tokens: Some(if k == 0 { 0 } else { 4_000 }),
+                output_tokens: 200,
+            };
+            r.usage(req.id, home, at + ttft, usage);
+            r.completed(
+                req.id,
+                home,
+                at + Nanos::from_millis(6_100),
+                Nanos::from_millis(6_100),
+                200,
+            );
+        }
+        // Two scrapes in a row, each read by a pick: home runs 128 sequences with `waiting`
+        // more queued; the other replica runs 10.
+        let scrape = |running, waiting| crate::Observation {
+            running,
+            waiting,
+            ..crate::Observation::default()
+        };
+        for (k, at) in [(0, Nanos::from_secs(59)), (1, Nanos::from_secs(60))] {
+            r.router_mut().observed(home, scrape(128, waiting), at);
+            r.router_mut().observed(EndpointId(1), scrape(10, 0), at);
+            r.route(&request(50 + k, 0, 100), at, &accept_all);
+        }
+        r.route(
+            &request(99, 4_000, 4_200),
+            Nanos::from_secs(60),
+            &accept_all,
+        )
+        .endpoint()
+        .unwrap()
+    };
+    // Not full: the cached prefix wins.
+    assert_eq!(pick_when(0), EndpointId(0));
+    // 30 queued for a slot: the 31st arrival waits for 31 of 128 sequences decoding 6 s each
+    // (about 1.5 s), longer than recomputing 4,200 tokens elsewhere.
+    assert_eq!(pick_when(30), EndpointId(1));
+}
