@@ -224,12 +224,21 @@ struct Pending {
     calibrated: bool,
 }
 
-/// What the endpoint's view at a pick says: the engine's running batch when the scrape is
-/// fresh, its KV block size when reported. A dispatch has no view.
+/// What the endpoint's view at a pick says: the engine's fresh scrape, its KV block size when
+/// reported. A dispatch has no view.
 #[derive(Clone, Copy, Debug, Default)]
 struct Observed {
-    running: Option<u32>,
+    scrape: Option<Scrape>,
     block_size: Option<u32>,
+}
+
+/// A fresh scrape of the engine, and this router's dispatches there since it.
+#[derive(Clone, Copy, Debug)]
+struct Scrape {
+    running: u32,
+    waiting: u32,
+    at: Nanos,
+    own_since: u32,
 }
 
 /// One endpoint's prediction for one request.
@@ -331,7 +340,9 @@ impl PredictedTtft {
         (as_reported(known + in_flight, prompt, block_size), held)
     }
 
-    /// The prediction for one endpoint.
+    /// The prediction for one endpoint, `remaining` seconds of its iteration in progress
+    /// ahead (a dispatch passes its pick's phase and slot wait); a fresh scrape adds the wait
+    /// for a batch slot.
     fn predict(
         &mut self,
         endpoint: EndpointId,
@@ -343,11 +354,17 @@ impl PredictedTtft {
     ) -> Prediction {
         let c = self.calibration.coefficients(endpoint.0, now);
         let q = self.queues.entry(endpoint).or_default();
-        let decodes = match observed.running {
-            Some(running) => f64::from(q.decoding.max(running)),
+        let decodes = match observed.scrape {
+            Some(s) => f64::from(q.decoding.max(s.running)),
             None => q.decodes.max(f64::from(q.decoding)),
         };
         q.decodes = decodes;
+        let slot = observed.scrape.map_or(0.0, |s| {
+            q.slots.observe(s.running, s.waiting, s.at);
+            let occupancy = s.running.saturating_add(s.waiting);
+            q.slots.wait(occupancy.saturating_add(s.own_since))
+        });
+        let remaining = remaining + slot;
         // A dispatch, which has no view, uses the size its pick saw.
         q.block_size = observed.block_size.or(q.block_size);
         let ahead = q.ahead(now, c.seconds_per_token(decodes));
@@ -433,28 +450,24 @@ impl Policy for PredictedTtft {
         predictions.resize(fleet.len(), None);
         for i in view.routable() {
             let e = &fleet.views()[i];
-            let running = view
-                .is_fresh(i)
-                .then(|| e.observation.map_or(0, |o| o.running));
+            let scrape = match (view.is_fresh(i), e.observation) {
+                (true, Some(o)) => Some(Scrape {
+                    running: o.running,
+                    waiting: o.waiting,
+                    at: e.observed_at,
+                    own_since: e.own_since_observation,
+                }),
+                _ => None,
+            };
             let phase = e
                 .cadence
                 .and_then(|c| c.remaining(now))
                 .map_or(0.0, Nanos::as_secs_f64);
-            let slots = &mut self.queues.entry(e.id).or_default().slots;
-            // Sequences there: the fresh scrape's plus ours since it.
-            let slot = match (running, e.observation) {
-                (Some(_), Some(o)) => {
-                    slots.observe(o.running, o.waiting, e.observed_at);
-                    slots.wait(o.outstanding().saturating_add(e.own_since_observation))
-                }
-                _ => 0.0,
-            };
-            let remaining = phase + slot;
             let observed = Observed {
-                running,
+                scrape,
                 block_size: e.observation.and_then(|o| o.block_size),
             };
-            let p = self.predict(e.id, query.overlaps, prompt, observed, remaining, now);
+            let p = self.predict(e.id, query.overlaps, prompt, observed, phase, now);
             predictions[i] = Some(p);
         }
         self.scores.clear();
