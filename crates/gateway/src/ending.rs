@@ -338,7 +338,7 @@ impl Ending {
             predicted_cached_tokens: f
                 .prediction
                 .zip(f.usage)
-                .map(|(p, u)| p.cached_tokens(u.prompt_tokens)),
+                .map(|(p, u)| self.shared.pool.reported_cached(&p, u.prompt_tokens)),
             cost_usd,
             output_tokens: output,
             reason: decision.map(|d| d.reason.label()),

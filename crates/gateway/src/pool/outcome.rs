@@ -7,7 +7,7 @@ use crate::metrics;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::index::blocks::KvEvent;
 use kvgate_core::index::events::{BatchOutcome, StreamStatus};
-use kvgate_core::index::{Prediction, PrefixCache};
+use kvgate_core::index::{as_reported, Prediction, PrefixCache};
 use kvgate_core::resilience::Ticket;
 use kvgate_core::{EndpointId, Nanos, Usage};
 use std::time::Duration;
@@ -122,6 +122,29 @@ impl Pool {
         }
     }
 
+    /// The cached tokens `prediction` says its endpoint will report for a prompt of
+    /// `prompt_tokens`: the index's figure in whole blocks once the engine reports its block
+    /// size, as engines count cache hits and as `predicted_ttft` prices them
+    /// ([`as_reported`]). A prediction from a trusted KV-event stream counts to the token
+    /// already. The access log and `kvgate_cache_prediction_total` both use this figure, so the
+    /// log's `predicted_cached_tokens` compares with its `cached_tokens` directly.
+    pub fn reported_cached(&self, prediction: &Prediction, prompt_tokens: u32) -> u32 {
+        let predicted = prediction.cached_tokens(prompt_tokens);
+        if prediction.is_exact() || prompt_tokens == 0 {
+            return predicted;
+        }
+        let block = self.block_size(prediction.endpoint);
+        as_reported(f64::from(predicted), f64::from(prompt_tokens), block) as u32
+    }
+
+    /// Tokens per KV block `endpoint` last reported (vLLM's `cache_config_info`).
+    fn block_size(&self, endpoint: EndpointId) -> Option<u32> {
+        self.snapshot
+            .load()
+            .get(endpoint)
+            .and_then(|e| e.observation?.block_size)
+    }
+
     /// Corrects the cache from `usage` when it reports cached tokens, and says how
     /// `prediction` compared: `exact` (a prediction from a complete event stream to the token,
     /// others to a block), `over` or `under`.
@@ -133,14 +156,10 @@ impl Pool {
         prediction: &Prediction,
     ) -> Option<&'static str> {
         let cached = usage.cached_tokens?;
-        let block = self
-            .snapshot
-            .load()
-            .get(endpoint)
-            .and_then(|e| e.observation?.block_size)
-            .unwrap_or(16);
+        let reported = self.block_size(endpoint);
+        let block = reported.unwrap_or(16);
         cache.correct(prediction, (usage.prompt_tokens, cached), block);
-        let predicted = prediction.cached_tokens(usage.prompt_tokens);
+        let predicted = self.reported_cached(prediction, usage.prompt_tokens);
         let slack = if prediction.is_exact() { 0 } else { block };
         Some(if predicted.abs_diff(cached) <= slack {
             "exact"

@@ -367,6 +367,48 @@ fn cache_predictions_are_scored_against_usage_whatever_the_policy() {
 }
 
 #[test]
+fn the_logged_cache_prediction_is_in_the_blocks_the_engine_reports() {
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
+    let text = "You are a helpful agent. ".repeat(40);
+    let first = Request::from_text(1, text.clone());
+    let t = pool.pick(&first, &[], Attempt::First).unwrap();
+    pool.first_token(1, t.id, t.ticket, Nanos(1), true);
+    pool.completed(1, t.id, Nanos(2), 4, (None, t.prediction));
+    let t = pool
+        .pick(&Request::from_text(2, text), &[], Attempt::First)
+        .unwrap();
+    let p = t.prediction.unwrap();
+    // Before the engine reports its block size, the index's own count (all but the last
+    // token, which an engine always computes, of a 250-token prompt).
+    assert_eq!(pool.reported_cached(&p, 250), 249);
+    let observation = Observation {
+        block_size: Some(16),
+        ..Observation::default()
+    };
+    pool.observed(ids[0], Some(observation), Nanos(3));
+    // vLLM counts whole blocks: 15 of 16 tokens.
+    assert_eq!(pool.reported_cached(&p, 250), 240);
+    pool.completed(
+        2,
+        t.id,
+        Nanos(4),
+        4,
+        (
+            Some(Usage {
+                prompt_tokens: 250,
+                cached_tokens: Some(240),
+                output_tokens: 4,
+            }),
+            t.prediction,
+        ),
+    );
+    assert!(pool
+        .metrics
+        .encode()
+        .contains("kvgate_cache_prediction_total{result=\"exact\"} 1"));
+}
+
+#[test]
 fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispatched() {
     let mut config = Config::default();
     config.set_policy("least_outstanding").unwrap();
