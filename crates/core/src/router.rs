@@ -316,6 +316,24 @@ impl Routing {
         }
     }
 
+    /// Also lays the engines' KV-event streams over the policy's index ([`Self::kv_batch`]),
+    /// at most `max_entries` per endpoint, as the gateway does.
+    pub fn with_engine_events(mut self, max_entries: usize) -> Self {
+        self.cache = self.cache.map(|c| c.with_engine_events(max_entries));
+        self
+    }
+
+    /// Batch `seq` of `endpoint`'s KV-event stream: into the index's engine layer, and each
+    /// event to the policy.
+    pub fn kv_batch(&mut self, endpoint: EndpointId, seq: u64, events: &[KvEvent], now: Nanos) {
+        if let Some(cache) = &mut self.cache {
+            cache.kv_batch(endpoint, seq, events, now);
+        }
+        for event in events {
+            self.kv_event(endpoint, event, now);
+        }
+    }
+
     /// The router.
     pub fn router(&self) -> &Router {
         &self.router

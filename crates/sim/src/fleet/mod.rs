@@ -53,7 +53,8 @@ pub struct FleetConfig {
     pub staggered: bool,
     /// The policy every router runs (each its own instance).
     pub policy: PolicyConfig,
-    /// Forward engine KV events to the policies (`Event::Kv`).
+    /// Publish each replica's KV events to every router, one batch per iteration: to the
+    /// policies (`Event::Kv`) and laid over their prefix index, as the gateway does.
     pub kv_events: bool,
     /// How often the true load skew is sampled; zero disables sampling.
     pub sample_interval: Nanos,
@@ -110,6 +111,8 @@ struct Replica {
     /// Per router, its requests decoding here: a router sees the engine's iterations through
     /// their streams ([`kvgate_core::Cadence`]).
     streams: Vec<u32>,
+    /// Sequence number of the next batch of KV events its publisher sends.
+    kv_seq: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -180,12 +183,17 @@ impl<'c> Sim<'c> {
                 busy_until: Nanos::ZERO,
                 alive: true,
                 streams: vec![0; config.routers.max(1)],
+                kv_seq: 0,
             })
             .collect();
         let routers = (0..config.routers.max(1))
             .map(|r| {
                 let mut routing =
                     Routing::new(&config.policy, seed ^ (0x726f_7574_6572 + r as u64));
+                if config.kv_events {
+                    let blocks = config.replicas.iter().map(|r| r.engine.kv_blocks);
+                    routing = routing.with_engine_events(blocks.max().unwrap_or(0));
+                }
                 // The operator knows each replica's relative speed: it is the static weight.
                 for (i, rc) in config.replicas.iter().enumerate() {
                     routing.router_mut().add(EndpointView {
@@ -497,11 +505,11 @@ impl<'c> Sim<'c> {
         let endpoint = EndpointId(i as u32);
         self.out.output_tokens += u64::from(it.output_tokens);
         self.out.replicas[i].output_tokens += u64::from(it.output_tokens);
-        if self.config.kv_events {
-            for event in &it.kv_events {
-                for r in &mut self.routers {
-                    r.kv_event(endpoint, event, now);
-                }
+        if self.config.kv_events && !it.kv_events.is_empty() {
+            let seq = self.replicas[i].kv_seq;
+            self.replicas[i].kv_seq += 1;
+            for r in &mut self.routers {
+                r.kv_batch(endpoint, seq, &it.kv_events, now);
             }
         }
         if it.output_tokens > 0 {
