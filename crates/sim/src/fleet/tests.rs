@@ -62,6 +62,14 @@ fn workload_groups(requests: u64, rate: f64, groups: u32) -> OpenLoop {
     })
 }
 
+/// The engines' prefix-cache hit ratio over the run.
+fn hit_ratio(o: &Outcome) -> f64 {
+    let (q, h) = o.replicas.iter().fold((0, 0), |(q, h), r| {
+        (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
+    });
+    h as f64 / q as f64
+}
+
 fn go(config: &FleetConfig, requests: u64, rate: f64, seed: u64) -> Outcome {
     let mut w = workload(requests, rate);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -218,12 +226,6 @@ fn routers_sharing_their_news_act_as_one() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         run(&config, &mut w, &mut rng, 3)
     };
-    let hits = |o: &Outcome| {
-        let (q, h) = o.replicas.iter().fold((0, 0), |(q, h), r| {
-            (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
-        });
-        h as f64 / q as f64
-    };
     let one = run_with("least_outstanding", 1, None);
     let alone = run_with("least_outstanding", 3, None);
     let shared = run_with("least_outstanding", 3, Some(Nanos::ZERO));
@@ -234,9 +236,9 @@ fn routers_sharing_their_news_act_as_one() {
         "shared {shared} vs one router {one}"
     );
 
-    let one = hits(&run_with("cache_aware", 1, None));
-    let alone = hits(&run_with("cache_aware", 3, None));
-    let shared = hits(&run_with("cache_aware", 3, Some(Nanos::from_millis(1))));
+    let one = hit_ratio(&run_with("cache_aware", 1, None));
+    let alone = hit_ratio(&run_with("cache_aware", 3, None));
+    let shared = hit_ratio(&run_with("cache_aware", 3, Some(Nanos::from_millis(1))));
     assert!(shared >= one - 0.01, "shared {shared} vs one router {one}");
     assert!(shared > alone + 0.03, "shared {shared} vs alone {alone}");
 }
@@ -254,12 +256,6 @@ fn routers_reading_the_engines_kv_events_know_what_every_replica_caches() {
         let mut w = workload_groups(600, 0.4, 48);
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         run(&config, &mut w, &mut rng, 3)
-    };
-    let hits = |o: &Outcome| {
-        let (q, h) = o.replicas.iter().fold((0, 0), |(q, h), r| {
-            (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
-        });
-        h as f64 / q as f64
     };
     let exact = |o: &Outcome| {
         let predicted: Vec<_> = o
@@ -285,5 +281,5 @@ fn routers_reading_the_engines_kv_events_know_what_every_replica_caches() {
         "{events_exact} vs {}",
         exact(&one)
     );
-    assert!(hits(&events) >= hits(&alone).max(hits(&one)));
+    assert!(hit_ratio(&events) >= hit_ratio(&alone).max(hit_ratio(&one)));
 }
