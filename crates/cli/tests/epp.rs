@@ -259,6 +259,8 @@ async fn a_streamed_chat_is_picked_sent_and_its_response_reaches_the_pool() {
             panic!("a streamed body")
         };
         assert_eq!((&echo.body[..], echo.end_of_stream), (piece, last));
+        // Envoy passes each piece on as the engine's iterations produce it.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let name = if picked == engines[0] {
         &e0.url
@@ -282,6 +284,22 @@ async fn a_streamed_chat_is_picked_sent_and_its_response_reaches_the_pool() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(seen, Some(6.0), "the usage of the answer reached the pool");
+    // The pieces after the first ticked the endpoint's iteration clock, as a relayed stream's
+    // chunks do, so `predicted_ttft` sees the phase of its iterations in EPP mode too.
+    let iteration = format!("kvgate_endpoint_iteration_seconds{{endpoint=\"{endpoint}\"}}");
+    let mut seconds = None;
+    for _ in 0..100 {
+        seconds = metric(
+            &get_text(&client(), &metrics_url, "/metrics").await,
+            &iteration,
+        );
+        if seconds.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let seconds = seconds.unwrap_or_else(|| panic!("no {iteration}"));
+    assert!(seconds >= 0.015, "{seconds}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -145,9 +145,12 @@ impl Dispatch {
         );
     }
 
-    /// More of the stream arrived: the engine finished an iteration.
+    /// More of the stream arrived: the engine finished an iteration. The pieces of a
+    /// non-streaming answer say nothing of iterations.
     pub(crate) fn tokens(&self) {
-        self.target.cadence.tick(self.shared.pool.clock().now());
+        if self.stream {
+            self.target.cadence.tick(self.shared.pool.clock().now());
+        }
     }
 
     /// The endpoint answered with a non-2xx status that is passed to the client as it is

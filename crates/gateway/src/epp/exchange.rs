@@ -117,9 +117,13 @@ impl Exchange {
             }
             Some(Request::ResponseBody(b)) => {
                 if !b.body.is_empty() {
-                    if !self.first && self.ok {
-                        self.first = true;
-                        if let Some(d) = &mut self.dispatch {
+                    if let Some(d) = self.dispatch.as_mut().filter(|_| self.ok) {
+                        // Each later piece of a stream is an engine iteration, as in a relayed
+                        // stream: it ticks the endpoint's iteration clock.
+                        if self.first {
+                            d.tokens();
+                        } else {
+                            self.first = true;
                             d.first_token();
                         }
                     }
