@@ -9,6 +9,7 @@ use kvgate_core::index::blocks::KvEvent;
 use kvgate_core::index::events::{BatchOutcome, StreamStatus};
 use kvgate_core::index::{as_reported, Prediction, PrefixCache};
 use kvgate_core::resilience::Ticket;
+use kvgate_core::router::PREDICTION_SLACK_TOKENS;
 use kvgate_core::{EndpointId, Nanos, Usage};
 use std::time::Duration;
 
@@ -129,12 +130,11 @@ impl Pool {
     /// already. The access log and `kvgate_cache_prediction_total` both use this figure, so the
     /// log's `predicted_cached_tokens` compares with its `cached_tokens` directly.
     pub fn reported_cached(&self, prediction: &Prediction, prompt_tokens: u32) -> u32 {
-        let predicted = prediction.cached_tokens(prompt_tokens);
-        if prediction.is_exact() || prompt_tokens == 0 {
-            return predicted;
-        }
-        let block = self.block_size(prediction.endpoint);
-        as_reported(f64::from(predicted), f64::from(prompt_tokens), block) as u32
+        reported(
+            prediction,
+            prompt_tokens,
+            self.block_size(prediction.endpoint),
+        )
     }
 
     /// Tokens per KV block `endpoint` last reported (vLLM's `cache_config_info`).
@@ -156,10 +156,10 @@ impl Pool {
         prediction: &Prediction,
     ) -> Option<&'static str> {
         let cached = usage.cached_tokens?;
-        let reported = self.block_size(endpoint);
-        let block = reported.unwrap_or(16);
+        let reported_block = self.block_size(endpoint);
+        let block = reported_block.unwrap_or(PREDICTION_SLACK_TOKENS);
         cache.correct(prediction, (usage.prompt_tokens, cached), block);
-        let predicted = self.reported_cached(prediction, usage.prompt_tokens);
+        let predicted = reported(prediction, usage.prompt_tokens, reported_block);
         let slack = if prediction.is_exact() { 0 } else { block };
         Some(if predicted.abs_diff(cached) <= slack {
             "exact"
@@ -235,4 +235,13 @@ impl Pool {
             self.publish(&core);
         }
     }
+}
+
+/// [`Pool::reported_cached`] with the endpoint's block size, when it reported one.
+fn reported(prediction: &Prediction, prompt_tokens: u32, block: Option<u32>) -> u32 {
+    let predicted = prediction.cached_tokens(prompt_tokens);
+    if prediction.is_exact() || prompt_tokens == 0 {
+        return predicted;
+    }
+    as_reported(f64::from(predicted), f64::from(prompt_tokens), block) as u32
 }
