@@ -6,25 +6,36 @@
 # request counting as a miss. Prints one table; JSON per policy in the output directory.
 #
 #   scripts/routing-bench.sh SCENARIO [--policies a,b,...] [--sweep A:B:STEP] [--duration S]
-#                            [--out DIR] [--seed N]
+#                            [--out DIR] [--seed N] [--kill-at S] [--config FILE]
 #
 # SCENARIO: fanout (3 shared 4,000-token prompts in bursts of 16 calls; rates in bursts/s),
 # fanout-long (the same over an 8,000-token parent context, SLO 3 s; the sim's
 # `--set context_tokens=8000 --set slo_ttft_ms=3000`), heterogeneous (agentic sessions; engines 3 and 4 run 2.5x slower; rates in sessions/s), mix
-# (agentic sessions on four equal engines). Each rate runs --duration seconds of arrivals, then
-# waits for the last answers. Latency CDFs and the sweep curves go to DIR/SCENARIO-POLICY.svg.
+# (agentic sessions on four equal engines), tenants (32 tenants with 6,000-token system prompts
+# on engines of 4,096 blocks, a quarter of the others': together the prompts fill three
+# engines' caches; a run's sessions are cut at --duration, so the session rates are higher than
+# the sim's for the same request rate), replica-loss (mix's sessions; engine 4 is killed, SIGKILL, --kill-at seconds
+# into each rate). Each rate runs --duration seconds of arrivals, then waits for the last
+# answers. Latency CDFs and the sweep curves go to DIR/SCENARIO-POLICY.svg.
+# replica-loss runs each rate on a fresh fleet and gateway (every rate loses its engine) and
+# adds, per rate, the requests that failed before and after their first token, and the TTFT
+# P95 over the 30 s before the kill and the 30 s after it (DIR/replica-loss-POLICY-RATE.*).
+# --config gives every gateway a configuration file (`kvgate serve --config`; the engines are
+# added to its endpoints), e.g. to compare a setting.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
 # scenario with the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scenario=${1:?usage: scripts/routing-bench.sh fanout|fanout-long|heterogeneous|mix [flags]}
+scenario=${1:?usage: scripts/routing-bench.sh fanout|fanout-long|heterogeneous|mix|tenants|replica-loss [flags]}
 shift
 policies=predicted_ttft,cache_aware,consistent_hash,prefix_hash,least_outstanding
 out=target/routing-bench
 seed=1
 sweep=
 duration=
+kill_at=
+config=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --policies) policies="$2"; shift 2 ;;
@@ -32,11 +43,14 @@ while [[ $# -gt 0 ]]; do
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
+    --kill-at) kill_at="$2"; shift 2 ;;
+    --config) config=(--config "$2"); shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
 
 scales=(1 1 1 1)
+kv_blocks=16384
 slo_ms=1000
 case "$scenario" in
 fanout)
@@ -61,6 +75,22 @@ mix)
     sweep=${sweep:-8:12:2}
     duration=${duration:-60}
     ;;
+tenants)
+    # The sim's `tenants` scenario (crates/sim/src/scenario/failure_modes.rs).
+    workload=(--workload agentic --agentic-tenants 32 --agentic-system-len 6000
+        --agentic-turns 4 --agentic-max-context 12000)
+    kv_blocks=4096
+    sweep=${sweep:-2:4:0.5}
+    duration=${duration:-60}
+    ;;
+replica-loss)
+    # Sessions last about a minute, so the fleet is loaded by the kill, and the 30 s after it
+    # still have arrivals.
+    workload=(--workload agentic --agentic-max-context 16000)
+    sweep=${sweep:-6:9:1.5}
+    duration=${duration:-90}
+    kill_at=${kill_at:-60}
+    ;;
 *) echo "unknown scenario $scenario" >&2; exit 2 ;;
 esac
 
@@ -70,24 +100,84 @@ kvgate_binary
 kvgate=$KVGATE
 
 IFS=, read -r -a names <<<"$policies"
-for policy in "${names[@]}"; do
-    endpoints=()
+
+# A fresh fleet and a gateway with policy $1 in front of it: sets $gateway and $engine_pids.
+fleet_and_gateway() {
+    local endpoints=() i
+    engine_pids=()
     for i in 0 1 2 3; do
-        # The sim's failure-mode fleet: 128 slots, 16,384 blocks of 16 tokens, chunked prefill.
+        # The sim's failure-mode fleet: 128 slots, blocks of 16 tokens, chunked prefill.
         start "$kvgate" engine --listen 127.0.0.1:0 --id "engine-$i" --seed "$i" \
-            --time-scale "${scales[$i]}" --max-num-seqs 128 --kv-blocks 16384
+            --time-scale "${scales[$i]}" --max-num-seqs 128 --kv-blocks "$kv_blocks"
         endpoints+=(--endpoint "$url")
+        engine_pids+=("${pids[-1]}")
     done
-    start "$kvgate" serve --listen 127.0.0.1:0 "${endpoints[@]}" --policy "$policy"
+    start "$kvgate" serve --listen 127.0.0.1:0 "${config[@]}" "${endpoints[@]}" --policy "$1"
     gateway=$url
-    echo "== $scenario: $policy (gateway $gateway)"
-    "$kvgate" bench --url "$gateway" "${workload[@]}" --sweep "$sweep" --duration "$duration" \
-        --ignore-eos --slo-ttft-ms "$slo_ms" --capacity-attainment 0.95 --timeout-s 120 \
-        --seed "$seed" --no-progress --json "$out/$scenario-$policy.json" \
-        --plot "$out/$scenario-$policy.svg" >"$out/$scenario-$policy.txt"
-    tail -n 3 "$out/$scenario-$policy.txt"
-    stop_all
+}
+
+bench_flags=(--ignore-eos --slo-ttft-ms "$slo_ms" --capacity-attainment 0.95 --timeout-s 120
+    --seed "$seed" --no-progress)
+
+for policy in "${names[@]}"; do
+    if [[ "$scenario" != replica-loss ]]; then
+        fleet_and_gateway "$policy"
+        echo "== $scenario: $policy (gateway $gateway)"
+        "$kvgate" bench --url "$gateway" "${workload[@]}" --sweep "$sweep" --duration "$duration" \
+            "${bench_flags[@]}" --json "$out/$scenario-$policy.json" \
+            --plot "$out/$scenario-$policy.svg" >"$out/$scenario-$policy.txt"
+        tail -n 3 "$out/$scenario-$policy.txt"
+        stop_all
+        continue
+    fi
+    IFS=: read -r from to step <<<"$sweep"
+    for rate in $(python3 -c "import sys; a,b,s=map(float,sys.argv[1:]); n=int(round((b-a)/s))
+print(' '.join(f'{a+i*s:g}' for i in range(n+1)))" "$from" "$to" "$step"); do
+        fleet_and_gateway "$policy"
+        echo "== $scenario: $policy at $rate sessions/s (gateway $gateway), engine 4 killed at ${kill_at}s"
+        name="$out/$scenario-$policy-$rate"
+        "$kvgate" bench --url "$gateway" "${workload[@]}" --rate "$rate" --duration "$duration" \
+            "${bench_flags[@]}" --json "$name.json" --records "$name.jsonl" >"$name.txt" &
+        bench=$!
+        sleep "$kill_at"
+        kill -KILL "${engine_pids[3]}"
+        wait "$bench" || echo "bench exited with $?" >&2
+        stop_all
+    done
 done
+
+if [[ "$scenario" == replica-loss ]]; then
+    python3 - "$out" "$slo_ms" "$kill_at" "${names[@]}" <<'EOF'
+import glob, json, re, sys
+out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+
+def p95(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else None
+
+print(f"\nreplica-loss: engine 4 killed {kill_at:g} s into each rate; capacity at TTFT <= {slo_ms / 1000:g} s"
+      " for 95% of requests. Per rate: sessions/s: req/s achieved, SLO%, failed before / after the"
+      " first token, TTFT P95 ms over the 30 s before / after the kill")
+for name in names:
+    cap, rows = None, []
+    files = glob.glob(f"{out}/replica-loss-{name}-*.json")
+    for f in sorted(files, key=lambda f: float(re.search(r"-([0-9.]+)\.json$", f).group(1))):
+        r = json.load(open(f))["results"][0]
+        recs = [json.loads(l) for l in open(f[:-5] + ".jsonl")]
+        before_token = sum(1 for x in recs if x["error"] and x["ttft_ms"] is None)
+        after_token = sum(1 for x in recs if x["error"] and x["ttft_ms"] is not None)
+        def window(lo, hi):
+            return p95([x["ttft_ms"] for x in recs if x["ttft_ms"] is not None and lo <= x["sent_s"] < hi])
+        pre, post = window(kill_at - 30, kill_at), window(kill_at, kill_at + 30)
+        if r["slo_attainment"] >= 0.95:
+            cap = r["offered_rate"]
+        ratio = f"{post / pre:.2f}x" if pre and post else "n/a"
+        rows.append(f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} {100 * r['slo_attainment']:.1f}% "
+                    f"{before_token}/{after_token} {pre or float('nan'):.0f}/{post or float('nan'):.0f} ({ratio})")
+    print(f"{name:<20} capacity {cap!s:>5} | " + " | ".join(rows))
+EOF
+    exit 0
+fi
 
 python3 - "$out" "$scenario" "$slo_ms" "${names[@]}" <<'EOF'
 import json, sys
