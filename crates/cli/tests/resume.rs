@@ -204,3 +204,60 @@ async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
         assert!(metrics.contains("outcome=\"stream_error\""), "{metrics}");
     }
 }
+
+/// Three streams that break together: with the default gate their continuations reach the
+/// healthy engine one at a time (each waits at the gateway for the previous one's first
+/// token), and with `per_endpoint: 0` all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time() {
+    // `a` answers at once and breaks every stream after 3 tokens; `b` runs in real time, so
+    // a continuation's prefill of this ~2,000-token prompt takes a few hundred milliseconds.
+    let fleet = |name: &'static str, extra: &'static str| async move {
+        let a = engine("a", "0", &["--fault", "disconnect_mid:after=3"]);
+        let b = engine("b", "1", &[]);
+        let yaml = format!(
+            "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b, tier: 1}}\n{extra}",
+            a.url, b.url
+        );
+        let g = gateway_with_config(&[], name, &yaml).await;
+        (a, b, g)
+    };
+    let prompt = "cache ".repeat(2_000);
+    for (name, extra, gated) in [
+        ("resume-gate", "", true),
+        ("resume-ungated", "resume: {per_endpoint: 0}\n", false),
+    ] {
+        let (_a, _b, g) = fleet(name, extra).await;
+        let streams = (0..3).map(|i| {
+            let request = json!({
+                "model": "test-model", "messages": user(&format!("{i} {prompt}")),
+                "max_tokens": 6, "ignore_eos": true, "stream": true,
+            });
+            let url = g.url.clone();
+            async move {
+                let body = post(&url, "/v1/chat/completions", &request).await;
+                body.text().await.unwrap()
+            }
+        });
+        for body in futures_util::future::join_all(streams).await {
+            assert!(!body.contains("\"error\""), "{body}");
+            let finish = chunks(&body)
+                .iter()
+                .filter_map(|c| c["choices"].get(0))
+                .any(|c| c["finish_reason"] == "length");
+            assert!(finish, "{body}");
+        }
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        let resumed = "kvgate_stream_resumes_total{reason=\"resumed\"}";
+        assert_eq!(metric(&metrics, resumed), Some(3.0), "{metrics}");
+        let waits = metric(&metrics, "kvgate_stream_resume_wait_seconds_count");
+        assert_eq!(waits, Some(3.0), "{metrics}");
+        let waited = metric(&metrics, "kvgate_stream_resume_wait_seconds_sum").unwrap();
+        if gated {
+            // The second waited for the first's prefill, the third for two.
+            assert!(waited > 0.2, "{waited} s waited: {metrics}");
+        } else {
+            assert!(waited < 0.05, "{waited} s waited without a gate: {metrics}");
+        }
+    }
+}

@@ -116,6 +116,12 @@ impl Dispatch {
         }
     }
 
+    /// The attempt leaves only now (it waited at the gateway since the pick): its time to
+    /// first token counts from `now`.
+    pub(crate) fn sent_at(&mut self, now: Nanos) {
+        self.sent = now;
+    }
+
     /// The first bytes of a 2xx answer arrived.
     pub(crate) fn first_token(&mut self) {
         let now = self.shared.pool.clock().now();

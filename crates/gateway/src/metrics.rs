@@ -99,6 +99,8 @@ pub struct Metrics {
     pub hedges: Family<ReasonLabel, Counter>,
     /// Streams broken after the first token, by what became of them.
     pub stream_resumes: Family<ReasonLabel, Counter>,
+    /// Time a continuation waited at the gateway for its endpoint's previous one.
+    pub stream_resume_wait: Histogram,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -264,6 +266,12 @@ impl Metrics {
             "stream_resumes",
             "Streams that broke after the first token: resumed on another endpoint, finished, or why not",
             stream_resumes.clone(),
+        );
+        let stream_resume_wait = latency_histogram();
+        registry.register(
+            "stream_resume_wait_seconds",
+            "Time a mid-stream continuation waited at the gateway for its endpoint's previous one to reach its first token",
+            stream_resume_wait.clone(),
         );
         let breaker = Family::default();
         registry.register(
@@ -440,6 +448,7 @@ impl Metrics {
             retries_denied,
             hedges,
             stream_resumes,
+            stream_resume_wait,
             config_reloads,
             epp_picks,
             breaker,

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) tenancy: crate::tenancy::Tenancy,
     /// The models' tokenizers, for prompts tokenized as their engines will.
     pub(crate) tokenizers: crate::engine_state::Tokenizers,
+    /// Mid-stream continuations in flight per endpoint.
+    pub(crate) resume_gates: crate::resume::Gates,
     /// Configuration reloads and the last one's result.
     reloads: std::sync::Mutex<crate::reload::ReloadLog>,
 }
@@ -86,6 +88,7 @@ impl Shared {
             access_log,
             tracing,
             ttft_series: Default::default(),
+            resume_gates: crate::resume::Gates::new(config.resume.per_endpoint),
             reloads: Default::default(),
             config,
         }))

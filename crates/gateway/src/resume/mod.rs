@@ -25,6 +25,7 @@
 //! SGLang, kvgate's emulated engine); one that rejects it answers 400 and the stream ends with
 //! the error event.
 
+mod gate;
 mod splice;
 mod transcript;
 
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
+pub(crate) use gate::Gates;
 pub(crate) use splice::Splicer;
 pub(crate) use transcript::{EventCut, Transcript};
 
@@ -52,6 +54,10 @@ pub struct ResumeConfig {
     /// Text kept per stream to continue from; a longer answer that breaks ends with an error
     /// event.
     pub max_text_bytes: usize,
+    /// Continuations sent to one endpoint and not yet answered (0: no limit). A continuation
+    /// is a full prefill; held at the gateway, a wave of them (a lost replica's streams) does
+    /// not queue on the engines ahead of new requests ([`gate`]).
+    pub per_endpoint: u32,
 }
 
 impl Default for ResumeConfig {
@@ -60,6 +66,7 @@ impl Default for ResumeConfig {
             enabled: true,
             max_resumes: 2,
             max_text_bytes: 256 * 1024,
+            per_endpoint: 1,
         }
     }
 }
@@ -229,9 +236,23 @@ impl Resume {
         target.predicted_ttft = None;
         o.tried.push(target.id);
         self.left -= 1;
-        let dispatch = Dispatch::new(o.shared.clone(), o.request.id, target, true);
-        let forwarded = o.sending.forwarded.clone();
-        self.pending = Some(o.sending.send(dispatch, body, forwarded));
+        let endpoint = target.id;
+        let mut dispatch = Dispatch::new(o.shared.clone(), o.request.id, target, true);
+        let (shared, sending) = (o.shared.clone(), o.sending.clone());
+        self.pending = Some(Box::pin(async move {
+            let waited = shared.pool.clock().now();
+            // Held until the continuation's first bytes (or its failure): its prefill is done.
+            let _place = shared.resume_gates.enter(endpoint).await;
+            let now = shared.pool.clock().now();
+            shared
+                .metrics
+                .stream_resume_wait
+                .observe((now - waited).as_secs_f64());
+            // Its time to first token is the engine's, counted from here.
+            dispatch.sent_at(now);
+            let forwarded = sending.forwarded.clone();
+            sending.send(dispatch, body, forwarded).await
+        }));
         Ok(())
     }
 
