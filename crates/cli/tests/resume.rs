@@ -9,11 +9,12 @@ use serde_json::{json, Value};
 use support::{client, engine, gateway_with_config, get_text, metric, sse_data, user, Proc};
 
 /// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
-/// the first tier, breaks every stream after `after` tokens; `b` is healthy.
-async fn fleet(name: &str, after: u32, extra: &str) -> (Proc, Proc, Proc) {
+/// the first tier, answers at once and breaks every stream after `after` tokens; `b` is
+/// healthy and runs at `b_time_scale`.
+async fn fleet(name: &str, after: u32, b_time_scale: &str, extra: &str) -> (Proc, Proc, Proc) {
     let fault = format!("disconnect_mid:after={after}");
     let a = engine("a", "0", &["--fault", &fault]);
-    let b = engine("b", "0", &[]);
+    let b = engine("b", b_time_scale, &[]);
     let yaml = format!(
         "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b, tier: 1}}\n{extra}",
         a.url, b.url
@@ -68,7 +69,7 @@ async fn answer(engine: &Proc, path: &str, mut body: Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_stream_broken_after_five_tokens_is_continued_on_another_engine() {
-    let (_a, b, g) = fleet("resume-chat", 5, "").await;
+    let (_a, b, g) = fleet("resume-chat", 5, "0", "").await;
     let mut request = json!({
         "model": "test-model", "messages": user("tell me about caches"), "max_tokens": 20,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
@@ -148,7 +149,7 @@ async fn a_chat_stream_broken_after_five_tokens_is_continued_on_another_engine()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_stream_is_continued_from_its_prompt_and_the_client_did_not_ask_for_usage() {
-    let (_a, b, g) = fleet("resume-completion", 3, "").await;
+    let (_a, b, g) = fleet("resume-completion", 3, "0", "").await;
     let mut request = json!({
         "model": "test-model", "prompt": "Once upon a time", "max_tokens": 12,
         "ignore_eos": true, "stream": true,
@@ -177,12 +178,12 @@ async fn a_completion_stream_is_continued_from_its_prompt_and_the_client_did_not
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
-    let (_a, _b, g) = fleet("resume-refused", 3, "").await;
+    let (_a, _b, g) = fleet("resume-refused", 3, "0", "").await;
     let request = json!({
         "model": "test-model", "messages": user("hi"), "max_tokens": 10,
         "ignore_eos": true, "stream": true, "logprobs": true,
     });
-    let (_a2, _b2, off) = fleet("resume-off", 3, "resume: {enabled: false}\n").await;
+    let (_a2, _b2, off) = fleet("resume-off", 3, "0", "resume: {enabled: false}\n").await;
     let resumable = {
         let mut r = request.clone();
         r.as_object_mut().unwrap().remove("logprobs");
@@ -210,24 +211,14 @@ async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
 /// token), and with `per_endpoint: 0` all at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time() {
-    // `a` answers at once and breaks every stream after 3 tokens; `b` runs in real time, so
-    // a continuation's prefill of this ~2,000-token prompt takes a few hundred milliseconds.
-    let fleet = |name: &'static str, extra: &'static str| async move {
-        let a = engine("a", "0", &["--fault", "disconnect_mid:after=3"]);
-        let b = engine("b", "1", &[]);
-        let yaml = format!(
-            "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b, tier: 1}}\n{extra}",
-            a.url, b.url
-        );
-        let g = gateway_with_config(&[], name, &yaml).await;
-        (a, b, g)
-    };
+    // `b` runs in real time: a continuation's prefill of this ~2,000-token prompt takes a few
+    // hundred milliseconds.
     let prompt = "cache ".repeat(2_000);
     for (name, extra, gated) in [
         ("resume-gate", "", true),
         ("resume-ungated", "resume: {per_endpoint: 0}\n", false),
     ] {
-        let (_a, _b, g) = fleet(name, extra).await;
+        let (_a, _b, g) = fleet(name, 3, "1", extra).await;
         let streams = (0..3).map(|i| {
             let request = json!({
                 "model": "test-model", "messages": user(&format!("{i} {prompt}")),
