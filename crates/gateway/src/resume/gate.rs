@@ -40,6 +40,9 @@ impl Gates {
         }
         let gate = {
             let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+            // Only gates someone waits at or holds a place in are kept (a permit holds its
+            // semaphore), so endpoints that come and go leave nothing behind.
+            gates.retain(|_, gate| Arc::strong_count(gate) > 1);
             gates
                 .entry(endpoint)
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_endpoint as usize)))
@@ -74,6 +77,21 @@ mod tests {
         drop(first);
         let entered = timeout(Duration::from_secs(1), waiting).await;
         assert!(entered.expect("entered once the first left").unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gates_nobody_is_at_are_forgotten() {
+        let gates = Gates::new(1);
+        let held = gates.enter(EndpointId(0)).await;
+        for id in 1..100 {
+            drop(gates.enter(EndpointId(id)).await);
+        }
+        let mut kept: Vec<u32> = gates.gates.lock().unwrap().keys().map(|e| e.0).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [0, 99]);
+        drop(held);
+        drop(gates.enter(EndpointId(5)).await);
+        assert_eq!(gates.gates.lock().unwrap().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
