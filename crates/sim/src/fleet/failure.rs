@@ -12,7 +12,8 @@ const FORWARD_LIMIT: Nanos = Nanos(10_000_000_000);
 
 impl Sim<'_> {
     /// Replica `i` dies now: every router forgets it, requests without a first token are sent
-    /// again through their router, those mid-stream fail (and their sessions go on, as an agent
+    /// again through their router, and those mid-stream are continued elsewhere
+    /// ([`super::resume`]) or, with `resume` off, fail (and their sessions go on, as an agent
     /// whose call errored does).
     pub(super) fn fail(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
         let now = self.now;
@@ -29,15 +30,21 @@ impl Sim<'_> {
             let router = self.out.records[*id as usize].router as usize;
             self.routers[router].failed(*id, endpoint, now, FailureKind::Connect);
         }
+        self.open[i] = 0;
         for r in &mut self.routers {
             r.remove(endpoint);
         }
         for (id, prompt, max_output, output) in lost {
             self.out.in_flight -= 1;
             let rec = &mut self.out.records[id as usize];
-            if output == 0 {
+            if output == 0 && rec.resumed.is_some_and(|r| r.first_token.is_none()) {
+                rec.retries += 1;
+                self.hold(id, prompt, max_output);
+            } else if output == 0 {
                 rec.retries += 1;
                 self.route(id, prompt, max_output);
+            } else if self.config.resume.is_some() {
+                self.resume(id, prompt, max_output, output);
             } else {
                 rec.failed = true;
                 rec.finished = Some(now);
@@ -46,6 +53,7 @@ impl Sim<'_> {
                 self.follow_up(tag, workload, rng);
             }
         }
+        self.release();
     }
 
     /// The oracle's pick: the live replica where the true queue, the true cache and the true
@@ -57,13 +65,17 @@ impl Sim<'_> {
     /// Past [`FORWARD_LIMIT`] the queue model's figure stands: an overloaded replica's queue
     /// would take the copy thousands of iterations per request, and the run's SLO is lost
     /// anyway.
-    pub(super) fn oracle_pick(&self, prompt: &[u32]) -> (usize, Nanos) {
+    pub(super) fn oracle_pick(
+        &self,
+        prompt: &[u32],
+        closed: &dyn Fn(usize) -> bool,
+    ) -> (usize, Nanos) {
         let now = self.now;
         let residual = |r: &super::Replica| r.busy_until.saturating_since(now).0;
         let scaled = |r: &super::Replica, t: Nanos| (t.0 as f64 / r.speed) as u64;
         let mut best: Option<(usize, u64)> = None;
         for (i, r) in self.replicas.iter().enumerate() {
-            if !r.alive {
+            if !r.alive || closed(i) {
                 continue;
             }
             let ttft = residual(r) + scaled(r, r.engine.oracle_ttft(prompt));

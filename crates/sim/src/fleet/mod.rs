@@ -18,11 +18,10 @@
 
 mod outcome;
 
-pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, SkewStats};
+pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, Resumption, SkewStats};
 
 use crate::model::{EngineConfig, EngineModel, Iteration, SeqEvent, SeqRequest};
-use crate::workload::{Spec, Workload};
-use kvgate_core::router::accept_all;
+use crate::workload::{Spec, UniqueTokens, Workload};
 use kvgate_core::{
     Decision, EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Request, Routing,
     Usage,
@@ -66,6 +65,11 @@ pub struct FleetConfig {
     pub oracle: bool,
     /// Replicas that die during the run.
     pub failures: Vec<Failure>,
+    /// What a router does with a stream whose replica dies after its first token. `None`: the
+    /// request fails. `Some(n)`: it sends a continuation elsewhere, at most `n` at once per
+    /// replica still awaiting their first token, the rest waiting at the router (0: no limit).
+    /// The gateway's `resume` with `per_endpoint` (on, 1 by default).
+    pub resume: Option<u32>,
     /// Routers share their dispatches, first tokens and completions with each other after this
     /// delay (gateway replicas over a message bus); `None`: each knows only its own.
     pub share: Option<Nanos>,
@@ -155,6 +159,12 @@ struct Sim<'c> {
     scratch: Vec<Spec>,
     news: Vec<Option<(usize, share::News)>>,
     free_news: Vec<usize>,
+    /// Continuations waiting for a replica to take them ([`resume`]).
+    held: std::collections::VecDeque<resume::Held>,
+    /// Per replica, the continuations sent there still without a first token.
+    open: Vec<u32>,
+    /// Ids for the text a broken stream had generated, resent in its continuation.
+    generated: UniqueTokens,
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -220,6 +230,9 @@ impl<'c> Sim<'c> {
             scratch: Vec::new(),
             news: Vec::new(),
             free_news: Vec::new(),
+            held: Default::default(),
+            open: vec![0; n],
+            generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
         }
     }
 
@@ -395,18 +408,29 @@ impl<'c> Sim<'c> {
             failed: false,
             predicted_ttft_ms: None,
             predicted_cached: None,
+            resumed: None,
         });
         self.route(id, spec.tokens, spec.output);
     }
 
     /// Sends request `id` (its record already written) through its router, or the oracle.
     fn route(&mut self, id: u64, prompt: Vec<u32>, output: u32) {
+        self.route_among(id, prompt, output, &[]);
+    }
+
+    /// [`Self::route`] to a replica not `closed` (indexed by replica; missing: open).
+    fn route_among(&mut self, id: u64, prompt: Vec<u32>, output: u32, closed: &[bool]) {
         let now = self.now;
+        let is_closed = |i: usize| closed.get(i).copied().unwrap_or(false);
         let rec = self.out.records[id as usize];
         let router_index = rec.router as usize;
+        // A continuation's prediction is not the request's: its first token came long ago.
+        let first_dispatch = rec.first_token.is_none();
         let (endpoint, label, prompt) = if self.config.oracle {
-            let (i, ttft) = self.oracle_pick(&prompt);
-            self.out.records[id as usize].predicted_ttft_ms = Some(ttft.as_millis_f64() as f32);
+            let (i, ttft) = self.oracle_pick(&prompt, &is_closed);
+            if first_dispatch {
+                self.out.records[id as usize].predicted_ttft_ms = Some(ttft.as_millis_f64() as f32);
+            }
             (EndpointId(i as u32), "predicted", prompt)
         } else {
             if self.config.scrape_interval == Nanos::ZERO {
@@ -419,7 +443,8 @@ impl<'c> Sim<'c> {
             if let Some(s) = rec.session {
                 request = request.with_session(format!("session-{s}"));
             }
-            let decision = self.routers[router_index].route(&request, now, &accept_all);
+            let accept = |v: &EndpointView| !is_closed(v.id.0 as usize);
+            let decision = self.routers[router_index].route(&request, now, &accept);
             let route = match decision {
                 Decision::Route(route) => route,
                 Decision::Reject(_) => {
@@ -428,14 +453,17 @@ impl<'c> Sim<'c> {
                     return;
                 }
             };
-            if let Reason::PredictedTtft {
-                ttft_ms,
-                cached_tokens,
-            } = route.reason
+            if let (
+                Reason::PredictedTtft {
+                    ttft_ms,
+                    cached_tokens,
+                },
+                true,
+            ) = (&route.reason, first_dispatch)
             {
                 let rec = &mut self.out.records[id as usize];
-                rec.predicted_ttft_ms = Some(ttft_ms as f32);
-                rec.predicted_cached = Some(cached_tokens);
+                rec.predicted_ttft_ms = Some(*ttft_ms as f32);
+                rec.predicted_cached = Some(*cached_tokens);
             }
             if self.config.share.is_some() {
                 let news = share::News::Dispatched(Box::new(request.clone()), route.endpoint);
@@ -449,6 +477,13 @@ impl<'c> Sim<'c> {
         self.out.records[id as usize].replica = endpoint.0;
         self.out.in_flight += 1;
         self.out.replicas[i].assigned += 1;
+        if let Some(r) = &mut self.out.records[id as usize].resumed {
+            if r.first_token.is_none() {
+                r.sent = Some(now);
+                r.prompt_tokens = prompt.len() as u32;
+                self.open[i] += 1;
+            }
+        }
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {
             id,
@@ -527,6 +562,11 @@ impl<'c> Sim<'c> {
         }
         for event in it.events {
             match event {
+                SeqEvent::FirstToken { id, cached_tokens }
+                    if self.out.records[id as usize].first_token.is_some() =>
+                {
+                    self.continued(i, id, cached_tokens);
+                }
                 SeqEvent::FirstToken { id, cached_tokens } => {
                     let rec = &mut self.out.records[id as usize];
                     rec.first_token = Some(now);
@@ -541,14 +581,26 @@ impl<'c> Sim<'c> {
                 SeqEvent::Finished { id, output_tokens } => {
                     let rec = &mut self.out.records[id as usize];
                     rec.finished = Some(now);
-                    rec.output_tokens = output_tokens;
                     let tag = rec.tag;
-                    let dispatched = rec.arrival;
-                    let usage = Usage {
-                        prompt_tokens: rec.prompt_tokens,
-                        cached_tokens: Some(rec.cached_tokens),
-                        output_tokens,
+                    let (dispatched, usage) = match rec.resumed {
+                        Some(r) => (
+                            r.sent.unwrap_or(rec.arrival),
+                            Usage {
+                                prompt_tokens: r.prompt_tokens,
+                                cached_tokens: Some(r.cached_tokens),
+                                output_tokens,
+                            },
+                        ),
+                        None => (
+                            rec.arrival,
+                            Usage {
+                                prompt_tokens: rec.prompt_tokens,
+                                cached_tokens: Some(rec.cached_tokens),
+                                output_tokens,
+                            },
+                        ),
                     };
+                    rec.output_tokens = output_tokens + rec.resumed.map_or(0, |r| r.output_before);
                     let from = rec.router as usize;
                     let streams = &mut self.replicas[i].streams[from];
                     *streams = streams.saturating_sub(1);
@@ -586,6 +638,7 @@ impl<'c> Sim<'c> {
 }
 
 mod failure;
+mod resume;
 mod share;
 
 #[cfg(test)]

@@ -37,6 +37,26 @@ pub struct RequestRecord {
     pub predicted_ttft_ms: Option<f32>,
     /// The prompt tokens its router predicted the replica had cached (`predicted_ttft` says).
     pub predicted_cached: Option<u32>,
+    /// Its stream was continued on another replica after its own died mid-answer.
+    pub resumed: Option<Resumption>,
+}
+
+/// A stream continued elsewhere after its replica died mid-answer, as the gateway's `resume`
+/// does: the continuation carries the prompt and the text so far and asks for the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resumption {
+    /// When its replica died.
+    pub broken: Nanos,
+    /// When the continuation left the router; `None` while it waits at the replica's gate.
+    pub sent: Option<Nanos>,
+    /// When the continuation's first token came: the client's wait between two tokens ends.
+    pub first_token: Option<Nanos>,
+    /// Output tokens the client had before the break.
+    pub output_before: u32,
+    /// The continuation's prompt length (the prompt and the text so far).
+    pub prompt_tokens: u32,
+    /// Of those, tokens served from the prefix cache.
+    pub cached_tokens: u32,
 }
 
 /// Counters of one replica.

@@ -33,6 +33,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        resume: Some(1),
         share: None,
         horizon: None,
     }
@@ -43,7 +44,11 @@ fn workload(requests: u64, rate: f64) -> OpenLoop {
 }
 
 fn workload_groups(requests: u64, rate: f64, groups: u32) -> OpenLoop {
-    OpenLoop::new(OpenLoopConfig {
+    OpenLoop::new(open_config(requests, rate, groups))
+}
+
+fn open_config(requests: u64, rate: f64, groups: u32) -> OpenLoopConfig {
+    OpenLoopConfig {
         arrivals: Arrivals {
             rate,
             burstiness: 1.0,
@@ -59,7 +64,7 @@ fn workload_groups(requests: u64, rate: f64, groups: u32) -> OpenLoop {
             share: 0.5,
             zipf: 0.0,
         }),
-    })
+    }
 }
 
 /// The engines' prefix-cache hit ratio over the run.
@@ -282,4 +287,66 @@ fn routers_reading_the_engines_kv_events_know_what_every_replica_caches() {
         exact(&one)
     );
     assert!(hit_ratio(&events) >= hit_ratio(&alone).max(hit_ratio(&one)));
+}
+
+/// Four replicas, long answers, replica 3 dying mid-run with streams decoding on it.
+fn broken_streams(resume: Option<u32>) -> Outcome {
+    let mut config = fleet("least_outstanding", 4, &[]);
+    config.resume = resume;
+    config.failures = vec![Failure {
+        replica: 3,
+        at: Nanos(TICK_NANOS * 300),
+    }];
+    let mut w = OpenLoop::new(OpenLoopConfig {
+        output: Lengths::fixed(200),
+        long_output: Lengths::fixed(200),
+        ..open_config(60, 0.2, 2)
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    run(&config, &mut w, &mut rng, 4)
+}
+
+#[test]
+fn streams_a_lost_replica_broke_are_continued_one_at_a_time_on_each_replica() {
+    let out = broken_streams(Some(1));
+    assert_eq!(out.in_flight, 0);
+    assert!(out
+        .records
+        .iter()
+        .all(|r| !r.failed && r.output_tokens == 200));
+    let continued: Vec<_> = out.records.iter().filter_map(|r| r.resumed).collect();
+    assert!(continued.len() >= 3, "{}", continued.len());
+    // Each continuation resends the prompt and the text so far.
+    for r in out.records.iter().filter(|r| r.resumed.is_some()) {
+        let c = r.resumed.unwrap();
+        assert!(c.output_before > 0 && c.prompt_tokens == r.prompt_tokens + c.output_before);
+        assert_ne!(r.replica, 3);
+    }
+    // On each replica, one continuation at a time awaits its first token; the others waited.
+    for replica in 0..3 {
+        let mut spans: Vec<(Nanos, Nanos)> = out
+            .records
+            .iter()
+            .filter(|r| r.replica == replica)
+            .filter_map(|r| r.resumed)
+            .map(|c| (c.sent.unwrap(), c.first_token.unwrap()))
+            .collect();
+        spans.sort();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+    }
+    assert!(continued.iter().any(|c| c.sent.unwrap() > c.broken));
+
+    // Without a limit every continuation leaves at the loss; with `resume` off they fail.
+    let all_at_once = broken_streams(Some(0));
+    let sent: Vec<_> = all_at_once
+        .records
+        .iter()
+        .filter_map(|r| r.resumed)
+        .collect();
+    assert_eq!(sent.len(), continued.len());
+    assert!(sent.iter().all(|c| c.sent == Some(c.broken)));
+    let off = broken_streams(None);
+    let failed = off.records.iter().filter(|r| r.failed).count();
+    assert_eq!(failed, continued.len());
+    assert!(off.records.iter().all(|r| r.resumed.is_none()));
 }

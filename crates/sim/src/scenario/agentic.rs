@@ -73,6 +73,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        resume: Some(1),
         share: share(&mut p)?,
         horizon: None,
     };

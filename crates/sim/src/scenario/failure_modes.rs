@@ -68,6 +68,10 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         kv_signal: KvSignal::Referenced,
         oracle: false,
         failures: Vec::new(),
+        resume: {
+            let per_endpoint = p.u64("resume_per_endpoint", 1)? as u32;
+            p.bool("resume", true)?.then_some(per_endpoint)
+        },
         share: share(p)?,
         horizon: None,
     })
@@ -140,6 +144,19 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
         .iter()
         .filter(|r| r.failed && r.output_tokens == 0)
         .count();
+    // Streams the loss broke mid-answer and continued elsewhere: how long each client waited
+    // between two tokens (from the loss to the continuation's first token).
+    let waits: Vec<f64> = outcome
+        .records
+        .iter()
+        .filter_map(|r| r.resumed)
+        .filter_map(|c| c.first_token.map(|t| (t - c.broken).as_millis_f64()))
+        .collect();
+    let failed_after_first_token = outcome
+        .records
+        .iter()
+        .filter(|r| r.failed && r.output_tokens > 0)
+        .count();
     let recompute_ttfts: Vec<f64> = after
         .iter()
         .filter(|r| recomputes(r))
@@ -176,6 +193,19 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
         (
             "failed_before_first_token".into(),
             json!(failed_before_first_token),
+        ),
+        (
+            "failed_after_first_token".into(),
+            json!(failed_after_first_token),
+        ),
+        ("continued".into(), json!(waits.len())),
+        (
+            "continued_wait_p50_ms".into(),
+            json!(percentile(waits.clone(), 0.5)),
+        ),
+        (
+            "continued_wait_max_ms".into(),
+            json!(percentile(waits, 1.0)),
         ),
         (
             "retried".into(),
@@ -343,6 +373,7 @@ mod tests {
             failed: false,
             predicted_ttft_ms: None,
             predicted_cached: None,
+            resumed: None,
         }
     }
 

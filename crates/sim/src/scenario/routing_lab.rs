@@ -137,6 +137,7 @@ impl Lab {
             kv_signal,
             oracle: false,
             failures: Vec::new(),
+            resume: Some(1),
             share: None,
             horizon: None,
         };

@@ -60,6 +60,11 @@ pub struct UniqueTokens {
 }
 
 impl UniqueTokens {
+    /// Ids from `next` on: a second source whose ids the workload's never reach in a run.
+    pub fn starting_at(next: u32) -> Self {
+        UniqueTokens { next }
+    }
+
     /// Appends `n` fresh ids to `out`.
     pub fn extend(&mut self, out: &mut Vec<u32>, n: u32) {
         out.reserve(n as usize);
