@@ -183,13 +183,18 @@ impl Tracked {
                     self._permit = None;
                     return;
                 }
-                None => match r.start() {
+                None => match r.start(message) {
                     Ok(()) => return,
                     Err(reason) => reason,
                 },
             },
             Err(reason) => reason,
         };
+        self.unresumed(reason, message);
+    }
+
+    /// The stream broke and is not continued, for `reason`: it ends with an error event.
+    fn unresumed(&mut self, reason: &'static str, message: &str) {
         self.resumes(reason);
         self.ending.set(Outcome::StreamError);
         self._permit = None;
@@ -213,10 +218,16 @@ impl Tracked {
         };
         let (dispatch, result) = match r.pending()?.as_mut().poll(cx) {
             Poll::Pending => return Some(Poll::Pending),
-            Poll::Ready(done) => done,
+            Poll::Ready(Ok(done)) => done,
+            Poll::Ready(Err(reason)) => {
+                r.settled(false, None);
+                let cause = r.cause().to_owned();
+                self.unresumed(reason, &cause);
+                return Some(Poll::Ready(()));
+            }
         };
         let spliced = matches!(&result, Ok(ready) if ready.head.status.is_success());
-        r.settled(spliced);
+        r.settled(spliced, Some(dispatch.target.id));
         let facts = self.ending.facts();
         facts.attempts += 1;
         self.ending.at(dispatch.target.name.clone());

@@ -23,8 +23,10 @@ use std::time::Duration;
 
 /// An attempt on its way: its dispatch and, once the first bytes (or the failure) are in,
 /// the result.
-pub(crate) type AttemptFuture =
-    Pin<Box<dyn Future<Output = (Dispatch, Result<Ready, AttemptError>)> + Send>>;
+pub(crate) type AttemptFuture = Pin<Box<dyn Future<Output = AttemptOutcome> + Send>>;
+
+/// How an attempt ended: its dispatch, and the upstream's answer or the error.
+pub(crate) type AttemptOutcome = (Dispatch, Result<Ready, AttemptError>);
 
 /// What every attempt of one request sends besides its body: first attempt, retries, hedges
 /// and mid-stream continuations alike.
@@ -114,12 +116,6 @@ impl Dispatch {
             done: false,
             span: None,
         }
-    }
-
-    /// The attempt leaves only now (it waited at the gateway since the pick): its time to
-    /// first token counts from `now`.
-    pub(crate) fn sent_at(&mut self, now: Nanos) {
-        self.sent = now;
     }
 
     /// The first bytes of a 2xx answer arrived.

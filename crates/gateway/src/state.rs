@@ -43,7 +43,7 @@ pub(crate) struct Shared {
     /// The models' tokenizers, for prompts tokenized as their engines will.
     pub(crate) tokenizers: crate::engine_state::Tokenizers,
     /// Mid-stream continuations in flight per endpoint.
-    pub(crate) resume_gates: crate::resume::Gates,
+    pub(crate) resume_gates: std::sync::Arc<crate::resume::Gates>,
     /// Configuration reloads and the last one's result.
     reloads: std::sync::Mutex<crate::reload::ReloadLog>,
 }
@@ -88,7 +88,9 @@ impl Shared {
             access_log,
             tracing,
             ttft_series: Default::default(),
-            resume_gates: crate::resume::Gates::new(config.resume.per_endpoint),
+            resume_gates: std::sync::Arc::new(crate::resume::Gates::new(
+                config.resume.per_endpoint,
+            )),
             reloads: Default::default(),
             config,
         }))

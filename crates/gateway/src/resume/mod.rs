@@ -29,7 +29,7 @@ mod gate;
 mod splice;
 mod transcript;
 
-use crate::dispatch::{AttemptFuture, Dispatch, Sending};
+use crate::dispatch::{AttemptOutcome, Dispatch, Sending};
 use crate::parse::Api;
 use crate::pool::Attempt;
 use crate::state::Shared;
@@ -152,8 +152,15 @@ pub(crate) struct Resume {
     transcript: Transcript,
     splicer: Option<Splicer>,
     left: u32,
-    pending: Option<AttemptFuture>,
+    pending: Option<ContinuationFuture>,
+    /// What broke the stream last, told to the client if no continuation follows.
+    cause: String,
 }
+
+/// A continuation on its way: the attempt, once an endpoint took it, or why none did.
+pub(crate) type ContinuationFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<AttemptOutcome, &'static str>> + Send>,
+>;
 
 impl std::fmt::Debug for Resume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,6 +181,7 @@ impl Resume {
             cut: EventCut::default(),
             splicer: None,
             pending: None,
+            cause: String::new(),
             origin,
         }
     }
@@ -214,8 +222,10 @@ impl Resume {
         })
     }
 
-    /// The upstream broke: sends the continuation to another endpoint, or says why not.
-    pub(crate) fn start(&mut self) -> Result<(), &'static str> {
+    /// The upstream broke (`cause`): puts the continuation on its way to another endpoint, or
+    /// says why not.
+    pub(crate) fn start(&mut self, cause: &str) -> Result<(), &'static str> {
+        cause.clone_into(&mut self.cause);
         self.cut = EventCut::default();
         self.transcript.read();
         if let Some(reason) = self.transcript.blocked() {
@@ -224,36 +234,45 @@ impl Resume {
         if self.left == 0 {
             return Err("exhausted");
         }
-        let o = &mut self.origin;
+        let o = &self.origin;
         let body = splice::continuation(&o.body, o.sending.api, &self.transcript)?;
-        let mut target = o
-            .shared
-            .pool
-            .pick(&o.request, &o.tried, Attempt::Resume)
-            .map_err(|_| "no_endpoint")?;
-        // The predictions were for the request's prompt, not for prompt plus text so far.
-        target.prediction = None;
-        target.predicted_ttft = None;
-        o.tried.push(target.id);
         self.left -= 1;
-        let endpoint = target.id;
-        let mut dispatch = Dispatch::new(o.shared.clone(), o.request.id, target, true);
         let (shared, sending) = (o.shared.clone(), o.sending.clone());
+        let (request, tried) = (o.request.clone(), o.tried.clone());
         self.pending = Some(Box::pin(async move {
             let waited = shared.pool.clock().now();
-            // Held until the continuation's first bytes (or its failure): its prefill is done.
-            let _place = shared.resume_gates.enter(endpoint).await;
+            // Routed when an endpoint has room, and held there until the continuation's first
+            // bytes (or its failure): its prefill is done ([`gate`]).
+            let (mut target, _place) = shared
+                .resume_gates
+                .place(|full| {
+                    let refused: Vec<EndpointId> = tried.iter().chain(full).copied().collect();
+                    let target = shared.pool.pick(&request, &refused, Attempt::Resume);
+                    let target = target.map_err(|_| "no_endpoint");
+                    target.map(|t| {
+                        let id = t.id;
+                        (t, id)
+                    })
+                })
+                .await?;
             let now = shared.pool.clock().now();
             shared
                 .metrics
                 .stream_resume_wait
                 .observe((now - waited).as_secs_f64());
-            // Its time to first token is the engine's, counted from here.
-            dispatch.sent_at(now);
+            // The predictions were for the request's prompt, not for prompt plus text so far.
+            target.prediction = None;
+            target.predicted_ttft = None;
+            let dispatch = Dispatch::new(shared.clone(), request.id, target, true);
             let forwarded = sending.forwarded.clone();
-            sending.send(dispatch, body, forwarded).await
+            Ok(sending.send(dispatch, body, forwarded).await)
         }));
         Ok(())
+    }
+
+    /// What broke the stream last.
+    pub(crate) fn cause(&self) -> &str {
+        &self.cause
     }
 
     /// Whether a continuation is on its way.
@@ -262,14 +281,16 @@ impl Resume {
     }
 
     /// The continuation on its way, if any.
-    pub(crate) fn pending(&mut self) -> Option<&mut AttemptFuture> {
+    pub(crate) fn pending(&mut self) -> Option<&mut ContinuationFuture> {
         self.pending.as_mut()
     }
 
-    /// The continuation's first bytes arrived (or it failed): from now on its events are
-    /// spliced in.
-    pub(crate) fn settled(&mut self, spliced: bool) {
+    /// The continuation's first bytes arrived from `endpoint` (or it failed, or found no
+    /// endpoint): from now on its events are spliced in, and a later continuation goes
+    /// elsewhere.
+    pub(crate) fn settled(&mut self, spliced: bool, endpoint: Option<EndpointId>) {
         self.pending = None;
+        self.origin.tried.extend(endpoint);
         if spliced {
             self.splicer = Some(Splicer::new(&self.transcript));
         }
