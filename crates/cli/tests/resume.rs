@@ -252,3 +252,50 @@ async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time(
         }
     }
 }
+
+/// A continuation is routed when an endpoint has room, among those: three streams sharing a
+/// long prompt break together, and `cache_aware`, which sends a prompt where its prefix went
+/// before, would put every continuation on the engine that took the first. With one
+/// continuation per endpoint at a time, the second goes to the other healthy engine instead of
+/// waiting behind the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_goes_to_an_engine_with_room_not_where_the_first_one_went() {
+    let prompt = "cache ".repeat(2_000);
+    let a = engine("a", "0", &["--fault", "disconnect_mid:after=3"]);
+    let b = engine("b", "1", &[]);
+    let c = engine("c", "1", &[]);
+    let yaml = format!(
+        "policy: {{name: cache_aware}}\nscrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b, tier: 1}}\n  - {{url: \"{}\", name: c, tier: 1}}\n",
+        a.url, b.url, c.url
+    );
+    let g = gateway_with_config(&[], "resume-room", &yaml).await;
+    let streams = (0..3).map(|i| {
+        let request = json!({
+            "model": "test-model", "messages": user(&format!("{prompt} {i}")),
+            "max_tokens": 6, "ignore_eos": true, "stream": true,
+        });
+        let url = g.url.clone();
+        async move {
+            post(&url, "/v1/chat/completions", &request)
+                .await
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    for body in futures_util::future::join_all(streams).await {
+        assert!(!body.contains("\"error\""), "{body}");
+    }
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    let resumed = "kvgate_stream_resumes_total{reason=\"resumed\"}";
+    assert_eq!(metric(&metrics, resumed), Some(3.0), "{metrics}");
+    for engine in [&b, &c] {
+        let text = get_text(&client(), &engine.url, "/metrics").await;
+        let prefilled = metric(&text, "vllm:prompt_tokens_total").unwrap_or(0.0);
+        assert!(
+            prefilled >= 2_000.0,
+            "{} took no continuation: {text}",
+            engine.url
+        );
+    }
+}
