@@ -54,6 +54,22 @@ async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {
     r
 }
 
+/// Streamed chats of six tokens, one per prompt, sent at once through the gateway at `url`:
+/// their bodies, in the prompts' order.
+async fn streamed_together(url: &str, prompts: impl Iterator<Item = String>) -> Vec<String> {
+    let streams = prompts.map(|prompt| {
+        let request = json!({
+            "model": "test-model", "messages": user(&prompt),
+            "max_tokens": 6, "ignore_eos": true, "stream": true,
+        });
+        async move {
+            let body = post(url, "/v1/chat/completions", &request).await;
+            body.text().await.unwrap()
+        }
+    });
+    futures_util::future::join_all(streams).await
+}
+
 /// What `engine` answers to `body`, not streamed.
 async fn answer(engine: &Proc, path: &str, mut body: Value) -> String {
     body["stream"] = json!(false);
@@ -219,18 +235,8 @@ async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time(
         ("resume-ungated", "resume: {per_endpoint: 0}\n", false),
     ] {
         let (_a, _b, g) = fleet(name, 3, "1", extra).await;
-        let streams = (0..3).map(|i| {
-            let request = json!({
-                "model": "test-model", "messages": user(&format!("{i} {prompt}")),
-                "max_tokens": 6, "ignore_eos": true, "stream": true,
-            });
-            let url = g.url.clone();
-            async move {
-                let body = post(&url, "/v1/chat/completions", &request).await;
-                body.text().await.unwrap()
-            }
-        });
-        for body in futures_util::future::join_all(streams).await {
+        let prompts = (0..3).map(|i| format!("{i} {prompt}"));
+        for body in streamed_together(&g.url, prompts).await {
             assert!(!body.contains("\"error\""), "{body}");
             let finish = chunks(&body)
                 .iter()
@@ -269,21 +275,8 @@ async fn a_continuation_goes_to_an_engine_with_room_not_where_the_first_one_went
         a.url, b.url, c.url
     );
     let g = gateway_with_config(&[], "resume-room", &yaml).await;
-    let streams = (0..3).map(|i| {
-        let request = json!({
-            "model": "test-model", "messages": user(&format!("{prompt} {i}")),
-            "max_tokens": 6, "ignore_eos": true, "stream": true,
-        });
-        let url = g.url.clone();
-        async move {
-            post(&url, "/v1/chat/completions", &request)
-                .await
-                .text()
-                .await
-                .unwrap()
-        }
-    });
-    for body in futures_util::future::join_all(streams).await {
+    let prompts = (0..3).map(|i| format!("{prompt} {i}"));
+    for body in streamed_together(&g.url, prompts).await {
         assert!(!body.contains("\"error\""), "{body}");
     }
     let metrics = get_text(&client(), &g.url, "/metrics").await;
