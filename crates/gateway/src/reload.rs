@@ -79,14 +79,15 @@ impl EndpointSet {
 
     /// Wanted endpoints join (with blackout and slow start), missing ones leave (requests
     /// already sent there finish), the others take their new settings; returns how many
-    /// joined and left.
+    /// joined and left. New endpoints join before old ones leave, so a file that swaps one
+    /// endpoint for another never leaves a moment with nothing to route to.
     pub(crate) fn sync(
         &mut self,
         shared: &Arc<Shared>,
         wanted: &[EndpointConfig],
     ) -> (usize, usize) {
         let existing = shared.pool.configs();
-        let before = self.managed.len();
+        let mut leaving = Vec::new();
         self.managed.retain(|id| {
             let Some((_, old)) = existing.iter().find(|(e, _)| e == id) else {
                 return false; // removed meanwhile, e.g. through the admin API
@@ -99,12 +100,11 @@ impl EndpointSet {
                     true
                 }
                 None => {
-                    shared.pool.remove(*id);
+                    leaving.push(*id);
                     false
                 }
             }
         });
-        let left = before - self.managed.len();
         let mut joined = 0;
         for e in wanted {
             if !existing
@@ -118,7 +118,10 @@ impl EndpointSet {
                 joined += 1;
             }
         }
-        (joined, left)
+        for id in &leaving {
+            shared.pool.remove(*id);
+        }
+        (joined, leaving.len())
     }
 }
 
@@ -253,6 +256,55 @@ mod tests {
         edited.set_policy("power_of_two").unwrap();
         reloader.apply(&shared, &edited);
         assert_eq!(shared.pool.policy_name(), "power_of_two");
+        let _ = shared.stop.send(true);
+    }
+
+    /// Swapping the file's only endpoint for another must never leave the pool empty, not even
+    /// between the two steps: a request routed at that moment would get a 503. Picks run on
+    /// another thread throughout many swaps (the current-thread runtime keeps the spawned
+    /// health checks from running, so only the swap can make a pick fail).
+    #[tokio::test]
+    async fn swapping_the_only_endpoint_never_leaves_nothing_to_route_to() {
+        let url = |port: u16| {
+            format!(
+                "policy: {{name: round_robin}}\nendpoints: [{{url: 'http://127.0.0.1:{port}'}}]"
+            )
+        };
+        let file = Config::from_yaml(&url(1)).unwrap();
+        let shared = Arc::new(
+            Shared::new(
+                file.clone(),
+                1,
+                crate::observe::access_log::AccessLog::default(),
+                None,
+            )
+            .unwrap(),
+        );
+        let mut reloader = Reloader::new(&shared, Some(&file));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let picker = std::thread::spawn({
+            let (shared, done) = (shared.clone(), done.clone());
+            move || {
+                let (mut picks, mut refused) = (0u64, 0u64);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let request = kvgate_core::Request::from_text(picks, "hello");
+                    match shared.pool.pick(&request, &[], crate::pool::Attempt::First) {
+                        Ok(_) => {}
+                        Err(_) => refused += 1,
+                    }
+                    picks += 1;
+                }
+                (picks, refused)
+            }
+        });
+        for i in 0..2000 {
+            let port = if i % 2 == 0 { 2 } else { 1 };
+            reloader.apply(&shared, &Config::from_yaml(&url(port)).unwrap());
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (picks, refused) = picker.join().unwrap();
+        assert!(picks > 0);
+        assert_eq!(refused, 0, "{refused} of {picks} picks found no endpoint");
         let _ = shared.stop.send(true);
     }
 
