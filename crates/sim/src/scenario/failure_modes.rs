@@ -46,7 +46,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         kv_blocks: p.u64("kv_blocks", kv_blocks)? as usize,
         block_size: 16,
         batching: Batching::Chunked {
-            max_num_batched_tokens: 2_048,
+            max_num_batched_tokens: p.u64("max_num_batched_tokens", 2_048)? as usize,
         },
         prefix_caching: true,
         cost: CostModel::default(),
