@@ -31,6 +31,7 @@ impl Sim<'_> {
             self.routers[router].failed(*id, endpoint, now, FailureKind::Connect);
         }
         self.open[i] = 0;
+        self.awaiting[i] = 0;
         for r in &mut self.routers {
             r.remove(endpoint);
         }

@@ -70,6 +70,10 @@ pub struct FleetConfig {
     /// replica still awaiting their first token, the rest waiting at the router (0: no limit).
     /// The gateway's `resume` with `per_endpoint` (on, 1 by default).
     pub resume: Option<u32>,
+    /// How long after its stream broke a continuation yields to new requests: until then it
+    /// goes only to a replica where no request its router sent awaits a first token. The
+    /// gateway's `resume.yield_ms` (docs/routing.md, Limits, "A lost replica"). Zero: never.
+    pub resume_yield: Nanos,
     /// Routers share their dispatches, first tokens and completions with each other after this
     /// delay (gateway replicas over a message bus); `None`: each knows only its own.
     pub share: Option<Nanos>,
@@ -163,6 +167,8 @@ struct Sim<'c> {
     held: std::collections::VecDeque<resume::Held>,
     /// Per replica, the continuations sent there still without a first token.
     open: Vec<u32>,
+    /// Per replica, requests sent there (continuations included) without a first token yet.
+    awaiting: Vec<u32>,
     /// Ids for the text a broken stream had generated, resent in its continuation.
     generated: UniqueTokens,
 }
@@ -232,6 +238,7 @@ impl<'c> Sim<'c> {
             free_news: Vec::new(),
             held: Default::default(),
             open: vec![0; n],
+            awaiting: vec![0; n],
             generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
         }
     }
@@ -484,6 +491,7 @@ impl<'c> Sim<'c> {
                 self.open[i] += 1;
             }
         }
+        self.awaiting[i] += 1;
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {
             id,
@@ -565,9 +573,11 @@ impl<'c> Sim<'c> {
                 SeqEvent::FirstToken { id, cached_tokens }
                     if self.out.records[id as usize].first_token.is_some() =>
                 {
+                    self.awaiting[i] = self.awaiting[i].saturating_sub(1);
                     self.continued(i, id, cached_tokens);
                 }
                 SeqEvent::FirstToken { id, cached_tokens } => {
+                    self.awaiting[i] = self.awaiting[i].saturating_sub(1);
                     let rec = &mut self.out.records[id as usize];
                     rec.first_token = Some(now);
                     rec.cached_tokens = cached_tokens;
@@ -622,6 +632,11 @@ impl<'c> Sim<'c> {
                 }
                 SeqEvent::Token { .. } | SeqEvent::Preempted { .. } => {}
             }
+        }
+        // A first token may have ended the wait of a continuation yielding to new requests,
+        // and time has passed for one whose yield is over.
+        if !self.held.is_empty() {
+            self.release();
         }
     }
 

@@ -7,7 +7,9 @@
 //! lost replica held, sent at once, hold up every first token behind them on the survivors.
 //! So at most `resume` (`per_endpoint` in the gateway) continuations await their first token on
 //! a replica at once. The others wait at the router, in the order their streams broke, and
-//! each is routed when it leaves, among the replicas with room.
+//! each is routed when it leaves, among the replicas with room. For `resume_yield` after the
+//! break a continuation also yields to new requests: it leaves only for a replica where none
+//! awaits its first token.
 
 use super::Sim;
 
@@ -49,15 +51,22 @@ impl Sim<'_> {
         self.held.push_back(Held { id, prompt, output });
     }
 
-    /// Routes the waiting continuations, oldest first, while some live replica has room.
+    /// Routes the waiting continuations, oldest first, while some live replica has room. One
+    /// still yielding (`resume_yield` since its stream broke) skips the replicas where a request
+    /// awaits its first token: sent there, its full prefill would hold that request up.
     pub(super) fn release(&mut self) {
         let limit = self.config.resume.unwrap_or(0);
-        while !self.held.is_empty() {
-            let closed: Vec<bool> = self
-                .replicas
-                .iter()
-                .zip(&self.open)
-                .map(|(r, &open)| !r.alive || (limit > 0 && open >= limit))
+        while let Some(next) = self.held.front() {
+            let broken = self.out.records[next.id as usize]
+                .resumed
+                .map_or(self.now, |r| r.broken);
+            let yielding = self.now.saturating_since(broken) < self.config.resume_yield;
+            let closed: Vec<bool> = (0..self.replicas.len())
+                .map(|i| {
+                    !self.replicas[i].alive
+                        || (limit > 0 && self.open[i] >= limit)
+                        || (yielding && self.awaiting[i] > 0)
+                })
                 .collect();
             if closed.iter().all(|&c| c) {
                 return;

@@ -34,6 +34,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         oracle: false,
         failures: Vec::new(),
         resume: Some(1),
+        resume_yield: Nanos::ZERO,
         share: None,
         horizon: None,
     }
@@ -291,8 +292,13 @@ fn routers_reading_the_engines_kv_events_know_what_every_replica_caches() {
 
 /// Four replicas, long answers, replica 3 dying mid-run with streams decoding on it.
 fn broken_streams(resume: Option<u32>) -> Outcome {
+    broken_streams_yielding(resume, Nanos::ZERO)
+}
+
+fn broken_streams_yielding(resume: Option<u32>, resume_yield: Nanos) -> Outcome {
     let mut config = fleet("least_outstanding", 4, &[]);
     config.resume = resume;
+    config.resume_yield = resume_yield;
     config.failures = vec![Failure {
         replica: 3,
         at: Nanos(TICK_NANOS * 300),
@@ -349,4 +355,47 @@ fn streams_a_lost_replica_broke_are_continued_one_at_a_time_on_each_replica() {
     let failed = off.records.iter().filter(|r| r.failed).count();
     assert_eq!(failed, continued.len());
     assert!(off.records.iter().all(|r| r.resumed.is_none()));
+}
+
+/// Continuations sent while requests awaited their first token on the same replica, each as
+/// (the continuation's send time, how long after its break).
+fn sent_ahead_of_new_requests(out: &Outcome) -> Vec<(Nanos, Nanos)> {
+    let waiting = |replica: u32, at: Nanos| {
+        out.records.iter().any(|r| {
+            r.replica == replica
+                && r.resumed.is_none()
+                && r.retries == 0
+                && r.arrival <= at
+                && r.first_token.is_some_and(|f| f > at)
+        })
+    };
+    out.records
+        .iter()
+        .filter_map(|r| r.resumed.map(|c| (r.replica, c)))
+        .filter(|(replica, c)| waiting(*replica, c.sent.unwrap()))
+        .map(|(_, c)| (c.sent.unwrap(), c.sent.unwrap() - c.broken))
+        .collect()
+}
+
+#[test]
+fn a_continuation_yields_to_requests_awaiting_their_first_token_until_its_yield_ends() {
+    let window = Nanos(TICK_NANOS * 40);
+    let plain = broken_streams(Some(1));
+    let ahead = sent_ahead_of_new_requests(&plain);
+    assert!(
+        ahead.iter().any(|&(_, after_break)| after_break < window),
+        "without a yield, continuations must go ahead of new requests here: {ahead:?}"
+    );
+    let yielding = broken_streams_yielding(Some(1), window);
+    assert!(yielding
+        .records
+        .iter()
+        .all(|r| !r.failed && r.output_tokens == 200));
+    let ahead = sent_ahead_of_new_requests(&yielding);
+    assert!(
+        ahead.iter().all(|&(_, after_break)| after_break >= window),
+        "{ahead:?}"
+    );
+    let continued = |out: &Outcome| out.records.iter().filter(|r| r.resumed.is_some()).count();
+    assert_eq!(continued(&yielding), continued(&plain));
 }

@@ -74,6 +74,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         oracle: false,
         failures: Vec::new(),
         resume: Some(1),
+        resume_yield: Nanos::from_secs(1),
         share: share(&mut p)?,
         horizon: None,
     };

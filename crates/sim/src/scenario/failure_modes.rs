@@ -72,6 +72,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
             let per_endpoint = p.u64("resume_per_endpoint", 1)? as u32;
             p.bool("resume", true)?.then_some(per_endpoint)
         },
+        resume_yield: Nanos::from_millis(p.u64("resume_yield_ms", 1_000)?),
         share: share(p)?,
         horizon: None,
     })

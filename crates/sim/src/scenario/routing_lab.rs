@@ -138,6 +138,7 @@ impl Lab {
             oracle: false,
             failures: Vec::new(),
             resume: Some(1),
+            resume_yield: kvgate_core::Nanos::from_secs(1),
             share: None,
             horizon: None,
         };
