@@ -274,12 +274,25 @@ impl Pki {
 }
 
 /// A loopback port free a moment ago (for a process that must be restarted on the same address).
+/// A loopback port free now, for a process started later to bind. Taken below the kernel's
+/// ephemeral range (32768-60999 on Linux): a port the kernel hands out for `:0` could, once
+/// released, become the local end of some process's outgoing connection before the intended
+/// process binds it (seen in CI: an engine's KV-event connection held the gateway's port).
+/// Each test binary starts at its own offset and walks on, so concurrent tests do not collide.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free loopback port below the ephemeral range");
+        let port = (LOW + start.wrapping_add(n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A key's SHA-256 in hex, as `tenancy.keys[].key_sha256` holds it.
