@@ -217,9 +217,11 @@ pub struct InflightLedger {
 
 #[derive(Clone, Debug, Default)]
 struct EndpointLedger {
-    inflight: HashMap<u64, Nanos>,
+    /// Each unfinished request: when it was sent, and whether its first token came.
+    inflight: HashMap<u64, (Nanos, bool)>,
     observed_at: Option<Nanos>,
     since_observation: u32,
+    awaiting_first_token: u32,
 }
 
 impl InflightLedger {
@@ -231,17 +233,35 @@ impl InflightLedger {
     /// Records that `request` was sent to `endpoint` at `at`.
     pub fn dispatched(&mut self, endpoint: EndpointId, request: u64, at: Nanos) {
         let ledger = self.endpoints.entry(endpoint).or_default();
-        if ledger.inflight.insert(request, at).is_none() {
-            ledger.since_observation += 1;
+        match ledger.inflight.insert(request, (at, false)) {
+            None => {
+                ledger.since_observation += 1;
+                ledger.awaiting_first_token += 1;
+            }
+            Some((_, true)) => ledger.awaiting_first_token += 1,
+            Some((_, false)) => {}
+        }
+    }
+
+    /// Records that `request`'s first token came from `endpoint`. Unknown ids are ignored.
+    pub fn first_token(&mut self, endpoint: EndpointId, request: u64) {
+        if let Some(ledger) = self.endpoints.get_mut(&endpoint) {
+            if let Some((_, answered @ false)) = ledger.inflight.get_mut(&request) {
+                *answered = true;
+                ledger.awaiting_first_token -= 1;
+            }
         }
     }
 
     /// Records that `request` finished (completed, failed or cancelled). Unknown ids are ignored.
     pub fn finished(&mut self, endpoint: EndpointId, request: u64) {
         if let Some(ledger) = self.endpoints.get_mut(&endpoint) {
-            if let Some(sent) = ledger.inflight.remove(&request) {
+            if let Some((sent, answered)) = ledger.inflight.remove(&request) {
                 if ledger.observed_at.is_none_or(|obs| sent > obs) {
                     ledger.since_observation = ledger.since_observation.saturating_sub(1);
+                }
+                if !answered {
+                    ledger.awaiting_first_token -= 1;
                 }
             }
         }
@@ -252,7 +272,8 @@ impl InflightLedger {
     pub fn observed(&mut self, endpoint: EndpointId, at: Nanos) {
         let ledger = self.endpoints.entry(endpoint).or_default();
         ledger.observed_at = Some(at);
-        ledger.since_observation = count_u32(ledger.inflight.values().filter(|&&sent| sent > at));
+        ledger.since_observation =
+            count_u32(ledger.inflight.values().filter(|&&(sent, _)| sent > at));
     }
 
     /// Forgets an endpoint that left the pool.
@@ -272,6 +293,14 @@ impl InflightLedger {
         self.endpoints
             .get(&endpoint)
             .map_or(0, |l| u32::try_from(l.inflight.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Unfinished requests sent to `endpoint` whose first token has not come. A request whose
+    /// first bytes are not a first token (a non-streamed answer) counts until it finishes.
+    pub fn awaiting_first_token(&self, endpoint: EndpointId) -> u32 {
+        self.endpoints
+            .get(&endpoint)
+            .map_or(0, |l| l.awaiting_first_token)
     }
 
     /// Copies this ledger's counts into a view of the same endpoint.
@@ -309,6 +338,39 @@ mod tests {
         assert_eq!(ledger.since_observation(e), 0);
         ledger.finished(e, 2);
         assert_eq!(ledger.inflight(e), 0);
+    }
+
+    #[test]
+    fn ledger_counts_requests_awaiting_their_first_token() {
+        let (e, other) = (EndpointId(1), EndpointId(2));
+        let mut ledger = InflightLedger::new();
+        for id in 1..=3 {
+            ledger.dispatched(e, id, Nanos(id));
+        }
+        assert_eq!(ledger.awaiting_first_token(e), 3);
+        ledger.first_token(e, 1);
+        ledger.first_token(e, 1);
+        ledger.first_token(other, 2);
+        ledger.first_token(e, 9);
+        assert_eq!(
+            ledger.awaiting_first_token(e),
+            2,
+            "once per request, on its endpoint"
+        );
+        ledger.finished(e, 1);
+        assert_eq!(ledger.awaiting_first_token(e), 2, "1 had its first token");
+        ledger.finished(e, 2);
+        assert_eq!(ledger.awaiting_first_token(e), 1, "2 ended without one");
+        ledger.dispatched(e, 3, Nanos(5));
+        assert_eq!(
+            ledger.awaiting_first_token(e),
+            1,
+            "3 sent again, still awaiting"
+        );
+        ledger.first_token(e, 3);
+        assert_eq!(ledger.awaiting_first_token(e), 0);
+        ledger.finished(e, 3);
+        assert_eq!((ledger.awaiting_first_token(e), ledger.inflight(e)), (0, 0));
     }
 
     #[test]

@@ -218,8 +218,15 @@ impl Router {
         });
     }
 
+    /// Requests sent to `id` and not finished whose first token has not come (see
+    /// [`InflightLedger::awaiting_first_token`]).
+    pub fn awaiting_first_token(&self, id: EndpointId) -> u32 {
+        self.ledger.awaiting_first_token(id)
+    }
+
     /// The first token of `request` arrived from `endpoint` `ttft` after its dispatch.
     pub fn first_token(&mut self, request: u64, endpoint: EndpointId, now: Nanos, ttft: Nanos) {
+        self.ledger.first_token(endpoint, request);
         self.policy.observe(&Event::FirstToken {
             request,
             endpoint,

@@ -31,7 +31,6 @@ impl Sim<'_> {
             self.routers[router].failed(*id, endpoint, now, FailureKind::Connect);
         }
         self.open[i] = 0;
-        self.awaiting[i] = 0;
         for r in &mut self.routers {
             r.remove(endpoint);
         }

@@ -167,8 +167,6 @@ struct Sim<'c> {
     held: std::collections::VecDeque<resume::Held>,
     /// Per replica, the continuations sent there still without a first token.
     open: Vec<u32>,
-    /// Per replica, requests sent there (continuations included) without a first token yet.
-    awaiting: Vec<u32>,
     /// Ids for the text a broken stream had generated, resent in its continuation.
     generated: UniqueTokens,
 }
@@ -238,7 +236,6 @@ impl<'c> Sim<'c> {
             free_news: Vec::new(),
             held: Default::default(),
             open: vec![0; n],
-            awaiting: vec![0; n],
             generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
         }
     }
@@ -491,7 +488,6 @@ impl<'c> Sim<'c> {
                 self.open[i] += 1;
             }
         }
-        self.awaiting[i] += 1;
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {
             id,
@@ -573,11 +569,9 @@ impl<'c> Sim<'c> {
                 SeqEvent::FirstToken { id, cached_tokens }
                     if self.out.records[id as usize].first_token.is_some() =>
                 {
-                    self.awaiting[i] = self.awaiting[i].saturating_sub(1);
                     self.continued(i, id, cached_tokens);
                 }
                 SeqEvent::FirstToken { id, cached_tokens } => {
-                    self.awaiting[i] = self.awaiting[i].saturating_sub(1);
                     let rec = &mut self.out.records[id as usize];
                     rec.first_token = Some(now);
                     rec.cached_tokens = cached_tokens;

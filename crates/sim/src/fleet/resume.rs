@@ -53,19 +53,21 @@ impl Sim<'_> {
 
     /// Routes the waiting continuations, oldest first, while some live replica has room. One
     /// still yielding (`resume_yield` since its stream broke) skips the replicas where a request
-    /// awaits its first token: sent there, its full prefill would hold that request up.
+    /// its router sent awaits its first token: sent there, its full prefill would hold that
+    /// request up.
     pub(super) fn release(&mut self) {
         let limit = self.config.resume.unwrap_or(0);
         while let Some(next) = self.held.front() {
-            let broken = self.out.records[next.id as usize]
-                .resumed
-                .map_or(self.now, |r| r.broken);
+            let rec = &self.out.records[next.id as usize];
+            let broken = rec.resumed.map_or(self.now, |r| r.broken);
             let yielding = self.now.saturating_since(broken) < self.config.resume_yield;
+            let router = self.routers[rec.router as usize].router();
             let closed: Vec<bool> = (0..self.replicas.len())
                 .map(|i| {
+                    let awaiting = router.awaiting_first_token(kvgate_core::EndpointId(i as u32));
                     !self.replicas[i].alive
                         || (limit > 0 && self.open[i] >= limit)
-                        || (yielding && self.awaiting[i] > 0)
+                        || (yielding && awaiting > 0)
                 })
                 .collect();
             if closed.iter().all(|&c| c) {
