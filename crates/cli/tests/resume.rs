@@ -224,7 +224,8 @@ async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
 
 /// Three streams that break together: with the default gate their continuations reach the
 /// healthy engine one at a time (each waits at the gateway for the previous one's first
-/// token), and with `per_endpoint: 0` all at once.
+/// token); with no limit per endpoint they still do while they yield to requests awaiting
+/// their first token (another continuation among them), and with neither, all at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time() {
     // `b` runs in real time: a continuation's prefill of this ~2,000-token prompt takes a few
@@ -232,7 +233,12 @@ async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time(
     let prompt = "cache ".repeat(2_000);
     for (name, extra, gated) in [
         ("resume-gate", "", true),
-        ("resume-ungated", "resume: {per_endpoint: 0}\n", false),
+        ("resume-yield", "resume: {per_endpoint: 0}\n", true),
+        (
+            "resume-ungated",
+            "resume: {per_endpoint: 0, yield_ms: 0}\n",
+            false,
+        ),
     ] {
         let (_a, _b, g) = fleet(name, 3, "1", extra).await;
         let prompts = (0..3).map(|i| format!("{i} {prompt}"));

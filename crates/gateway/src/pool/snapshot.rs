@@ -135,6 +135,19 @@ impl Pool {
             .any(EndpointInfo::passes_health_checks)
     }
 
+    /// The endpoints where a request this gateway sent (or a peer shared) awaits its first
+    /// token; a non-streamed request counts until it ends. A continuation yields to them
+    /// (`crate::resume`).
+    pub fn awaiting_first_token(&self) -> Vec<EndpointId> {
+        let core = self.lock();
+        let router = &core.router;
+        core.endpoints
+            .iter()
+            .map(|e| e.info.id)
+            .filter(|&id| router.awaiting_first_token(id) > 0)
+            .collect()
+    }
+
     /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or
     /// an open breaker, takes traffic again: the `Retry-After` of a 503 when nothing is
     /// routable. `None` when no such endpoint exists.

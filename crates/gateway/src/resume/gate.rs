@@ -20,7 +20,13 @@
 use kvgate_core::EndpointId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How often a yielding continuation looks again for an endpoint with no request awaiting its
+/// first token: well under a typical time to first token, and a pick is microseconds.
+pub(crate) const YIELD_POLL: Duration = Duration::from_millis(20);
 
 /// Continuations sent to each endpoint and not yet answered, with a limit per endpoint.
 #[derive(Debug)]
@@ -70,19 +76,24 @@ impl Gates {
     }
 
     /// Places a continuation: `pick` chooses among the endpoints not in the list it is given
-    /// (those without room) and returns its choice and the endpoint chosen. When `pick` finds
-    /// nothing while some endpoint is full, this waits for a place to free and asks again;
-    /// when nothing is full, `pick`'s error is the answer. The place is held until dropped;
-    /// `None` with no limit. Waiters are not served in any set order.
+    /// (those without room) and returns its choice and the endpoint chosen. Until
+    /// `yield_until`, `pick` is told the continuation yields (its second argument), so it also
+    /// passes over endpoints where a new request awaits its first token; nothing signals those
+    /// first tokens here, so a yielding continuation asks again every [`YIELD_POLL`]. When
+    /// `pick` finds nothing while some endpoint is full or the continuation yields, this waits
+    /// and asks again; otherwise `pick`'s error is the answer. The place is held until
+    /// dropped; `None` with no limit. Waiters are not served in any set order.
     pub(crate) async fn place<T, E>(
         self: &Arc<Self>,
-        mut pick: impl FnMut(&[EndpointId]) -> Result<(T, EndpointId), E>,
+        yield_until: Option<Instant>,
+        mut pick: impl FnMut(&[EndpointId], bool) -> Result<(T, EndpointId), E>,
     ) -> Result<(T, Option<Place>), E> {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             // Registered before looking, so a place freed after the look still wakes us.
             freed.as_mut().enable();
+            let until = yield_until.filter(|&u| Instant::now() < u);
             {
                 let mut open = self.lock();
                 let full: Vec<EndpointId> = match self.per_endpoint {
@@ -93,7 +104,7 @@ impl Gates {
                         .map(|(&e, _)| e)
                         .collect(),
                 };
-                match pick(&full) {
+                match pick(&full, until.is_some()) {
                     Ok((chosen, _)) if self.per_endpoint == 0 => return Ok((chosen, None)),
                     Ok((chosen, endpoint)) => {
                         *open.entry(endpoint).or_default() += 1;
@@ -103,11 +114,20 @@ impl Gates {
                         };
                         return Ok((chosen, Some(place)));
                     }
-                    Err(e) if full.is_empty() => return Err(e),
+                    Err(e) if full.is_empty() && until.is_none() => return Err(e),
                     Err(_) => {}
                 }
             }
-            freed.await;
+            match until {
+                Some(until) => {
+                    let poll = tokio::time::sleep_until(until.min(Instant::now() + YIELD_POLL));
+                    tokio::select! {
+                        () = freed => {}
+                        () = poll => {}
+                    }
+                }
+                None => freed.await,
+            }
         }
     }
 }
@@ -115,15 +135,15 @@ impl Gates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::time::timeout;
 
     /// Picks the lowest-numbered endpoint of `0..n` not in `full` or `tried`.
     fn lowest(
         n: u32,
         tried: &'static [u32],
-    ) -> impl FnMut(&[EndpointId]) -> Result<(u32, EndpointId), &'static str> {
-        move |full| {
+    ) -> impl FnMut(&[EndpointId], bool) -> Result<(u32, EndpointId), &'static str> {
+        move |full, _| {
             (0..n)
                 .find(|e| !tried.contains(e) && !full.contains(&EndpointId(*e)))
                 .map(|e| (e, EndpointId(e)))
@@ -136,8 +156,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_continuation_goes_where_there_is_room_and_waits_when_there_is_none() {
         let gates = Arc::new(Gates::new(1));
-        let (first, p0) = gates.place(lowest(2, &[])).await.unwrap();
-        let (second, p1) = gates.place(lowest(2, &[])).await.unwrap();
+        let (first, p0) = gates.place(None, lowest(2, &[])).await.unwrap();
+        let (second, p1) = gates.place(None, lowest(2, &[])).await.unwrap();
         assert_eq!(
             (first, second),
             (0, 1),
@@ -145,7 +165,7 @@ mod tests {
         );
         let mut waiting = {
             let gates = gates.clone();
-            tokio::spawn(async move { gates.place(lowest(2, &[])).await.map(|(e, _)| e) })
+            tokio::spawn(async move { gates.place(None, lowest(2, &[])).await.map(|(e, _)| e) })
         };
         let early = timeout(Duration::from_secs(1), &mut waiting).await;
         assert!(early.is_err(), "placed while both endpoints were full");
@@ -158,11 +178,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_nothing_full_the_picks_refusal_is_the_answer() {
         let gates = Arc::new(Gates::new(1));
-        let refused = gates.place(lowest(2, &[0, 1])).await;
+        let refused = gates.place(None, lowest(2, &[0, 1])).await;
         assert_eq!(refused.map(|(e, _)| e), Err("no_endpoint"));
         // Endpoint 1 is full, and 0 was tried: wait for 1, not refuse.
-        let (_, held) = gates.place(lowest(2, &[0])).await.unwrap();
-        let waiting = timeout(Duration::from_secs(1), gates.place(lowest(2, &[0]))).await;
+        let (_, held) = gates.place(None, lowest(2, &[0])).await.unwrap();
+        let waiting = timeout(Duration::from_secs(1), gates.place(None, lowest(2, &[0]))).await;
         assert!(
             waiting.is_err(),
             "refused or placed while the only endpoint was full"
@@ -173,10 +193,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn places_given_back_are_forgotten() {
         let gates = Arc::new(Gates::new(1));
-        let (_, held) = gates.place(lowest(1, &[])).await.unwrap();
+        let (_, held) = gates.place(None, lowest(1, &[])).await.unwrap();
         for id in 1..100 {
-            let only = move |_: &[EndpointId]| Ok::<_, ()>(((), EndpointId(id)));
-            drop(gates.place(only).await.unwrap());
+            let only = move |_: &[EndpointId], _| Ok::<_, ()>(((), EndpointId(id)));
+            drop(gates.place(None, only).await.unwrap());
         }
         assert_eq!(
             gates.lock().keys().copied().collect::<Vec<_>>(),
@@ -190,10 +210,54 @@ mod tests {
     async fn no_limit_lets_every_continuation_through() {
         let gates = Arc::new(Gates::new(0));
         for _ in 0..3 {
-            let placed = timeout(Duration::from_secs(1), gates.place(lowest(1, &[]))).await;
+            let placed = timeout(Duration::from_secs(1), gates.place(None, lowest(1, &[]))).await;
             let (e, place) = placed.expect("no wait").unwrap();
             assert_eq!(e, 0);
             assert!(place.is_none());
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_yielding_continuation_waits_for_a_lull_or_the_end_of_its_yield() {
+        let gates = Arc::new(Gates::new(0));
+        // One endpoint, where a new request awaits its first token while `busy` holds.
+        let busy = Arc::new(AtomicBool::new(true));
+        let pick = |busy: Arc<AtomicBool>| {
+            move |_: &[EndpointId], yielding: bool| {
+                if yielding && busy.load(Ordering::SeqCst) {
+                    Err("no_endpoint")
+                } else {
+                    Ok((0, EndpointId(0)))
+                }
+            }
+        };
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut waiting = {
+            let (gates, busy) = (gates.clone(), busy.clone());
+            tokio::spawn(async move { gates.place(Some(until), pick(busy)).await.map(|_| ()) })
+        };
+        let early = timeout(Duration::from_millis(300), &mut waiting).await;
+        assert!(
+            early.is_err(),
+            "placed ahead of a request awaiting its first token"
+        );
+        busy.store(false, Ordering::SeqCst);
+        let placed = timeout(YIELD_POLL * 2, waiting).await;
+        assert_eq!(placed.expect("placed at the lull").unwrap(), Ok(()));
+
+        // Busy throughout: placed when the yield ends, not before.
+        busy.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        let until = started + Duration::from_secs(1);
+        let placed = gates.place(Some(until), pick(busy.clone())).await;
+        assert!(placed.is_ok());
+        assert!(Instant::now() >= until && Instant::now() < until + YIELD_POLL);
+        // Past its yield a continuation is placed at once, and a refusal is final again.
+        assert!(gates.place(Some(started), pick(busy)).await.is_ok());
+        let refuse = |_: &[EndpointId], _| Err::<((), EndpointId), _>("no_endpoint");
+        assert_eq!(
+            gates.place(Some(started), refuse).await.map(|_| ()),
+            Err("no_endpoint")
+        );
     }
 }
