@@ -16,13 +16,9 @@
 //! (`kvgate sim --scenario replica-loss`, 10 seeds) that cost `predicted_ttft` 3% of its
 //! capacity, and one endpoint's queue of continuations (cache-affine policies send them all to
 //! the same place) waited while another endpoint had room.
-//!
-//! Waiting continuations are served oldest first, as the sim serves them, so the stream that
-//! broke first resumes first; an older one that no endpoint with room will take (it tried them,
-//! or it still yields to new requests) does not hold the younger ones up.
 
 use kvgate_core::EndpointId;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -32,40 +28,15 @@ use tokio::time::Instant;
 /// first token: well under a typical time to first token, and a pick is microseconds.
 pub(crate) const YIELD_POLL: Duration = Duration::from_millis(20);
 
-/// Continuations sent to each endpoint and not yet answered, with a limit per endpoint, and
-/// the continuations waiting for a place, served oldest first.
+/// Continuations sent to each endpoint and not yet answered, with a limit per endpoint.
 #[derive(Debug)]
 pub(crate) struct Gates {
     per_endpoint: u32,
-    state: Mutex<State>,
-    /// Signalled when a place frees or is taken.
-    changed: Notify,
-    /// Signalled when a waiter leaves or finds nothing: the next one may look.
-    passed: Notify,
-}
-
-#[derive(Debug, Default)]
-struct State {
     /// Only endpoints with a continuation in flight have an entry, so endpoints that come and
     /// go leave nothing behind.
-    open: HashMap<EndpointId, u32>,
-    /// Waiting continuations by arrival, each with the `generation` at which it last found
-    /// nothing (`None` until it has looked).
-    waiting: BTreeMap<u64, Option<u64>>,
-    next_ticket: u64,
-    /// Counts places freed and taken: what a waiter that found nothing waits on.
-    generation: u64,
-}
-
-impl State {
-    /// Whether waiter `ticket` may look now: every older one has looked since the last change
-    /// and found nothing. The oldest goes first; a younger one is not held behind an older one
-    /// that no endpoint with room will take (it has tried them, or it yields).
-    fn turn(&self, ticket: u64) -> bool {
-        self.waiting
-            .range(..ticket)
-            .all(|(_, &found_nothing)| found_nothing == Some(self.generation))
-    }
+    open: Mutex<HashMap<EndpointId, u32>>,
+    /// Signalled whenever a place frees.
+    freed: Notify,
 }
 
 /// A continuation's place on its endpoint, given back when dropped.
@@ -78,29 +49,15 @@ pub(crate) struct Place {
 impl Drop for Place {
     fn drop(&mut self) {
         {
-            let mut state = self.gates.lock();
-            if let Some(n) = state.open.get_mut(&self.endpoint) {
+            let mut open = self.gates.lock();
+            if let Some(n) = open.get_mut(&self.endpoint) {
                 *n -= 1;
                 if *n == 0 {
-                    state.open.remove(&self.endpoint);
+                    open.remove(&self.endpoint);
                 }
             }
-            state.generation += 1;
         }
-        self.gates.changed.notify_waiters();
-    }
-}
-
-/// A waiter's ticket, given back when it is placed, refused or dropped (its client left).
-struct Ticket<'g> {
-    gates: &'g Gates,
-    ticket: u64,
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        self.gates.lock().waiting.remove(&self.ticket);
-        self.gates.passed.notify_waiters();
+        self.gates.freed.notify_waiters();
     }
 }
 
@@ -109,14 +66,13 @@ impl Gates {
     pub(crate) fn new(per_endpoint: u32) -> Self {
         Gates {
             per_endpoint,
-            state: Mutex::default(),
-            changed: Notify::new(),
-            passed: Notify::new(),
+            open: Mutex::default(),
+            freed: Notify::new(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, u32>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Places a continuation: `pick` chooses among the endpoints not in the list it is given
@@ -126,90 +82,51 @@ impl Gates {
     /// first tokens here, so a yielding continuation asks again every [`YIELD_POLL`]. When
     /// `pick` finds nothing while some endpoint is full or the continuation yields, this waits
     /// and asks again; otherwise `pick`'s error is the answer. The place is held until
-    /// dropped; `None` with no limit. Waiters are served in the order they came, as far as
-    /// an older one can go anywhere ([`State::turn`]).
+    /// dropped; `None` with no limit. Waiters are not served in any set order.
     pub(crate) async fn place<T, E>(
         self: &Arc<Self>,
         yield_until: Option<Instant>,
         mut pick: impl FnMut(&[EndpointId], bool) -> Result<(T, EndpointId), E>,
     ) -> Result<(T, Option<Place>), E> {
-        let ticket = {
-            let mut state = self.lock();
-            state.next_ticket += 1;
-            let ticket = state.next_ticket;
-            state.waiting.insert(ticket, None);
-            Ticket {
-                gates: self,
-                ticket,
-            }
-        };
         loop {
-            // Registered before looking, so a change after the look still wakes us.
-            let changed = self.changed.notified();
-            let passed = self.passed.notified();
-            tokio::pin!(changed, passed);
-            changed.as_mut().enable();
-            passed.as_mut().enable();
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before looking, so a place freed after the look still wakes us.
+            freed.as_mut().enable();
             let until = yield_until.filter(|&u| Instant::now() < u);
-            let mut found_nothing = false;
-            let mut news = false;
             {
-                let mut state = self.lock();
-                if state.turn(ticket.ticket) {
-                    let full: Vec<EndpointId> = match self.per_endpoint {
-                        0 => Vec::new(),
-                        limit => state
-                            .open
-                            .iter()
-                            .filter(|(_, &n)| n >= limit)
-                            .map(|(&e, _)| e)
-                            .collect(),
-                    };
-                    match pick(&full, until.is_some()) {
-                        Ok((chosen, _)) if self.per_endpoint == 0 => return Ok((chosen, None)),
-                        Ok((chosen, endpoint)) => {
-                            *state.open.entry(endpoint).or_default() += 1;
-                            state.generation += 1;
-                            drop(state);
-                            self.changed.notify_waiters();
-                            let place = Place {
-                                gates: self.clone(),
-                                endpoint,
-                            };
-                            return Ok((chosen, Some(place)));
-                        }
-                        Err(e) if full.is_empty() && until.is_none() => return Err(e),
-                        Err(_) => {
-                            let now = Some(state.generation);
-                            found_nothing = true;
-                            news = state.waiting.insert(ticket.ticket, now) != Some(now);
-                        }
+                let mut open = self.lock();
+                let full: Vec<EndpointId> = match self.per_endpoint {
+                    0 => Vec::new(),
+                    limit => open
+                        .iter()
+                        .filter(|(_, &n)| n >= limit)
+                        .map(|(&e, _)| e)
+                        .collect(),
+                };
+                match pick(&full, until.is_some()) {
+                    Ok((chosen, _)) if self.per_endpoint == 0 => return Ok((chosen, None)),
+                    Ok((chosen, endpoint)) => {
+                        *open.entry(endpoint).or_default() += 1;
+                        let place = Place {
+                            gates: self.clone(),
+                            endpoint,
+                        };
+                        return Ok((chosen, Some(place)));
                     }
+                    Err(e) if full.is_empty() && until.is_none() => return Err(e),
+                    Err(_) => {}
                 }
             }
-            if news {
-                // The next waiter may look now (once per change, not at every poll).
-                self.passed.notify_waiters();
-            }
-            let woken = async {
-                if found_nothing {
-                    changed.await;
-                } else {
-                    tokio::select! {
-                        () = changed => {}
-                        () = passed => {}
-                    }
-                }
-            };
             match until {
                 Some(until) => {
                     let poll = tokio::time::sleep_until(until.min(Instant::now() + YIELD_POLL));
                     tokio::select! {
-                        () = woken => {}
+                        () = freed => {}
                         () = poll => {}
                     }
                 }
-                None => woken.await,
+                None => freed.await,
             }
         }
     }
@@ -282,12 +199,11 @@ mod tests {
             drop(gates.place(None, only).await.unwrap());
         }
         assert_eq!(
-            gates.lock().open.keys().copied().collect::<Vec<_>>(),
+            gates.lock().keys().copied().collect::<Vec<_>>(),
             [EndpointId(0)]
         );
         drop(held);
-        let state = gates.lock();
-        assert!(state.open.is_empty() && state.waiting.is_empty());
+        assert!(gates.lock().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -343,52 +259,5 @@ mod tests {
             gates.place(Some(started), refuse).await.map(|_| ()),
             Err("no_endpoint")
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn waiting_continuations_are_placed_in_the_order_they_came() {
-        let gates = Arc::new(Gates::new(1));
-        let (_, mut held) = gates.place(None, lowest(1, &[])).await.unwrap();
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut waiting = Vec::new();
-        for n in 0..4 {
-            let (gates, order) = (gates.clone(), order.clone());
-            // The oldest also yields (its pick ignores it): it wakes to poll, so it is the
-            // last to have started waiting when the place frees.
-            let yield_until = (n == 0).then(|| Instant::now() + Duration::from_secs(10));
-            waiting.push(tokio::spawn(async move {
-                let (_, place) = gates.place(yield_until, lowest(1, &[])).await.unwrap();
-                order.lock().unwrap().push(n);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                drop(place);
-            }));
-            // Each takes its ticket before the next is spawned.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        tokio::time::sleep(YIELD_POLL * 3).await;
-        drop(held.take());
-        for w in waiting {
-            timeout(Duration::from_secs(1), w).await.unwrap().unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_older_continuation_that_cannot_go_anywhere_does_not_hold_up_a_younger_one() {
-        let gates = Arc::new(Gates::new(1));
-        let (_, held) = gates.place(None, lowest(1, &[])).await.unwrap();
-        // The older one has tried endpoint 1, so only 0 (full) would do for it.
-        let older = {
-            let gates = gates.clone();
-            tokio::spawn(async move { gates.place(None, lowest(2, &[1])).await.map(|(e, _)| e) })
-        };
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let younger = timeout(Duration::from_secs(1), gates.place(None, lowest(2, &[]))).await;
-        let (e, _younger_place) = younger.expect("placed at once").unwrap();
-        assert_eq!(e, 1);
-        assert!(!older.is_finished());
-        drop(held);
-        let placed = timeout(Duration::from_secs(1), older).await;
-        assert_eq!(placed.expect("placed once 0 freed").unwrap(), Ok(0));
     }
 }
