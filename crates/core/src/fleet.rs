@@ -221,7 +221,6 @@ struct EndpointLedger {
     inflight: HashMap<u64, (Nanos, bool)>,
     observed_at: Option<Nanos>,
     since_observation: u32,
-    awaiting_first_token: u32,
 }
 
 impl InflightLedger {
@@ -233,22 +232,16 @@ impl InflightLedger {
     /// Records that `request` was sent to `endpoint` at `at`.
     pub fn dispatched(&mut self, endpoint: EndpointId, request: u64, at: Nanos) {
         let ledger = self.endpoints.entry(endpoint).or_default();
-        match ledger.inflight.insert(request, (at, false)) {
-            None => {
-                ledger.since_observation += 1;
-                ledger.awaiting_first_token += 1;
-            }
-            Some((_, true)) => ledger.awaiting_first_token += 1,
-            Some((_, false)) => {}
+        if ledger.inflight.insert(request, (at, false)).is_none() {
+            ledger.since_observation += 1;
         }
     }
 
     /// Records that `request`'s first token came from `endpoint`. Unknown ids are ignored.
     pub fn first_token(&mut self, endpoint: EndpointId, request: u64) {
         if let Some(ledger) = self.endpoints.get_mut(&endpoint) {
-            if let Some((_, answered @ false)) = ledger.inflight.get_mut(&request) {
+            if let Some((_, answered)) = ledger.inflight.get_mut(&request) {
                 *answered = true;
-                ledger.awaiting_first_token -= 1;
             }
         }
     }
@@ -256,12 +249,9 @@ impl InflightLedger {
     /// Records that `request` finished (completed, failed or cancelled). Unknown ids are ignored.
     pub fn finished(&mut self, endpoint: EndpointId, request: u64) {
         if let Some(ledger) = self.endpoints.get_mut(&endpoint) {
-            if let Some((sent, answered)) = ledger.inflight.remove(&request) {
+            if let Some((sent, _)) = ledger.inflight.remove(&request) {
                 if ledger.observed_at.is_none_or(|obs| sent > obs) {
                     ledger.since_observation = ledger.since_observation.saturating_sub(1);
-                }
-                if !answered {
-                    ledger.awaiting_first_token -= 1;
                 }
             }
         }
@@ -298,9 +288,9 @@ impl InflightLedger {
     /// Unfinished requests sent to `endpoint` whose first token has not come. A request whose
     /// first bytes are not a first token (a non-streamed answer) counts until it finishes.
     pub fn awaiting_first_token(&self, endpoint: EndpointId) -> u32 {
-        self.endpoints
-            .get(&endpoint)
-            .map_or(0, |l| l.awaiting_first_token)
+        self.endpoints.get(&endpoint).map_or(0, |l| {
+            count_u32(l.inflight.values().filter(|&&(_, answered)| !answered))
+        })
     }
 
     /// Copies this ledger's counts into a view of the same endpoint.
