@@ -6,7 +6,8 @@
 # request counting as a miss. Prints one table; JSON per policy in the output directory.
 #
 #   scripts/routing-bench.sh SCENARIO [--policies a,b,...] [--sweep A:B:STEP] [--duration S]
-#                            [--out DIR] [--seed N] [--kill-at S] [--config FILE]
+#                            [--out DIR] [--seed N] [--kill-at S] [--no-kill] [--engines N]
+#                            [--config FILE]
 #
 # SCENARIO: fanout (3 shared 4,000-token prompts in bursts of 16 calls; rates in bursts/s),
 # fanout-long (the same over an 8,000-token parent context, SLO 3 s; the sim's
@@ -20,6 +21,9 @@
 # replica-loss runs each rate on a fresh fleet and gateway (every rate loses its engine) and
 # adds, per rate, the requests that failed before and after their first token, and the TTFT
 # P95 over the 30 s before the kill and the 30 s after it (DIR/replica-loss-POLICY-RATE.*).
+# --engines N runs N engines instead of four (the first N; replica-loss kills the last), and
+# --no-kill keeps them all: `replica-loss --engines 3 --no-kill` is the fleet the kill leaves,
+# without the kill, over the same windows (the P95 a fleet of three gets at that load).
 # --config gives every gateway a configuration file (`kvgate serve --config`; the engines are
 # added to its endpoints), e.g. to compare a setting.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
@@ -35,6 +39,8 @@ seed=1
 sweep=
 duration=
 kill_at=
+kill=1
+engines=4
 config=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -44,11 +50,14 @@ while [[ $# -gt 0 ]]; do
     --out) out="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
     --kill-at) kill_at="$2"; shift 2 ;;
+    --no-kill) kill=0; shift ;;
+    --engines) engines="$2"; shift 2 ;;
     --config) config=(--config "$2"); shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
 
+[[ $engines =~ ^[1-4]$ ]] || { echo "--engines takes 1 to 4" >&2; exit 2; }
 scales=(1 1 1 1)
 kv_blocks=16384
 slo_ms=1000
@@ -105,7 +114,7 @@ IFS=, read -r -a names <<<"$policies"
 fleet_and_gateway() {
     local endpoints=() i
     engine_pids=()
-    for i in 0 1 2 3; do
+    for ((i = 0; i < engines; i++)); do
         # The sim's failure-mode fleet: 128 slots, blocks of 16 tokens, chunked prefill.
         start "$kvgate" engine --listen 127.0.0.1:0 --id "engine-$i" --seed "$i" \
             --time-scale "${scales[$i]}" --max-num-seqs 128 --kv-blocks "$kv_blocks"
@@ -134,28 +143,36 @@ for policy in "${names[@]}"; do
     for rate in $(python3 -c "import sys; a,b,s=map(float,sys.argv[1:]); n=int(round((b-a)/s))
 print(' '.join(f'{a+i*s:g}' for i in range(n+1)))" "$from" "$to" "$step"); do
         fleet_and_gateway "$policy"
-        echo "== $scenario: $policy at $rate sessions/s (gateway $gateway), engine 4 killed at ${kill_at}s"
+        if ((kill)); then
+            echo "== $scenario: $policy at $rate sessions/s (gateway $gateway), engine $engines killed at ${kill_at}s"
+        else
+            echo "== $scenario: $policy at $rate sessions/s (gateway $gateway), $engines engines, none killed"
+        fi
         name="$out/$scenario-$policy-$rate"
         "$kvgate" bench --url "$gateway" "${workload[@]}" --rate "$rate" --duration "$duration" \
             "${bench_flags[@]}" --json "$name.json" --records "$name.jsonl" >"$name.txt" &
         bench=$!
         sleep "$kill_at"
-        kill -KILL "${engine_pids[3]}"
+        if ((kill)); then
+            kill -KILL "${engine_pids[-1]}"
+        fi
         wait "$bench" || echo "bench exited with $?" >&2
         stop_all
     done
 done
 
 if [[ "$scenario" == replica-loss ]]; then
-    python3 - "$out" "$slo_ms" "$kill_at" "${names[@]}" <<'EOF'
+    python3 - "$out" "$slo_ms" "$kill_at" "$kill" "$engines" "${names[@]}" <<'EOF'
 import glob, json, re, sys
-out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[6:]
+what = (f"engine {sys.argv[5]} killed {kill_at:g} s into each rate" if sys.argv[4] == "1"
+        else f"{sys.argv[5]} engines, none killed (windows split at {kill_at:g} s)")
 
 def p95(xs):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else None
 
-print(f"\nreplica-loss: engine 4 killed {kill_at:g} s into each rate; capacity at TTFT <= {slo_ms / 1000:g} s"
+print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
       " for 95% of requests. Per rate: sessions/s: req/s achieved, SLO%, failed before / after the"
       " first token, TTFT P95 ms over the 30 s before / after the kill")
 for name in names:

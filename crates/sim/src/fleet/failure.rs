@@ -36,6 +36,10 @@ impl Sim<'_> {
         }
         for (id, prompt, max_output, output) in lost {
             self.out.in_flight -= 1;
+            if self.is_warmup(id) {
+                self.out.records[id as usize].failed = true;
+                continue;
+            }
             let rec = &mut self.out.records[id as usize];
             if output == 0 && rec.resumed.is_some_and(|r| r.first_token.is_none()) {
                 rec.retries += 1;
@@ -53,6 +57,7 @@ impl Sim<'_> {
                 self.follow_up(tag, workload, rng);
             }
         }
+        self.rehome(i as u32);
         self.release();
     }
 

@@ -74,6 +74,11 @@ pub struct FleetConfig {
     /// goes only to a replica where no request its router sent awaits a first token. The
     /// gateway's `resume.yield_ms` (docs/routing.md, Limits, "A lost replica"). Zero: never.
     pub resume_yield: Nanos,
+    /// Re-home the sessions a lost replica held: for each whose last turn ended there at most
+    /// this long before the loss, the router sends that turn's prompt again for one token, a
+    /// warm-up, so the session's next turn finds its context cached elsewhere ([`rehome`]).
+    /// `None`: off.
+    pub rehome: Option<Nanos>,
     /// Routers share their dispatches, first tokens and completions with each other after this
     /// delay (gateway replicas over a message bus); `None`: each knows only its own.
     pub share: Option<Nanos>,
@@ -169,6 +174,10 @@ struct Sim<'c> {
     open: Vec<u32>,
     /// Ids for the text a broken stream had generated, resent in its continuation.
     generated: UniqueTokens,
+    /// Per session, its last turn as its router sent it ([`rehome`]).
+    last_turn: std::collections::HashMap<u64, rehome::LastTurn>,
+    /// The warm-ups sent for sessions a lost replica held, by request id: their sessions.
+    warmups: std::collections::HashMap<u64, u64>,
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -237,6 +246,8 @@ impl<'c> Sim<'c> {
             held: Default::default(),
             open: vec![0; n],
             generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
+            last_turn: Default::default(),
+            warmups: Default::default(),
         }
     }
 
@@ -330,6 +341,7 @@ impl<'c> Sim<'c> {
             o.prefix_hits_tokens = s.prefix_hits_tokens;
             o.preemptions = s.preemptions;
         }
+        self.forget_warmups();
         self.out
     }
 
@@ -414,6 +426,7 @@ impl<'c> Sim<'c> {
             predicted_cached: None,
             resumed: None,
         });
+        self.remember_turn(id, spec.session, &spec.tokens);
         self.route(id, spec.tokens, spec.output);
     }
 
@@ -487,6 +500,11 @@ impl<'c> Sim<'c> {
                 r.prompt_tokens = prompt.len() as u32;
                 self.open[i] += 1;
             }
+        } else if self.is_warmup(id) {
+            // Its TTFT, which calibrates the router, runs from here, not from the loss.
+            self.out.records[id as usize].arrival = now;
+            self.open[i] += 1;
+            self.out.warmups_sent += 1;
         }
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {
@@ -581,6 +599,9 @@ impl<'c> Sim<'c> {
                     self.routers[router].first_token(id, endpoint, now, ttft);
                     let news = share::News::FirstToken { id, endpoint, ttft };
                     self.share(router, news);
+                    if self.is_warmup(id) {
+                        self.open[i] = self.open[i].saturating_sub(1);
+                    }
                 }
                 SeqEvent::Finished { id, output_tokens } => {
                     let rec = &mut self.out.records[id as usize];
@@ -622,7 +643,9 @@ impl<'c> Sim<'c> {
                     };
                     self.share(from, news);
                     self.out.in_flight -= 1;
-                    self.follow_up(tag, workload, rng);
+                    if !self.is_warmup(id) {
+                        self.follow_up(tag, workload, rng);
+                    }
                 }
                 SeqEvent::Token { .. } | SeqEvent::Preempted { .. } => {}
             }
@@ -647,6 +670,7 @@ impl<'c> Sim<'c> {
 }
 
 mod failure;
+mod rehome;
 mod resume;
 mod share;
 

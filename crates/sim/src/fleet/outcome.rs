@@ -150,7 +150,8 @@ impl ReasonCounts {
 /// Everything a run produced.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
-    /// One record per dispatched request, indexed by request id.
+    /// One record per dispatched request, indexed by request id; warm-ups (re-homing) are
+    /// dropped at the end of the run, after which the index no longer matches the id.
     pub records: Vec<RequestRecord>,
     /// Per replica.
     pub replicas: Vec<ReplicaOutcome>,
@@ -170,6 +171,10 @@ pub struct Outcome {
     pub skew: SkewStats,
     /// Decision reasons.
     pub reasons: ReasonCounts,
+    /// Warm-ups queued for sessions a lost replica held (`FleetConfig::rehome`).
+    pub warmups_queued: u64,
+    /// Of those, the ones routed before their session's next turn arrived.
+    pub warmups_sent: u64,
 }
 
 impl Outcome {

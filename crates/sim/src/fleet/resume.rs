@@ -26,6 +26,13 @@ pub(super) struct Held {
     output: u32,
 }
 
+impl Held {
+    /// The request it continues (or warms up).
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 impl Sim<'_> {
     /// Request `id`'s stream broke after `output` of `max_output` tokens of a prompt `prompt`:
     /// its router continues it with that prompt and the text so far.

@@ -35,6 +35,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         failures: Vec::new(),
         resume: Some(1),
         resume_yield: Nanos::ZERO,
+        rehome: None,
         share: None,
         horizon: None,
     }
@@ -398,4 +399,84 @@ fn a_continuation_yields_to_requests_awaiting_their_first_token_until_its_yield_
     );
     let continued = |out: &Outcome| out.records.iter().filter(|r| r.resumed.is_some()).count();
     assert_eq!(continued(&yielding), continued(&plain));
+}
+
+/// Agentic sessions on four replicas of the failure-mode engine, replica 3 dying at 60 s, with
+/// sessions re-homed within `rehome` of the loss.
+fn displaced_sessions(rehome: Option<Nanos>) -> Outcome {
+    use crate::model::CostModel;
+    use crate::workload::{Agentic, AgenticConfig};
+    let mut config = fleet("predicted_ttft", 4, &[]);
+    for r in &mut config.replicas {
+        r.engine = EngineConfig {
+            max_num_seqs: 64,
+            kv_blocks: 4_096,
+            batching: Batching::Chunked {
+                max_num_batched_tokens: 2_048,
+            },
+            cost: CostModel::default(),
+            ..engine()
+        };
+    }
+    config.scrape_interval = Nanos::from_millis(500);
+    config.failures = vec![Failure {
+        replica: 3,
+        at: Nanos::from_secs(60),
+    }];
+    config.rehome = rehome;
+    let mut w = Agentic::new(AgenticConfig {
+        session_rate: 1.0,
+        requests: 800,
+        max_context: 8_000,
+        ..AgenticConfig::default()
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    run(&config, &mut w, &mut rng, 9)
+}
+
+/// For each session whose last request before `at` went to `lost`, the first request after
+/// `at`: its cached and prompt tokens.
+fn first_turns_after_loss(out: &Outcome, at: Nanos, lost: u32) -> Vec<(u32, u32)> {
+    let mut home = std::collections::HashMap::new();
+    let mut first = std::collections::HashMap::new();
+    let mut records: Vec<&RequestRecord> = out.records.iter().collect();
+    records.sort_by_key(|r| r.arrival);
+    for r in records {
+        let Some(s) = r.session else { continue };
+        if r.arrival < at {
+            home.insert(s, r.replica);
+        } else if home.get(&s) == Some(&lost) {
+            first.entry(s).or_insert((r.cached_tokens, r.prompt_tokens));
+        }
+    }
+    first.into_values().collect()
+}
+
+#[test]
+fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_homed() {
+    let at = Nanos::from_secs(60);
+    let plain = displaced_sessions(None);
+    let rehomed = displaced_sessions(Some(Nanos::from_secs(10)));
+    assert_eq!((plain.warmups_queued, plain.warmups_sent), (0, 0));
+    assert!(rehomed.warmups_sent > 0 && rehomed.warmups_sent <= rehomed.warmups_queued);
+    // Warm-ups have no client: the records are the workload's requests alone.
+    assert_eq!(plain.records.len(), 800);
+    assert_eq!(rehomed.records.len(), 800);
+    assert!(rehomed
+        .records
+        .iter()
+        .all(|r| !r.failed && r.first_token.is_some()));
+    // The displaced sessions' next turns recompute far less once re-homed (mean uncached
+    // prompt tokens).
+    let uncached = |out: &Outcome| {
+        let turns = first_turns_after_loss(out, at, 3);
+        assert!(turns.len() >= 5, "{}", turns.len());
+        let total: u32 = turns.iter().map(|&(cached, prompt)| prompt - cached).sum();
+        f64::from(total) / turns.len() as f64
+    };
+    let (plain_uncached, rehomed_uncached) = (uncached(&plain), uncached(&rehomed));
+    assert!(
+        rehomed_uncached * 2.0 < plain_uncached,
+        "{plain_uncached} -> {rehomed_uncached}"
+    );
 }

@@ -75,6 +75,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         failures: Vec::new(),
         resume: Some(1),
         resume_yield: Nanos::from_secs(1),
+        rehome: None,
         share: share(&mut p)?,
         horizon: None,
     };

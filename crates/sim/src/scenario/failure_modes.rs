@@ -73,6 +73,10 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
             p.bool("resume", true)?.then_some(per_endpoint)
         },
         resume_yield: Nanos::from_millis(p.u64("resume_yield_ms", 1_000)?),
+        rehome: {
+            let window = p.f64("rehome_s", 0.0)?;
+            (window > 0.0).then(|| Nanos::from_secs_f64(window))
+        },
         share: share(p)?,
         horizon: None,
     })
@@ -102,12 +106,15 @@ fn no_extra(_: &Outcome) -> BTreeMap<String, Value> {
     BTreeMap::new()
 }
 
-/// TTFT P95 (ms) of the requests that arrived in the 30 s before `at` and in the 30 s after,
-/// when `lost` died at `at`; and the same after the loss without the first request of each
+/// TTFT P95 (ms) of the requests that arrived in the 30 s before `at` and in the 30 s after.
+/// When `lost` died at `at`, also the same after the loss without the first request of each
 /// displaced session (one whose last request before the loss went to `lost`). That request
 /// must recompute the session's context wherever it goes, so its TTFT is set by the context's
-/// length, not by the routing; the split shows how much of the rise is that floor.
-fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String, Value> {
+/// length, not by the routing; the split shows how much of the rise is that floor. With no
+/// replica lost (`lose_replica=false`) only the windows are reported: the same windows of a
+/// fleet that lost nothing show how much of the rise the workload itself brings, and of a fleet
+/// of the survivors alone, how much their load does.
+fn before_and_after(outcome: &Outcome, at: Nanos, lost: Option<u32>) -> BTreeMap<String, Value> {
     let window = Nanos::from_secs(30);
     let ttft = |r: &RequestRecord| r.first_token.map(|f| (f - r.arrival).as_millis_f64());
     let percentile = |mut v: Vec<f64>, q: f64| {
@@ -116,6 +123,30 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
     };
     let p95 = |v: Vec<f64>| percentile(v, 0.95);
     let in_window = |r: &&RequestRecord, lo: Nanos, hi: Nanos| r.arrival >= lo && r.arrival < hi;
+    let after: Vec<&RequestRecord> = outcome
+        .records
+        .iter()
+        .filter(|r| in_window(r, at, at + window))
+        .collect();
+    let mut keys = BTreeMap::from([
+        (
+            "ttft_p95_30s_before".into(),
+            json!(p95(outcome
+                .records
+                .iter()
+                .filter(|r| in_window(r, at - window, at))
+                .filter_map(ttft)
+                .collect())),
+        ),
+        (
+            "ttft_p95_30s_after".into(),
+            json!(p95(after.iter().filter_map(|r| ttft(r)).collect())),
+        ),
+        ("requests_30s_after".into(), json!(after.len())),
+    ]);
+    let Some(lost) = lost else {
+        return keys;
+    };
     let mut home: HashMap<u64, u32> = HashMap::new();
     for r in outcome.records.iter().filter(|r| r.arrival < at) {
         if let Some(s) = r.session {
@@ -135,11 +166,6 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
             .and_then(|s| first_after.get(&s))
             .is_some_and(|&t| r.arrival == t)
     };
-    let after: Vec<&RequestRecord> = outcome
-        .records
-        .iter()
-        .filter(|r| in_window(r, at, at + window))
-        .collect();
     let failed_before_first_token = outcome
         .records
         .iter()
@@ -163,20 +189,7 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
         .filter(|r| recomputes(r))
         .filter_map(|r| ttft(r))
         .collect();
-    BTreeMap::from([
-        (
-            "ttft_p95_30s_before".into(),
-            json!(p95(outcome
-                .records
-                .iter()
-                .filter(|r| in_window(r, at - window, at))
-                .filter_map(ttft)
-                .collect())),
-        ),
-        (
-            "ttft_p95_30s_after".into(),
-            json!(p95(after.iter().filter_map(|r| ttft(r)).collect())),
-        ),
+    keys.extend([
         (
             "ttft_p95_30s_after_without_recomputes".into(),
             json!(p95(after
@@ -185,7 +198,6 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
                 .filter_map(|r| ttft(r))
                 .collect())),
         ),
-        ("requests_30s_after".into(), json!(after.len())),
         ("recomputes_30s_after".into(), json!(recompute_ttfts.len())),
         (
             "recompute_ttft_p50".into(),
@@ -200,6 +212,8 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
             json!(failed_after_first_token),
         ),
         ("continued".into(), json!(waits.len())),
+        ("warmups_queued".into(), json!(outcome.warmups_queued)),
+        ("warmups_sent".into(), json!(outcome.warmups_sent)),
         (
             "continued_wait_p50_ms".into(),
             json!(percentile(waits.clone(), 0.5)),
@@ -212,7 +226,8 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: u32) -> BTreeMap<String,
             "retried".into(),
             json!(outcome.records.iter().filter(|r| r.retries > 0).count()),
         ),
-    ])
+    ]);
+    keys
 }
 
 /// Runs the failure-mode scenario `name`.
@@ -320,8 +335,11 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             let fail_at = if name == "replica-loss" {
                 let at = Nanos::from_secs_f64(p.f64("fail_at_s", 120.0)?);
                 let replica = fleet.replicas.len() - 1;
-                fleet.failures.push(Failure { replica, at });
-                Some((at, replica as u32))
+                let lose = p.bool("lose_replica", true)?;
+                if lose {
+                    fleet.failures.push(Failure { replica, at });
+                }
+                Some((at, lose.then_some(replica as u32)))
             } else {
                 None
             };
@@ -388,7 +406,7 @@ mod tests {
         o.records.push(record(1, 0, 105, 900));
         o.records.push(record(1, 0, 110, 120));
         o.records.push(record(2, 0, 106, 110));
-        let keys = before_and_after(&o, Nanos::from_secs(100), 1);
+        let keys = before_and_after(&o, Nanos::from_secs(100), Some(1));
         assert_eq!(keys["recomputes_30s_after"], json!(1));
         assert_eq!(keys["requests_30s_after"], json!(3));
         assert_eq!(keys["recompute_ttft_p50"], json!(900.0));
@@ -397,5 +415,26 @@ mod tests {
             .unwrap();
         let with = keys["ttft_p95_30s_after"].as_f64().unwrap();
         assert!(without < 121.0 && with > 500.0, "{without} {with}");
+    }
+
+    #[test]
+    fn with_no_replica_lost_only_the_windows_are_reported() {
+        let mut o = Outcome::new(2);
+        o.records.push(record(1, 1, 90, 100));
+        o.records.push(record(1, 0, 105, 300));
+        o.records.push(record(2, 0, 140, 900));
+        let keys = before_and_after(&o, Nanos::from_secs(100), None);
+        let names: Vec<&str> = keys.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "requests_30s_after",
+                "ttft_p95_30s_after",
+                "ttft_p95_30s_before"
+            ]
+        );
+        assert_eq!(keys["ttft_p95_30s_before"], json!(100.0));
+        assert_eq!(keys["ttft_p95_30s_after"], json!(300.0));
+        assert_eq!(keys["requests_30s_after"], json!(1));
     }
 }

@@ -139,6 +139,7 @@ impl Lab {
             failures: Vec::new(),
             resume: Some(1),
             resume_yield: kvgate_core::Nanos::from_secs(1),
+            rehome: None,
             share: None,
             horizon: None,
         };

@@ -1,0 +1,109 @@
+//! Re-homing the sessions a lost replica held (`FleetConfig::rehome`).
+//!
+//! A session whose last turn ran on the replica that died has lost its cached context: its
+//! next turn recomputes the whole conversation wherever it goes, and on agentic traffic those
+//! recomputes are most of the TTFT tail after a loss at moderate load (docs/routing.md, Limits,
+//! "A lost replica"). The router still has the turn it sent, so it can send that prompt again
+//! for one token, a warm-up, during the session's think time: the next turn then finds all but
+//! its newest messages cached. A warm-up has no client. It waits at the router behind the
+//! continuations, goes only to a replica where no request of its router awaits a first token
+//! (it yields without a bound: once the session's next turn arrives it is dropped, since that
+//! turn does the recompute itself), and is left out of every latency figure.
+
+use super::Sim;
+
+/// What a router remembers of a session's last turn.
+#[derive(Debug)]
+pub(super) struct LastTurn {
+    /// The request that carried it.
+    id: u64,
+    /// Its prompt, as sent.
+    prompt: Vec<u32>,
+}
+
+impl Sim<'_> {
+    /// Remembers request `id`'s prompt as its session's last turn (when re-homing is on).
+    pub(super) fn remember_turn(&mut self, id: u64, session: Option<u64>, prompt: &[u32]) {
+        let Some(session) = session.filter(|_| self.config.rehome.is_some()) else {
+            return;
+        };
+        // A warm-up still waiting is pointless once the session's next turn is here: that turn
+        // recomputes the context itself.
+        let warmups = &self.warmups;
+        self.held
+            .retain(|h| warmups.get(&h.id()).is_none_or(|&s| s != session));
+        self.last_turn.insert(
+            session,
+            LastTurn {
+                id,
+                prompt: prompt.to_vec(),
+            },
+        );
+    }
+
+    /// Replica `lost` died: queues a warm-up for each session whose last turn ended there
+    /// within the re-homing window.
+    pub(super) fn rehome(&mut self, lost: u32) {
+        let Some(window) = self.config.rehome else {
+            return;
+        };
+        let now = self.now;
+        let mut displaced: Vec<(u64, u64)> = self
+            .last_turn
+            .iter()
+            .filter(|(_, t)| {
+                let rec = &self.out.records[t.id as usize];
+                rec.replica == lost
+                    && !rec.failed
+                    && rec
+                        .finished
+                        .is_some_and(|f| now.saturating_since(f) <= window)
+            })
+            .map(|(&session, t)| (session, t.id))
+            .collect();
+        // The most recent first: their next turns come soonest.
+        displaced.sort_by_key(|&(_, id)| std::cmp::Reverse(self.out.records[id as usize].finished));
+        for (session, id) in displaced {
+            let prompt = self.last_turn[&session].prompt.clone();
+            let source = self.out.records[id as usize];
+            let warmup = self.out.records.len() as u64;
+            self.out.records.push(super::RequestRecord {
+                arrival: now,
+                first_token: None,
+                finished: None,
+                replica: lost,
+                prompt_tokens: prompt.len() as u32,
+                cached_tokens: 0,
+                output_tokens: 0,
+                retries: 0,
+                failed: false,
+                predicted_ttft_ms: None,
+                predicted_cached: None,
+                resumed: None,
+                ..source
+            });
+            self.warmups.insert(warmup, session);
+            self.out.warmups_queued += 1;
+            self.hold(warmup, prompt, 1);
+        }
+    }
+
+    /// Whether request `id` is a warm-up.
+    pub(super) fn is_warmup(&self, id: u64) -> bool {
+        self.warmups.contains_key(&id)
+    }
+
+    /// Drops the warm-ups from the run's records: they have no client, so no latency figure
+    /// counts them (their work stays in the replicas' figures).
+    pub(super) fn forget_warmups(&mut self) {
+        if self.warmups.is_empty() {
+            return;
+        }
+        let mut id = 0u64;
+        let warmups = std::mem::take(&mut self.warmups);
+        self.out.records.retain(|_| {
+            id += 1;
+            !warmups.contains_key(&(id - 1))
+        });
+    }
+}
