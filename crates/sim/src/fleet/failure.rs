@@ -43,7 +43,8 @@ impl Sim<'_> {
             let rec = &mut self.out.records[id as usize];
             if output == 0 && rec.resumed.is_some_and(|r| r.first_token.is_none()) {
                 rec.retries += 1;
-                self.hold(id, prompt, max_output);
+                let until = rec.resumed.map(|r| r.broken + self.config.resume_yield);
+                self.hold(id, prompt, max_output, until);
             } else if output == 0 {
                 rec.retries += 1;
                 self.route(id, prompt, max_output);

@@ -74,6 +74,11 @@ pub struct FleetConfig {
     /// goes only to a replica where no request its router sent awaits a first token. The
     /// gateway's `resume.yield_ms` (docs/routing.md, Limits, "A lost replica"). Zero: never.
     pub resume_yield: Nanos,
+    /// Stage a continuation's prefill in pieces of this many tokens: each head of its prompt
+    /// goes first as a one-token warm-up, on the replica of the piece before, so a request
+    /// that arrives there meanwhile waits behind one piece rather than the whole prompt.
+    /// `None`: one piece.
+    pub resume_stage: Option<u32>,
     /// Re-home the sessions a lost replica held: for each whose last turn ended there at most
     /// this long before the loss, the router sends that turn's prompt again for one token, a
     /// warm-up, so the session's next turn finds its context cached elsewhere ([`rehome`]).
@@ -176,8 +181,9 @@ struct Sim<'c> {
     generated: UniqueTokens,
     /// Per session, its last turn as its router sent it ([`rehome`]).
     last_turn: std::collections::HashMap<u64, rehome::LastTurn>,
-    /// The warm-ups sent for sessions a lost replica held, by request id: their sessions.
-    warmups: std::collections::HashMap<u64, u64>,
+    /// Warm-ups by request id: the session re-homed, or `None` for a piece of a staged
+    /// continuation.
+    warmups: std::collections::HashMap<u64, Option<u64>>,
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -504,7 +510,9 @@ impl<'c> Sim<'c> {
             // Its TTFT, which calibrates the router, runs from here, not from the loss.
             self.out.records[id as usize].arrival = now;
             self.open[i] += 1;
-            self.out.warmups_sent += 1;
+            if self.warmups.get(&id).is_some_and(Option::is_some) {
+                self.out.warmups_sent += 1;
+            }
         }
         let replica = &mut self.replicas[i];
         replica.engine.submit(SeqRequest {

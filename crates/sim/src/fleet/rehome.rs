@@ -31,7 +31,7 @@ impl Sim<'_> {
         // recomputes the context itself.
         let warmups = &self.warmups;
         self.held
-            .retain(|h| warmups.get(&h.id()).is_none_or(|&s| s != session));
+            .retain(|h| warmups.get(&h.id()).is_none_or(|&s| s != Some(session)));
         self.last_turn.insert(
             session,
             LastTurn {
@@ -65,27 +65,34 @@ impl Sim<'_> {
         displaced.sort_by_key(|&(_, id)| std::cmp::Reverse(self.out.records[id as usize].finished));
         for (session, id) in displaced {
             let prompt = self.last_turn[&session].prompt.clone();
-            let source = self.out.records[id as usize];
-            let warmup = self.out.records.len() as u64;
-            self.out.records.push(super::RequestRecord {
-                arrival: now,
-                first_token: None,
-                finished: None,
-                replica: lost,
-                prompt_tokens: prompt.len() as u32,
-                cached_tokens: 0,
-                output_tokens: 0,
-                retries: 0,
-                failed: false,
-                predicted_ttft_ms: None,
-                predicted_cached: None,
-                resumed: None,
-                ..source
-            });
-            self.warmups.insert(warmup, session);
+            let warmup = self.new_warmup(id, prompt.clone());
+            self.warmups.insert(warmup, Some(session));
             self.out.warmups_queued += 1;
-            self.hold(warmup, prompt, 1);
+            self.hold(warmup, prompt, 1, None);
         }
+    }
+
+    /// A record for a warm-up of `prompt` on behalf of request `source` (its router, tenant
+    /// and session), left out of the run's records at the end.
+    pub(super) fn new_warmup(&mut self, source: u64, prompt: Vec<u32>) -> u64 {
+        let source = self.out.records[source as usize];
+        let warmup = self.out.records.len() as u64;
+        self.out.records.push(super::RequestRecord {
+            arrival: self.now,
+            first_token: None,
+            finished: None,
+            prompt_tokens: prompt.len() as u32,
+            cached_tokens: 0,
+            output_tokens: 0,
+            retries: 0,
+            failed: false,
+            predicted_ttft_ms: None,
+            predicted_cached: None,
+            resumed: None,
+            ..source
+        });
+        self.warmups.insert(warmup, None);
+        warmup
     }
 
     /// Whether request `id` is a warm-up.

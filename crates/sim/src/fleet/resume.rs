@@ -18,12 +18,17 @@ use super::Sim;
 /// run shorter than 2^29 unique tokens.
 pub(super) const GENERATED_IDS: u32 = 0x2000_0000;
 
-/// A continuation waiting at its router.
+/// A continuation (or a warm-up) waiting at its router.
 #[derive(Debug)]
 pub(super) struct Held {
     id: u64,
     prompt: Vec<u32>,
     output: u32,
+    /// Until when it yields to new requests; `None`: for as long as it waits.
+    yield_until: Option<kvgate_core::Nanos>,
+    /// A warm-up of this prompt's head that must have its first token before this one leaves,
+    /// and whose replica this one goes to (a staged continuation).
+    after: Option<u64>,
 }
 
 impl Held {
@@ -50,37 +55,89 @@ impl Sim<'_> {
         });
         let mut tokens = prompt;
         self.generated.extend(&mut tokens, output);
-        self.hold(id, tokens, max_output.saturating_sub(output).max(1));
+        let yield_until = Some(now + self.config.resume_yield);
+        // Staged: the prompt's head goes first in pieces, each a warm-up on the replica of the
+        // one before, so a request arriving there waits behind one piece's prefill, not the
+        // whole prompt's.
+        let mut after = None;
+        if let Some(piece) = self.config.resume_stage.filter(|&p| p > 0) {
+            let piece = piece as usize;
+            let mut head = piece;
+            while head < tokens.len() {
+                let w = self.new_warmup(id, tokens[..head].to_vec());
+                self.held.push_back(Held {
+                    id: w,
+                    prompt: tokens[..head].to_vec(),
+                    output: 1,
+                    yield_until,
+                    after,
+                });
+                after = Some(w);
+                head += piece;
+            }
+        }
+        self.held.push_back(Held {
+            id,
+            prompt: tokens,
+            output: max_output.saturating_sub(output).max(1),
+            yield_until,
+            after,
+        });
     }
 
-    /// Queues continuation `id` at its router; [`Self::release`] sends it.
-    pub(super) fn hold(&mut self, id: u64, prompt: Vec<u32>, output: u32) {
-        self.held.push_back(Held { id, prompt, output });
+    /// Queues request `id` at its router, yielding until `yield_until` (`None`: always);
+    /// [`Self::release`] sends it.
+    pub(super) fn hold(
+        &mut self,
+        id: u64,
+        prompt: Vec<u32>,
+        output: u32,
+        yield_until: Option<kvgate_core::Nanos>,
+    ) {
+        self.held.push_back(Held {
+            id,
+            prompt,
+            output,
+            yield_until,
+            after: None,
+        });
     }
 
     /// Routes the waiting continuations, oldest first, while some live replica has room. One
-    /// still yielding (`resume_yield` since its stream broke) skips the replicas where a request
-    /// its router sent awaits its first token: sent there, its full prefill would hold that
-    /// request up.
+    /// still yielding skips the replicas where a request its router sent awaits its first
+    /// token: sent there, its full prefill would hold that request up. A piece of a staged
+    /// continuation waits for the piece before it and goes to the same replica.
     pub(super) fn release(&mut self) {
         let limit = self.config.resume.unwrap_or(0);
-        while let Some(next) = self.held.front() {
+        let mut k = 0;
+        while k < self.held.len() {
+            let next = &self.held[k];
             let rec = &self.out.records[next.id as usize];
-            let broken = rec.resumed.map_or(self.now, |r| r.broken);
-            let yielding = self.now.saturating_since(broken) < self.config.resume_yield;
+            let yielding = next.yield_until.is_none_or(|t| self.now < t);
+            let pinned = match next.after.map(|a| &self.out.records[a as usize]) {
+                Some(a) if a.failed => None,
+                Some(a) if a.first_token.is_none() => {
+                    k += 1;
+                    continue;
+                }
+                Some(a) => Some(a.replica as usize),
+                None => None,
+            };
             let router = self.routers[rec.router as usize].router();
             let closed: Vec<bool> = (0..self.replicas.len())
                 .map(|i| {
                     let awaiting = router.awaiting_first_token(kvgate_core::EndpointId(i as u32));
                     !self.replicas[i].alive
+                        || pinned.is_some_and(|p| p != i)
                         || (limit > 0 && self.open[i] >= limit)
                         || (yielding && awaiting > 0)
                 })
                 .collect();
             if closed.iter().all(|&c| c) {
-                return;
+                k += 1;
+                continue;
             }
-            let Some(next) = self.held.pop_front() else {
+            let Some(next) = self.held.remove(k) else {
                 return;
             };
             self.route_among(next.id, next.prompt, next.output, &closed);

@@ -36,6 +36,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         resume: Some(1),
         resume_yield: Nanos::ZERO,
         rehome: None,
+        resume_stage: None,
         share: None,
         horizon: None,
     }
@@ -478,5 +479,49 @@ fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_home
     assert!(
         rehomed_uncached * 2.0 < plain_uncached,
         "{plain_uncached} -> {rehomed_uncached}"
+    );
+}
+
+#[test]
+fn a_staged_continuation_warms_its_prompt_piece_by_piece_on_the_replica_it_goes_to() {
+    let plain = broken_streams(Some(1));
+    // Round robin ignores where a prompt is cached: only the pin keeps the pieces together.
+    let mut config = fleet("round_robin", 4, &[]);
+    config.resume_stage = Some(64);
+    config.failures = vec![Failure {
+        replica: 3,
+        at: Nanos(TICK_NANOS * 300),
+    }];
+    let mut w = OpenLoop::new(OpenLoopConfig {
+        output: Lengths::fixed(200),
+        long_output: Lengths::fixed(200),
+        ..open_config(60, 0.2, 2)
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let staged = run(&config, &mut w, &mut rng, 4);
+    // The pieces have no client: the records are the workload's requests alone.
+    assert_eq!(staged.records.len(), plain.records.len());
+    assert!(staged
+        .records
+        .iter()
+        .all(|r| !r.failed && r.output_tokens == 200));
+    let continued: Vec<Resumption> = staged.records.iter().filter_map(|r| r.resumed).collect();
+    assert!(continued.len() >= 3, "{}", continued.len());
+    // Every piece went to the replica the continuation went to, one after the other, so the
+    // continuation finds all but its last piece (and the block it ends in) cached there.
+    for c in &continued {
+        assert!(
+            c.cached_tokens + 64 + 16 >= c.prompt_tokens,
+            "{} of {} cached",
+            c.cached_tokens,
+            c.prompt_tokens
+        );
+    }
+    let unstaged: Vec<Resumption> = plain.records.iter().filter_map(|r| r.resumed).collect();
+    assert!(
+        unstaged
+            .iter()
+            .any(|c| c.cached_tokens + 64 + 16 < c.prompt_tokens),
+        "without staging a continuation recomputes more than a piece"
     );
 }

@@ -76,6 +76,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         resume: Some(1),
         resume_yield: Nanos::from_secs(1),
         rehome: None,
+        resume_stage: None,
         share: share(&mut p)?,
         horizon: None,
     };

@@ -140,6 +140,7 @@ impl Lab {
             resume: Some(1),
             resume_yield: kvgate_core::Nanos::from_secs(1),
             rehome: None,
+            resume_stage: None,
             share: None,
             horizon: None,
         };
