@@ -93,12 +93,13 @@ tenants)
     duration=${duration:-60}
     ;;
 replica-loss)
-    # Sessions last about a minute, so the fleet is loaded by the kill, and the 30 s after it
-    # still have arrivals.
+    # Sessions last about a minute and the load grows until ~100 s, so the kill at 120 s puts
+    # both 30 s windows in steady load; above ~4.5 sessions/s three emulated engines cannot
+    # carry it at all (docs/routing.md, What the windows measured).
     workload=(--workload agentic --agentic-max-context 16000)
-    sweep=${sweep:-6:9:1.5}
-    duration=${duration:-90}
-    kill_at=${kill_at:-60}
+    sweep=${sweep:-3:4.5:1.5}
+    duration=${duration:-150}
+    kill_at=${kill_at:-120}
     ;;
 *) echo "unknown scenario $scenario" >&2; exit 2 ;;
 esac
