@@ -8,8 +8,14 @@
 # weights, so with temperature 0 they differ only where re-tokenizing the text so far gives
 # other token ids than the ones generated).
 #
+# With STAGE_TOKENS=N the continuation is staged (`resume.stage_tokens`): its prompt's heads go
+# to the second engine first as one-token warm-ups, and the script also prints how many ended
+# warmed and the second engine's prefix-cache hits (the heads, and the continuation, find the
+# heads before them cached).
+#
 # usage: scripts/real-vllm-resume.sh            (from the repository root; ~2 min after the install)
-# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build),
+#        STAGE_TOKENS (default 0: not staged; 32 cuts this script's ~250-token prompt in heads)
 set -euo pipefail
 . "$(dirname "$0")/real-vllm-lib.sh"
 
@@ -18,14 +24,15 @@ scrape: {interval_ms: 200}
 endpoints:
   - {url: "http://127.0.0.1:$P0", name: first}
   - {url: "http://127.0.0.1:$P1", name: second, tier: 1}
+resume: {stage_tokens: ${STAGE_TOKENS:-0}}
 EOF
 "$KVGATE" serve --listen 127.0.0.1:$GW --config "$ENGINE_DIR/resume.yaml" > "$ENGINE_DIR/logs/gateway-resume.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; sleep 0.1; done
 
-"$PY" - $GW $P1 "$(cat "$ENGINE_DIR/logs/$P0.pid")" <<'PY'
+"$PY" - $GW $P1 "$(cat "$ENGINE_DIR/logs/$P0.pid")" "${STAGE_TOKENS:-0}" <<'PY'
 import json, os, signal, sys, urllib.request
-gw, second, victim = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+gw, second, victim, staged = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) > 0
 messages = [{"role": "system", "content": "You answer at length. " * 20},
             {"role": "user", "content": "Tell me everything about prefix caches."}]
 request = {"model": "tiny", "messages": messages, "max_tokens": 160, "temperature": 0,
@@ -76,5 +83,14 @@ common = next((i for i, (a, b) in enumerate(zip(text, alone)) if a != b), min(le
 print(f"client text {len(text)} chars; the second engine's own greedy answer {len(alone)} chars; "
       f"identical for the first {common} chars{' (all of it)' if text == alone else ''}")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw}/metrics", timeout=10).read().decode()
-print("\n".join(l for l in metrics.splitlines() if l.startswith("kvgate_stream_resumes_total")))
+print("\n".join(l for l in metrics.splitlines() if l.startswith("kvgate_stream_resume")
+                and not l.startswith("kvgate_stream_resume_wait_seconds_bucket")))
+engine = urllib.request.urlopen(f"http://127.0.0.1:{second}/metrics", timeout=10).read().decode()
+hits = sum(float(l.rsplit(" ", 1)[1]) for l in engine.splitlines()
+           if l.startswith("vllm:prefix_cache_hits_total"))
+print(f"the second engine's prefix-cache hits: {hits:.0f} tokens")
+if staged:
+    heads = next(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines()
+                 if l.startswith("kvgate_stream_resume_heads_total"))
+    assert heads > 0 and hits > 0, (heads, hits)
 PY

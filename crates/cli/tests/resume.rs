@@ -70,6 +70,16 @@ async fn streamed_together(url: &str, prompts: impl Iterator<Item = String>) -> 
     futures_util::future::join_all(streams).await
 }
 
+/// A stream that ended well: no error event, and its answer ran to its length.
+fn assert_whole(body: &str) {
+    assert!(!body.contains("\"error\""), "{body}");
+    let finish = chunks(body)
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .any(|c| c["finish_reason"] == "length");
+    assert!(finish, "{body}");
+}
+
 /// What `engine` answers to `body`, not streamed.
 async fn answer(engine: &Proc, path: &str, mut body: Value) -> String {
     body["stream"] = json!(false);
@@ -243,12 +253,7 @@ async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time(
         let (_a, _b, g) = fleet(name, 3, "1", extra).await;
         let prompts = (0..3).map(|i| format!("{i} {prompt}"));
         for body in streamed_together(&g.url, prompts).await {
-            assert!(!body.contains("\"error\""), "{body}");
-            let finish = chunks(&body)
-                .iter()
-                .filter_map(|c| c["choices"].get(0))
-                .any(|c| c["finish_reason"] == "length");
-            assert!(finish, "{body}");
+            assert_whole(&body);
         }
         let metrics = get_text(&client(), &g.url, "/metrics").await;
         let resumed = "kvgate_stream_resumes_total{reason=\"resumed\"}";
@@ -296,5 +301,40 @@ async fn a_continuation_goes_to_an_engine_with_room_not_where_the_first_one_went
             "{} took no continuation: {text}",
             engine.url
         );
+    }
+}
+
+/// A staged continuation (`resume.stage_tokens`): the prompt's heads reach the healthy engine
+/// first, one-token warm-ups sent one after another, each finding the one before cached, and
+/// the continuation finds all but its last piece cached; the client's stream is whole.
+/// Without staging the same break leaves the engine nothing cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_continuation_warms_its_prompt_head_by_head_on_one_engine() {
+    // 12,000 bytes, ~4,000 emulated tokens; heads of ~500 tokens (2,000 bytes) end near
+    // 2,000, 4,000, ... 10,000 bytes, none in the last piece.
+    let prompt = "cache ".repeat(2_000);
+    for (name, extra, heads) in [
+        ("resume-stage", "resume: {stage_tokens: 500}\n", 5.0),
+        ("resume-unstaged", "", 0.0),
+    ] {
+        let (_a, b, g) = fleet(name, 3, "0", extra).await;
+        for body in streamed_together(&g.url, std::iter::once(prompt.clone())).await {
+            assert_whole(&body);
+        }
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        let resumed = "kvgate_stream_resumes_total{reason=\"resumed\"}";
+        assert_eq!(metric(&metrics, resumed), Some(1.0), "{metrics}");
+        let warmed = metric(&metrics, "kvgate_stream_resume_heads_total");
+        assert_eq!(warmed, Some(heads), "{metrics}");
+        let engine = get_text(&client(), &b.url, "/metrics").await;
+        let hits = metric(&engine, "vllm:prefix_cache_hits_total").unwrap_or(0.0);
+        let prompted = metric(&engine, "vllm:prompt_tokens_total").unwrap_or(0.0);
+        if heads > 0.0 {
+            // Head k finds heads 1..k-1 cached: 1+2+3+4 pieces, and the continuation 5 of
+            // its ~6; each piece ~667 tokens.
+            assert!(hits > 12.0 * 600.0, "{hits} hits of {prompted}: {engine}");
+        } else {
+            assert!(hits < 100.0, "{hits} hits of {prompted}: {engine}");
+        }
     }
 }

@@ -445,6 +445,13 @@ impl Config {
         if self.retry.max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "must be at least 1"));
         }
+        // A head shorter than vLLM's default block (16 tokens) would cache nothing.
+        if (1..16).contains(&self.resume.stage_tokens) {
+            return Err(invalid(
+                "resume.stage_tokens",
+                "must be 0 (off) or at least 16",
+            ));
+        }
         if !(self.retry.budget.ratio.is_finite() && self.retry.budget.ratio >= 0.0) {
             return Err(invalid("retry.budget.ratio", "must not be negative"));
         }

@@ -164,3 +164,14 @@ fn endpoints_take_https_tiers_aliases_and_headers_and_refuse_what_cannot_work() 
     let err = crate::Gateway::new(config).unwrap_err().to_string();
     assert!(err.contains("no/such/ca.pem"), "{err}");
 }
+
+#[test]
+fn a_staged_continuations_heads_are_at_least_a_block() {
+    for bad in [1, 15] {
+        assert_invalid(&format!("resume: {{stage_tokens: {bad}}}"));
+    }
+    for good in [0, 16, 512] {
+        let yaml = format!("resume: {{stage_tokens: {good}}}");
+        assert_eq!(Config::from_yaml(&yaml).unwrap().resume.stage_tokens, good);
+    }
+}

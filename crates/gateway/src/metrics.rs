@@ -101,6 +101,8 @@ pub struct Metrics {
     pub stream_resumes: Family<ReasonLabel, Counter>,
     /// Time a continuation waited at the gateway for its endpoint's previous one.
     pub stream_resume_wait: Histogram,
+    /// Warm-up heads of staged continuations that ended with their prefix computed.
+    pub stream_resume_heads: Counter,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -272,6 +274,12 @@ impl Metrics {
             "stream_resume_wait_seconds",
             "Time a mid-stream continuation waited at the gateway for its endpoint's previous one to reach its first token",
             stream_resume_wait.clone(),
+        );
+        let stream_resume_heads = Counter::default();
+        registry.register(
+            "stream_resume_heads",
+            "Warm-up heads of staged mid-stream continuations that ended with their prefix computed (resume.stage_tokens)",
+            stream_resume_heads.clone(),
         );
         let breaker = Family::default();
         registry.register(
@@ -449,6 +457,7 @@ impl Metrics {
             hedges,
             stream_resumes,
             stream_resume_wait,
+            stream_resume_heads,
             config_reloads,
             epp_picks,
             breaker,

@@ -72,6 +72,16 @@ impl Pool {
             .collect()
     }
 
+    /// Ids of every endpoint.
+    pub fn endpoint_ids(&self) -> Vec<EndpointId> {
+        self.snapshot
+            .load()
+            .endpoints
+            .iter()
+            .map(|e| e.id)
+            .collect()
+    }
+
     /// The base URL of an endpoint still in the pool.
     pub fn base_of(&self, id: EndpointId) -> Option<Arc<str>> {
         self.snapshot.load().get(id).map(|e| e.about.base.clone())

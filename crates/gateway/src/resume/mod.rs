@@ -27,6 +27,7 @@
 
 mod gate;
 mod splice;
+mod stage;
 mod transcript;
 
 use crate::dispatch::{AttemptOutcome, Dispatch, Sending};
@@ -64,6 +65,10 @@ pub struct ResumeConfig {
     /// (`kvgate sim --scenario replica-loss`, 10 seeds, docs/routing.md): the TTFT P95 of the
     /// 30 s after a lost replica 328 -> 288 ms at 1 s, capacity unchanged.
     pub yield_ms: u64,
+    /// A continuation's prompt goes first in heads this many tokens longer each, one-token
+    /// warm-ups sent one after another to one endpoint, so a request arriving there waits
+    /// behind one head's prefill, not the whole prompt's (0: off; [`stage`]).
+    pub stage_tokens: u32,
 }
 
 impl Default for ResumeConfig {
@@ -74,6 +79,7 @@ impl Default for ResumeConfig {
             max_text_bytes: 256 * 1024,
             per_endpoint: 1,
             yield_ms: 1_000,
+            stage_tokens: 0,
         }
     }
 }
@@ -246,38 +252,36 @@ impl Resume {
         self.left -= 1;
         let (shared, sending) = (o.shared.clone(), o.sending.clone());
         let (request, tried) = (o.request.clone(), o.tried.clone());
-        let yield_ms = o.shared.config.resume.yield_ms;
-        let yield_until = (yield_ms > 0)
-            .then(|| tokio::time::Instant::now() + std::time::Duration::from_millis(yield_ms));
+        let config = &o.shared.config.resume;
+        let yield_until = (config.yield_ms > 0).then(|| {
+            tokio::time::Instant::now() + std::time::Duration::from_millis(config.yield_ms)
+        });
+        let heads = match config.stage_tokens {
+            0 => Vec::new(),
+            t => stage::heads(&body, o.sending.api, t as usize * BYTES_PER_TOKEN),
+        };
         self.pending = Some(Box::pin(async move {
             let waited = shared.pool.clock().now();
-            // Routed when an endpoint has room (and, while it yields, no request awaiting its
-            // first token), and held there until the continuation's first bytes (or its
-            // failure): its prefill is done ([`gate`]).
-            let (mut target, _place) = shared
-                .resume_gates
-                .place(yield_until, |full, yielding| {
-                    let mut refused: Vec<EndpointId> = tried.iter().chain(full).copied().collect();
-                    if yielding {
-                        refused.extend(shared.pool.awaiting_first_token());
-                    }
-                    let target = shared.pool.pick(&request, &refused, Attempt::Resume);
-                    let target = target.map_err(|_| "no_endpoint");
-                    target.map(|t| {
-                        let id = t.id;
-                        (t, id)
-                    })
-                })
-                .await?;
+            let place =
+                |pinned, stream| place(&shared, &request, &tried, yield_until, pinned, stream);
+            let warmed = match heads.is_empty() {
+                true => None,
+                false => {
+                    let counter = &shared.metrics.stream_resume_heads;
+                    stage::warm(heads, &sending, counter, |pinned| place(pinned, false)).await
+                }
+            };
+            // Held there until the continuation's first bytes (or its failure): its prefill
+            // is done ([`gate`]).
+            let (dispatch, _place) = match place(warmed, true).await {
+                Err(_) if warmed.is_some() => place(None, true).await?,
+                placed => placed?,
+            };
             let now = shared.pool.clock().now();
             shared
                 .metrics
                 .stream_resume_wait
                 .observe((now - waited).as_secs_f64());
-            // The predictions were for the request's prompt, not for prompt plus text so far.
-            target.prediction = None;
-            target.predicted_ttft = None;
-            let dispatch = Dispatch::new(shared.clone(), request.id, target, true);
             let forwarded = sending.forwarded.clone();
             Ok(sending.send(dispatch, body, forwarded).await)
         }));
@@ -315,6 +319,47 @@ impl Resume {
     pub(crate) fn engine_usage(&self) -> Option<Option<Usage>> {
         self.splicer.as_ref().map(Splicer::engine_usage)
     }
+}
+
+/// Bytes of text per token when cutting a staged continuation's heads: the gateway's own
+/// estimate (`kvgate_core::Request::from_text`, about four bytes per token of English).
+const BYTES_PER_TOKEN: usize = 4;
+
+/// Routes a continuation, or one of its heads, when an endpoint has room (and, while it
+/// yields, no request awaiting its first token), on `pinned` only when given; the attempt
+/// and its place at the [`gate`].
+async fn place(
+    shared: &Arc<Shared>,
+    request: &Request,
+    tried: &[EndpointId],
+    yield_until: Option<tokio::time::Instant>,
+    pinned: Option<EndpointId>,
+    stream: bool,
+) -> Result<(Dispatch, Option<gate::Place>), &'static str> {
+    let (mut target, place) = shared
+        .resume_gates
+        .place(yield_until, |full, yielding| {
+            let mut refused: Vec<EndpointId> = tried.iter().chain(full).copied().collect();
+            if yielding {
+                refused.extend(shared.pool.awaiting_first_token());
+            }
+            if let Some(pinned) = pinned {
+                let others = shared.pool.endpoint_ids().into_iter();
+                refused.extend(others.filter(|&e| e != pinned));
+            }
+            let target = shared.pool.pick(request, &refused, Attempt::Resume);
+            let target = target.map_err(|_| "no_endpoint")?;
+            let id = target.id;
+            Ok::<_, &'static str>((target, id))
+        })
+        .await?;
+    // The predictions were for the request's prompt, not for prompt plus text so far.
+    target.prediction = None;
+    target.predicted_ttft = None;
+    Ok((
+        Dispatch::new(shared.clone(), request.id, target, stream),
+        place,
+    ))
 }
 
 #[cfg(test)]
