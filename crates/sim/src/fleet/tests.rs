@@ -301,6 +301,11 @@ fn broken_streams_yielding(resume: Option<u32>, resume_yield: Nanos) -> Outcome 
     let mut config = fleet("least_outstanding", 4, &[]);
     config.resume = resume;
     config.resume_yield = resume_yield;
+    replica_3_lost_mid_answers(config)
+}
+
+/// Runs `config` with replica 3 lost 300 ticks in, while long answers stream.
+fn replica_3_lost_mid_answers(mut config: FleetConfig) -> Outcome {
     config.failures = vec![Failure {
         replica: 3,
         at: Nanos(TICK_NANOS * 300),
@@ -488,17 +493,7 @@ fn a_staged_continuation_warms_its_prompt_piece_by_piece_on_the_replica_it_goes_
     // Round robin ignores where a prompt is cached: only the pin keeps the pieces together.
     let mut config = fleet("round_robin", 4, &[]);
     config.resume_stage = Some(64);
-    config.failures = vec![Failure {
-        replica: 3,
-        at: Nanos(TICK_NANOS * 300),
-    }];
-    let mut w = OpenLoop::new(OpenLoopConfig {
-        output: Lengths::fixed(200),
-        long_output: Lengths::fixed(200),
-        ..open_config(60, 0.2, 2)
-    });
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let staged = run(&config, &mut w, &mut rng, 4);
+    let staged = replica_3_lost_mid_answers(config);
     // The pieces have no client: the records are the workload's requests alone.
     assert_eq!(staged.records.len(), plain.records.len());
     assert!(staged
