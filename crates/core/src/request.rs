@@ -117,6 +117,9 @@ impl Request {
 }
 
 /// The usual rule of thumb for English text with BPE tokenizers: about four bytes per token.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// A prompt's length in tokens at [`BYTES_PER_TOKEN`].
 pub fn estimate_tokens(text: &str) -> u32 {
-    u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX)
+    u32::try_from(text.len().div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
 }

@@ -256,17 +256,18 @@ impl Resume {
         let yield_until = (config.yield_ms > 0).then(|| {
             tokio::time::Instant::now() + std::time::Duration::from_millis(config.yield_ms)
         });
-        let heads = match config.stage_tokens {
-            0 => Vec::new(),
-            t => stage::heads(&body, o.sending.api, t as usize * BYTES_PER_TOKEN),
-        };
+        // Cut at the gateway's own estimate of bytes per token.
+        let heads = (config.stage_tokens > 0).then(|| {
+            let piece = config.stage_tokens as usize * kvgate_core::request::BYTES_PER_TOKEN;
+            stage::heads(&body, o.sending.api, piece)
+        });
         self.pending = Some(Box::pin(async move {
             let waited = shared.pool.clock().now();
             let place =
                 |pinned, stream| place(&shared, &request, &tried, yield_until, pinned, stream);
-            let warmed = match heads.is_empty() {
-                true => None,
-                false => {
+            let warmed = match heads.filter(|h| !h.is_empty()) {
+                None => None,
+                Some(heads) => {
                     let counter = &shared.metrics.stream_resume_heads;
                     stage::warm(heads, &sending, counter, |pinned| place(pinned, false)).await
                 }
@@ -320,10 +321,6 @@ impl Resume {
         self.splicer.as_ref().map(Splicer::engine_usage)
     }
 }
-
-/// Bytes of text per token when cutting a staged continuation's heads: the gateway's own
-/// estimate (`kvgate_core::Request::from_text`, about four bytes per token of English).
-const BYTES_PER_TOKEN: usize = 4;
 
 /// Routes a continuation, or one of its heads, when an endpoint has room (and, while it
 /// yields, no request awaiting its first token), on `pinned` only when given; the attempt

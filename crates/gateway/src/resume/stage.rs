@@ -29,31 +29,59 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::{Map, Value};
 use std::future::Future;
 
-/// The warm-up bodies of `body` (a continuation as [`super::splice::continuation`] builds
-/// it), heads growing by about `piece_bytes` of text each; the last head ends at least
-/// `piece_bytes` before the end of the text, so the continuation itself still computes a
-/// piece. Empty when the body cannot be cut (content that is not text, a token prompt) or is
-/// shorter than two pieces.
-pub(crate) fn heads(body: &[u8], api: Api, piece_bytes: usize) -> Vec<Bytes> {
-    let Ok(fields) = serde_json::from_slice::<Map<String, Value>>(body) else {
-        return Vec::new();
-    };
-    let Some(texts) = texts(&fields, api) else {
-        return Vec::new();
-    };
+/// The warm-up bodies of a continuation, built one at a time as they are sent: a head is
+/// about as large as the text it keeps, and a long prompt has many, so building them all at
+/// once would hold the prompt's size times their number.
+#[derive(Debug)]
+pub(crate) struct Heads {
+    fields: Map<String, Value>,
+    api: Api,
+    /// Where each head ends: the message and the byte offset in its text.
+    cuts: std::vec::IntoIter<(usize, usize)>,
+}
+
+impl Heads {
+    /// Whether there is no head to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.cuts.len() == 0
+    }
+}
+
+impl Iterator for Heads {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        let (message, at) = self.cuts.next()?;
+        head(&self.fields, self.api, message, at)
+    }
+}
+
+/// The heads of `body` (a continuation as [`super::splice::continuation`] builds it), growing
+/// by about `piece_bytes` of text each; the last ends at least `piece_bytes` before the end of
+/// the text, so the continuation itself still computes a piece. None when the body cannot be
+/// cut (content that is not text, a token prompt) or is shorter than two pieces.
+pub(crate) fn heads(body: &[u8], api: Api, piece_bytes: usize) -> Heads {
+    let fields = serde_json::from_slice::<Map<String, Value>>(body).unwrap_or_default();
+    let cuts = texts(&fields, api).map_or_else(Vec::new, |texts| cuts(&texts, piece_bytes));
+    Heads {
+        fields,
+        api,
+        cuts: cuts.into_iter(),
+    }
+}
+
+fn cuts(texts: &[&str], piece_bytes: usize) -> Vec<(usize, usize)> {
     let total: usize = texts.iter().map(|t| t.len()).sum();
     let piece_bytes = piece_bytes.max(1);
-    let mut out = Vec::new();
+    let mut out: Vec<(usize, usize)> = Vec::new();
     let mut goal = piece_bytes;
-    let mut last = None;
     while goal + piece_bytes <= total {
-        let Some(end) = cut(&texts, goal) else {
+        let Some(end) = cut(texts, goal) else {
             break;
         };
         // A word longer than a piece gives the same cut twice.
-        if last != Some(end) {
-            out.extend(head(&fields, api, end.0, end.1));
-            last = Some(end);
+        if out.last() != Some(&end) {
+            out.push(end);
         }
         goal += piece_bytes;
     }
@@ -65,7 +93,7 @@ pub(crate) fn heads(body: &[u8], api: Api, piece_bytes: usize) -> Vec<Bytes> {
 /// Returns the endpoint the heads warmed, or `None` when one found no place or failed: the
 /// continuation then goes wherever it is routed.
 pub(crate) async fn warm<P, F>(
-    heads: Vec<Bytes>,
+    heads: Heads,
     sending: &Sending,
     warmed_heads: &Counter,
     mut place: P,
@@ -173,38 +201,45 @@ fn floor_char_boundary(text: &str, at: usize) -> usize {
 
 /// The warm-up body whose text ends in message `message` at byte `at`: one token, not
 /// streamed, the rest of the request's fields as they are (tools and system text render as
-/// in the continuation).
+/// in the continuation). Only the messages it keeps are copied.
 fn head(fields: &Map<String, Value>, api: Api, message: usize, at: usize) -> Option<Bytes> {
-    let mut fields = fields.clone();
-    match api {
-        Api::Chat => {
-            let Some(Value::Array(messages)) = fields.get_mut("messages") else {
-                return None;
-            };
-            messages.truncate(message + 1);
-            let last = messages.last_mut()?.as_object_mut()?;
-            let Some(Value::String(content)) = last.get_mut("content") else {
-                return None;
-            };
-            content.truncate(at);
-            fields.insert("continue_final_message".into(), Value::Bool(true));
-            fields.insert("add_generation_prompt".into(), Value::Bool(false));
+    let text = match api {
+        Api::Chat => "messages",
+        Api::Completions => "prompt",
+    };
+    let mut out: Map<String, Value> = fields
+        .iter()
+        .filter(|(k, _)| *k != text)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let cut = |s: &str| Value::String(s[..at].to_owned());
+    match (api, fields.get(text)?) {
+        (Api::Chat, Value::Array(messages)) => {
+            let mut kept = messages.get(..=message)?.to_vec();
+            let last = kept.last_mut()?.as_object_mut()?;
+            let content = cut(last.get("content")?.as_str()?);
+            last.insert("content".into(), content);
+            out.insert("messages".into(), Value::Array(kept));
+            out.insert("continue_final_message".into(), Value::Bool(true));
+            out.insert("add_generation_prompt".into(), Value::Bool(false));
         }
-        Api::Completions => match fields.get_mut("prompt")? {
-            Value::String(p) => p.truncate(at),
-            Value::Array(items) => match items.first_mut()? {
-                Value::String(p) => p.truncate(at),
-                _ => return None,
-            },
-            _ => return None,
-        },
+        (Api::Completions, Value::String(p)) => {
+            out.insert("prompt".into(), cut(p));
+        }
+        (Api::Completions, Value::Array(items)) => {
+            out.insert(
+                "prompt".into(),
+                Value::Array(vec![cut(items.first()?.as_str()?)]),
+            );
+        }
+        _ => return None,
     }
     for key in ["stream_options", "min_tokens", "max_completion_tokens"] {
-        fields.remove(key);
+        out.remove(key);
     }
-    fields.insert("stream".into(), Value::Bool(false));
-    fields.insert("max_tokens".into(), Value::from(1));
-    serde_json::to_vec(&fields).ok().map(Bytes::from)
+    out.insert("stream".into(), Value::Bool(false));
+    out.insert("max_tokens".into(), Value::from(1));
+    serde_json::to_vec(&out).ok().map(Bytes::from)
 }
 
 #[cfg(test)]
@@ -235,7 +270,7 @@ mod tests {
         let user = "one two three four five six seven eight";
         let said = "nine ten eleven";
         let body = chat(&[("system", system), ("user", user), ("assistant", said)]);
-        let heads = heads(&body, Api::Chat, 16);
+        let heads: Vec<Bytes> = heads(&body, Api::Chat, 16).collect();
         // 76 bytes of text in pieces of 16: heads end near 16, 32 and 48 bytes (one at 64
         // would leave less than a piece to the continuation).
         assert_eq!(heads.len(), 3);
@@ -272,7 +307,7 @@ mod tests {
     #[test]
     fn completion_heads_cut_the_prompt_and_token_prompts_are_left_alone() {
         let body = br#"{"prompt":"the quick brown fox jumps over the lazy dog again","stream":true,"max_tokens":9}"#;
-        let heads = heads(body, Api::Completions, 12);
+        let heads: Vec<Bytes> = heads(body, Api::Completions, 12).collect();
         let prompts: Vec<String> = heads
             .iter()
             .map(|h| parse(h)["prompt"].as_str().unwrap().to_owned())
@@ -304,7 +339,7 @@ mod tests {
             ("user", "ab"),
             ("user", "abcdefghijklmnopqrstuvwxyz0123456789"),
         ]);
-        let heads = heads(&body, Api::Chat, 10);
+        let heads: Vec<Bytes> = heads(&body, Api::Chat, 10).collect();
         assert_eq!(heads.len(), 1, "one head, not one per piece");
         let f = parse(&heads[0]);
         assert_eq!(f["messages"].as_array().unwrap().len(), 1);
