@@ -158,6 +158,11 @@ impl Pool {
             .collect()
     }
 
+    /// How many of this gateway's requests to `endpoint` await their first token.
+    pub fn awaiting_first_token_at(&self, endpoint: EndpointId) -> u32 {
+        self.lock().router.awaiting_first_token(endpoint)
+    }
+
     /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or
     /// an open breaker, takes traffic again: the `Retry-After` of a 503 when nothing is
     /// routable. `None` when no such endpoint exists.

@@ -69,6 +69,9 @@ pub struct ResumeConfig {
     /// warm-ups sent one after another to one endpoint, so a request arriving there waits
     /// behind one head's prefill, not the whole prompt's (0: off; [`stage`]).
     pub stage_tokens: u32,
+    /// A head placed where no other request awaits its first token grows by two pieces, not
+    /// one: nobody is queued there for a small piece to spare ([`stage::warm`]).
+    pub stage_grow: bool,
 }
 
 impl Default for ResumeConfig {
@@ -80,6 +83,7 @@ impl Default for ResumeConfig {
             per_endpoint: 1,
             yield_ms: 1_000,
             stage_tokens: 0,
+            stage_grow: true,
         }
     }
 }
@@ -261,6 +265,7 @@ impl Resume {
             let piece = config.stage_tokens as usize * kvgate_core::request::BYTES_PER_TOKEN;
             stage::heads(&body, o.sending.api, piece)
         });
+        let grow = config.stage_grow;
         self.pending = Some(Box::pin(async move {
             let waited = shared.pool.clock().now();
             let place =
@@ -269,7 +274,9 @@ impl Resume {
                 None => None,
                 Some(heads) => {
                     let counter = &shared.metrics.stream_resume_heads;
-                    stage::warm(heads, &sending, counter, |pinned| place(pinned, false)).await
+                    let quiet = |e| grow && shared.pool.awaiting_first_token_at(e) <= 1;
+                    let place = |pinned| place(pinned, false);
+                    stage::warm(heads, &sending, counter, place, quiet).await
                 }
             };
             // Held there until the continuation's first bytes (or its failure): its prefill

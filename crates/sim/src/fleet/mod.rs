@@ -79,6 +79,11 @@ pub struct FleetConfig {
     /// that arrives there meanwhile waits behind one piece rather than the whole prompt.
     /// `None`: one piece.
     pub resume_stage: Option<u32>,
+    /// A staged head grows by two pieces instead of one when, as it leaves, no request its
+    /// router sent to that replica awaits a first token: nobody is queued there for a small
+    /// piece to spare, and each head costs the continuation about two iterations of the
+    /// replica (its own, and the one that starts before the next head arrives).
+    pub resume_stage_grow: bool,
     /// Re-home the sessions a lost replica held: for each whose last turn ended there at most
     /// this long before the loss, the router sends that turn's prompt again for one token, a
     /// warm-up, so the session's next turn finds its context cached elsewhere ([`rehome`]).

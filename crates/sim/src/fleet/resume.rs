@@ -29,6 +29,9 @@ pub(super) struct Held {
     /// A warm-up of this prompt's head that must have its first token before this one leaves,
     /// and whose replica this one goes to (a staged continuation).
     after: Option<u64>,
+    /// It is a head of a staged continuation that may give way to the next, larger one
+    /// (`resume_stage_grow`): a head not the first, and not one that took over from another.
+    skippable: bool,
 }
 
 impl Held {
@@ -71,6 +74,7 @@ impl Sim<'_> {
                     output: 1,
                     yield_until,
                     after,
+                    skippable: self.config.resume_stage_grow && after.is_some(),
                 });
                 after = Some(w);
                 head += piece;
@@ -82,6 +86,7 @@ impl Sim<'_> {
             output: max_output.saturating_sub(output).max(1),
             yield_until,
             after,
+            skippable: false,
         });
     }
 
@@ -100,13 +105,16 @@ impl Sim<'_> {
             output,
             yield_until,
             after: None,
+            skippable: false,
         });
     }
 
     /// Routes the waiting continuations, oldest first, while some live replica has room. One
     /// still yielding skips the replicas where a request its router sent awaits its first
     /// token: sent there, its full prefill would hold that request up. A piece of a staged
-    /// continuation waits for the piece before it and goes to the same replica.
+    /// continuation waits for the piece before it and goes to the same replica; leaving where
+    /// no request awaits its first token, it gives way to the piece after it
+    /// (`resume_stage_grow`), so the head grows by two pieces.
     pub(super) fn release(&mut self) {
         let limit = self.config.resume.unwrap_or(0);
         let mut k = 0;
@@ -140,6 +148,21 @@ impl Sim<'_> {
             let Some(next) = self.held.remove(k) else {
                 return;
             };
+            if let Some(p) = pinned.filter(|_| next.skippable) {
+                let quiet = router.awaiting_first_token(kvgate_core::EndpointId(p as u32)) == 0;
+                let warmups = &self.warmups;
+                let follower = self
+                    .held
+                    .iter_mut()
+                    .find(|h| h.after == Some(next.id) && warmups.contains_key(&h.id));
+                if let (true, Some(follower)) = (quiet, follower) {
+                    // The next head takes this one's place: it leaves now, as this would have.
+                    follower.after = next.after;
+                    follower.skippable = false;
+                    continue;
+                }
+            }
+
             self.route_among(next.id, next.prompt, next.output, &closed);
         }
     }

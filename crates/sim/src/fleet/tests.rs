@@ -37,6 +37,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         resume_yield: Nanos::ZERO,
         rehome: None,
         resume_stage: None,
+        resume_stage_grow: true,
         share: None,
         horizon: None,
     }
@@ -491,26 +492,41 @@ fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_home
 fn a_staged_continuation_warms_its_prompt_piece_by_piece_on_the_replica_it_goes_to() {
     let plain = broken_streams(Some(1));
     // Round robin ignores where a prompt is cached: only the pin keeps the pieces together.
-    let mut config = fleet("round_robin", 4, &[]);
-    config.resume_stage = Some(64);
-    let staged = replica_3_lost_mid_answers(config);
-    // The pieces have no client: the records are the workload's requests alone.
-    assert_eq!(staged.records.len(), plain.records.len());
-    assert!(staged
-        .records
-        .iter()
-        .all(|r| !r.failed && r.output_tokens == 200));
-    let continued: Vec<Resumption> = staged.records.iter().filter_map(|r| r.resumed).collect();
-    assert!(continued.len() >= 3, "{}", continued.len());
-    // Every piece went to the replica the continuation went to, one after the other, so the
-    // continuation finds all but its last piece (and the block it ends in) cached there.
-    for c in &continued {
-        assert!(
-            c.cached_tokens + 64 + 16 >= c.prompt_tokens,
-            "{} of {} cached",
-            c.cached_tokens,
-            c.prompt_tokens
-        );
+    let staged = |grow: bool| {
+        let mut config = fleet("round_robin", 4, &[]);
+        config.resume_stage = Some(64);
+        config.resume_stage_grow = grow;
+        replica_3_lost_mid_answers(config)
+    };
+    let dispatched = |out: &Outcome| out.replicas.iter().map(|r| r.assigned).sum::<u64>();
+    let (grown, fixed) = (staged(true), staged(false));
+    // Where no request awaited a first token, a head gave way to the next: fewer went.
+    assert!(
+        dispatched(&grown) < dispatched(&fixed),
+        "{} heads and requests with growth, {} without",
+        dispatched(&grown),
+        dispatched(&fixed)
+    );
+    for staged in [grown, fixed] {
+        // The pieces have no client: the records are the workload's requests alone.
+        assert_eq!(staged.records.len(), plain.records.len());
+        assert!(staged
+            .records
+            .iter()
+            .all(|r| !r.failed && r.output_tokens == 200));
+        let continued: Vec<Resumption> = staged.records.iter().filter_map(|r| r.resumed).collect();
+        assert!(continued.len() >= 3, "{}", continued.len());
+        // Every piece went to the replica the continuation went to, one after the other, so
+        // the continuation finds all but its last piece (and the block it ends in) cached
+        // there: the last head is never skipped.
+        for c in &continued {
+            assert!(
+                c.cached_tokens + 64 + 16 >= c.prompt_tokens,
+                "{} of {} cached",
+                c.cached_tokens,
+                c.prompt_tokens
+            );
+        }
     }
     let unstaged: Vec<Resumption> = plain.records.iter().filter_map(|r| r.resumed).collect();
     assert!(

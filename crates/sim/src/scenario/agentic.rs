@@ -77,6 +77,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         resume_yield: Nanos::from_secs(1),
         rehome: None,
         resume_stage: None,
+        resume_stage_grow: true,
         share: share(&mut p)?,
         horizon: None,
     };

@@ -74,6 +74,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         },
         resume_yield: Nanos::from_millis(p.u64("resume_yield_ms", 1_000)?),
         resume_stage: Some(p.u64("resume_stage_tokens", 0)? as u32).filter(|&t| t > 0),
+        resume_stage_grow: p.bool("resume_stage_grow", true)?,
         rehome: {
             let window = p.f64("rehome_s", 0.0)?;
             (window > 0.0).then(|| Nanos::from_secs_f64(window))

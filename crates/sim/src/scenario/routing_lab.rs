@@ -141,6 +141,7 @@ impl Lab {
             resume_yield: kvgate_core::Nanos::from_secs(1),
             rehome: None,
             resume_stage: None,
+            resume_stage_grow: true,
             share: None,
             horizon: None,
         };
