@@ -333,6 +333,13 @@ async fn a_staged_continuation_warms_its_prompt_head_by_head_on_one_engine() {
         assert_eq!(metric(&metrics, resumed), Some(1.0), "{metrics}");
         let warmed = metric(&metrics, "kvgate_stream_resume_heads_total");
         assert_eq!(warmed, Some(heads), "{metrics}");
+        // Grown, the second and fourth heads gave way to the third and fifth.
+        let skipped = metric(&metrics, "kvgate_stream_resume_heads_skipped_total");
+        assert_eq!(
+            skipped,
+            Some(if heads == 3.0 { 2.0 } else { 0.0 }),
+            "{metrics}"
+        );
         let engine = get_text(&client(), &b.url, "/metrics").await;
         let hits = metric(&engine, "vllm:prefix_cache_hits_total").unwrap_or(0.0);
         let prompted = metric(&engine, "vllm:prompt_tokens_total").unwrap_or(0.0);

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub stream_resume_wait: Histogram,
     /// Warm-up heads of staged continuations that ended with their prefix computed.
     pub stream_resume_heads: Counter,
+    /// Heads of staged continuations skipped, the next sent in their place (`stage_grow`).
+    pub stream_resume_heads_skipped: Counter,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -281,6 +283,12 @@ impl Metrics {
             "Warm-up heads of staged mid-stream continuations that ended with their prefix computed (resume.stage_tokens)",
             stream_resume_heads.clone(),
         );
+        let stream_resume_heads_skipped = Counter::default();
+        registry.register(
+            "stream_resume_heads_skipped",
+            "Heads of staged mid-stream continuations skipped where no other request awaited a first token, the next head sent in their place (resume.stage_grow)",
+            stream_resume_heads_skipped.clone(),
+        );
         let breaker = Family::default();
         registry.register(
             "breaker_state",
@@ -458,6 +466,7 @@ impl Metrics {
             stream_resumes,
             stream_resume_wait,
             stream_resume_heads,
+            stream_resume_heads_skipped,
             config_reloads,
             epp_picks,
             breaker,

@@ -273,10 +273,13 @@ impl Resume {
             let warmed = match heads.filter(|h| !h.is_empty()) {
                 None => None,
                 Some(heads) => {
-                    let counter = &shared.metrics.stream_resume_heads;
+                    let counts = stage::HeadCounts {
+                        warmed: &shared.metrics.stream_resume_heads,
+                        skipped: &shared.metrics.stream_resume_heads_skipped,
+                    };
                     let quiet = |e| grow && shared.pool.awaiting_first_token_at(e) <= 1;
                     let place = |pinned| place(pinned, false);
-                    stage::warm(heads, &sending, counter, place, quiet).await
+                    stage::warm(heads, &sending, counts, place, quiet).await
                 }
             };
             // Held there until the continuation's first bytes (or its failure): its prefill

@@ -92,6 +92,13 @@ fn cuts(texts: &[&str], piece_bytes: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// What [`warm`] counts: heads that ended with their prefix computed, and heads skipped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadCounts<'a> {
+    pub warmed: &'a Counter,
+    pub skipped: &'a Counter,
+}
+
 /// Sends `heads` one after another, each placed as a continuation is (`place`: the gates,
 /// the yield) and each on the endpoint of the head before, and waits for each to end.
 /// Returns the endpoint the heads warmed, or `None` when one found no place or failed: the
@@ -109,7 +116,7 @@ fn cuts(texts: &[&str], piece_bytes: usize) -> Vec<(usize, usize)> {
 pub(crate) async fn warm<P, F, Q>(
     mut heads: Heads,
     sending: &Sending,
-    warmed_heads: &Counter,
+    counts: HeadCounts<'_>,
     mut place: P,
     quiet: Q,
 ) -> Option<EndpointId>
@@ -125,6 +132,7 @@ where
         if warmed.is_some() && quiet(endpoint) {
             if let Some(next) = heads.cuts.next() {
                 cut = next;
+                counts.skipped.inc();
             }
         }
         let body = heads.body(cut)?;
@@ -145,7 +153,7 @@ where
                     Ok(rest) => {
                         tail.feed(&rest);
                         dispatch.complete(1, tail.usage());
-                        warmed_heads.inc();
+                        counts.warmed.inc();
                         true
                     }
                     Err(_) => {
