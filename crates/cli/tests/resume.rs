@@ -235,18 +235,23 @@ async fn streams_that_cannot_be_continued_exactly_end_with_the_error_event() {
 /// Three streams that break together: with the default gate their continuations reach the
 /// healthy engine one at a time (each waits at the gateway for the previous one's first
 /// token); with no limit per endpoint they still do while they yield to requests awaiting
-/// their first token (another continuation among them), and with neither, all at once.
+/// their first token (another continuation among them), and with neither, all at once. Not
+/// staged, so the waits are the gate's alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuations_of_streams_broken_together_reach_an_engine_one_at_a_time() {
     // `b` runs in real time: a continuation's prefill of this ~2,000-token prompt takes a few
     // hundred milliseconds.
     let prompt = "cache ".repeat(2_000);
     for (name, extra, gated) in [
-        ("resume-gate", "", true),
-        ("resume-yield", "resume: {per_endpoint: 0}\n", true),
+        ("resume-gate", "resume: {stage_tokens: 0}\n", true),
+        (
+            "resume-yield",
+            "resume: {per_endpoint: 0, stage_tokens: 0}\n",
+            true,
+        ),
         (
             "resume-ungated",
-            "resume: {per_endpoint: 0, yield_ms: 0}\n",
+            "resume: {per_endpoint: 0, yield_ms: 0, stage_tokens: 0}\n",
             false,
         ),
     ] {
@@ -322,7 +327,7 @@ async fn a_staged_continuation_warms_its_prompt_head_by_head_on_one_engine() {
             "resume: {stage_tokens: 500, stage_grow: false}\n",
             5.0,
         ),
-        ("resume-unstaged", "", 0.0),
+        ("resume-unstaged", "resume: {stage_tokens: 0}\n", 0.0),
     ] {
         let (_a, b, g) = fleet(name, 3, "0", extra).await;
         for body in streamed_together(&g.url, std::iter::once(prompt.clone())).await {
@@ -353,4 +358,39 @@ async fn a_staged_continuation_warms_its_prompt_head_by_head_on_one_engine() {
             assert!(hits < 100.0, "{hits} hits of {prompted}: {engine}");
         }
     }
+}
+
+/// A staged continuation sends no head the endpoint is predicted to hold already: the same
+/// prompt breaks twice on the same engine, and the second continuation, on the engine the
+/// first one warmed, sends only its last head; the client's stream is whole both times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_continuation_sends_no_head_the_endpoint_already_holds() {
+    // Heads end near 2,000, 4,000, ... 10,000 bytes of the ~12,000 (as above).
+    let prompt = "cache ".repeat(2_000);
+    let extra = "resume: {stage_tokens: 500, stage_grow: false}\n";
+    let (_a, b, g) = fleet("resume-stage-held", 3, "0", extra).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        for body in streamed_together(&g.url, std::iter::once(prompt.clone())).await {
+            assert_whole(&body);
+        }
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        let count = |name: &str| metric(&metrics, name).unwrap_or(f64::NAN);
+        seen.push([
+            count("kvgate_stream_resumes_total{reason=\"resumed\"}"),
+            count("kvgate_stream_resume_heads_total"),
+            count("kvgate_stream_resume_heads_held_total"),
+        ]);
+        // Engine a cools down for 0.5 s after a failure (the first stream's break), and the
+        // second must go there first again.
+        tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    }
+    // Resumed, heads sent, heads held back: five heads the first time; the second time the
+    // index says engine b holds the whole prompt, so only the last head goes.
+    assert_eq!(seen, [[1.0, 5.0, 0.0], [2.0, 6.0, 4.0]]);
+    let engine = get_text(&client(), &b.url, "/metrics").await;
+    let hits = metric(&engine, "vllm:prefix_cache_hits_total").unwrap_or(0.0);
+    // The first time heads 2-5 found 1+2+3+4 pieces (~667 tokens each) cached and the
+    // continuation 5; the second time the last head and the continuation find ~5 each.
+    assert!(hits > 20.0 * 600.0, "{hits} hits: {engine}");
 }

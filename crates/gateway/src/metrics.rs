@@ -105,6 +105,8 @@ pub struct Metrics {
     pub stream_resume_heads: Counter,
     /// Heads of staged continuations skipped, the next sent in their place (`stage_grow`).
     pub stream_resume_heads_skipped: Counter,
+    /// Heads of staged continuations not sent because the endpoint was predicted to hold them.
+    pub stream_resume_heads_held: Counter,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -289,6 +291,12 @@ impl Metrics {
             "Heads of staged mid-stream continuations skipped where no other request awaited a first token, the next head sent in their place (resume.stage_grow)",
             stream_resume_heads_skipped.clone(),
         );
+        let stream_resume_heads_held = Counter::default();
+        registry.register(
+            "stream_resume_heads_held",
+            "Heads of staged mid-stream continuations not sent because the prefix index said the endpoint already held them (resume.stage_tokens)",
+            stream_resume_heads_held.clone(),
+        );
         let breaker = Family::default();
         registry.register(
             "breaker_state",
@@ -467,6 +475,7 @@ impl Metrics {
             stream_resume_wait,
             stream_resume_heads,
             stream_resume_heads_skipped,
+            stream_resume_heads_held,
             config_reloads,
             epp_picks,
             breaker,

@@ -320,6 +320,15 @@ fn reasoning(
     Ok((effort, budget))
 }
 
+/// The length of the prefix key [`parse`] gives a body with these fields; `None` when they
+/// do not parse.
+pub(crate) fn key_len(fields: &Map<String, Value>, api: Api) -> Option<usize> {
+    match api {
+        Api::Chat => chat_prefix(fields).ok().map(|(text, _)| text.len()),
+        Api::Completions => completion_prefix(fields).ok().map(|text| text.len()),
+    }
+}
+
 /// The prefix key, and the byte length of its part before the last message.
 fn chat_prefix(fields: &Map<String, Value>) -> Result<(String, usize), ApiError> {
     let messages = match fields.get("messages") {

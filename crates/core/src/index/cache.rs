@@ -129,6 +129,18 @@ impl Prediction {
             prompt_tokens,
         )
     }
+
+    /// How many bytes of the prompt's text key the endpoint is predicted to hold: the match
+    /// itself when the index is keyed by text, else the matched share of the key's length.
+    /// `None` when the request had no text key.
+    pub fn cached_text_bytes(&self) -> Option<usize> {
+        let bytes = self.text_bytes?;
+        if self.unit == Unit::Bytes {
+            return Some((self.units as usize).min(bytes));
+        }
+        let share = f64::from(self.units) / f64::from(self.total.max(1));
+        Some((share.min(1.0) * bytes as f64) as usize)
+    }
 }
 
 /// An index and its upkeep schedule. See the module documentation.
@@ -536,5 +548,42 @@ fn merge_pending(out: &mut Overlaps, pending: Vec<(EndpointId, u32)>, per_block:
                 },
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prediction(unit: Unit, units: u32, total: u32, text_bytes: Option<usize>) -> Prediction {
+        Prediction {
+            endpoint: EndpointId(0),
+            units,
+            held: units,
+            total,
+            unit,
+            touched: Nanos::ZERO,
+            text_bytes,
+            by_tokens: unit != Unit::Bytes,
+            engine: None,
+            tail: TailScale::default(),
+        }
+    }
+
+    #[test]
+    fn the_held_share_of_a_text_key_is_the_match_or_its_share_of_the_key() {
+        // Keyed by text: the match is in the key's own bytes.
+        let text = prediction(Unit::Bytes, 1_200, 2_000, Some(2_000));
+        assert_eq!(text.cached_text_bytes(), Some(1_200));
+        // Keyed by tokens or blocks: the matched share of the key.
+        let tokens = prediction(Unit::Tokens, 300, 500, Some(2_000));
+        assert_eq!(tokens.cached_text_bytes(), Some(1_200));
+        let blocks = prediction(Unit::Blocks(16), 40, 40, Some(2_000));
+        assert_eq!(blocks.cached_text_bytes(), Some(2_000));
+        // No text key (a token prompt): nothing to say.
+        assert_eq!(
+            prediction(Unit::Tokens, 300, 500, None).cached_text_bytes(),
+            None
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! A staged continuation: its prompt's heads go first, as one-token warm-ups sent one after
 //! another to one endpoint, so a request arriving there waits behind one head's prefill, not
-//! the whole prompt's (`resume.stage_tokens`, off by default).
+//! the whole prompt's (`resume.stage_tokens`, 512 by default).
 //!
 //! A continuation is a full prefill of the prompt and the text so far, and an engine admits
 //! waiting prompts first come first served. Each head is placed like a continuation (the
@@ -38,6 +38,14 @@ pub(crate) struct Heads {
     api: Api,
     /// Where each head ends: the message and the byte offset in its text.
     cuts: std::vec::IntoIter<(usize, usize)>,
+    /// Bytes of text each head adds.
+    piece_bytes: usize,
+}
+
+/// One head: its body, and the length of the prefix key the gateway gives it.
+struct Head {
+    body: Bytes,
+    key_len: Option<usize>,
 }
 
 impl Heads {
@@ -46,8 +54,23 @@ impl Heads {
         self.cuts.len() == 0
     }
 
-    fn body(&self, (message, at): (usize, usize)) -> Option<Bytes> {
-        head(&self.fields, self.api, message, at)
+    fn head(&self, (message, at): (usize, usize)) -> Option<Head> {
+        let fields = head(&self.fields, self.api, message, at)?;
+        Some(Head {
+            key_len: crate::parse::key_len(&fields, self.api),
+            body: serde_json::to_vec(&fields).ok().map(Bytes::from)?,
+        })
+    }
+
+    /// Whether `head` is predicted cached where its prompt's key is predicted held to `held`
+    /// bytes, but for under a quarter of a piece: sent, it would warm nothing.
+    fn held(&self, head: &Head, held: Option<usize>) -> bool {
+        match (head.key_len, held) {
+            // The head's key ends in its message's closing newline, which the prompt's has
+            // further on.
+            (Some(len), Some(held)) => len.saturating_sub(held + 1) < self.piece_bytes / 4,
+            _ => false,
+        }
     }
 }
 
@@ -56,7 +79,7 @@ impl Iterator for Heads {
 
     fn next(&mut self) -> Option<Bytes> {
         let cut = self.cuts.next()?;
-        self.body(cut)
+        self.head(cut).map(|h| h.body)
     }
 }
 
@@ -71,6 +94,7 @@ pub(crate) fn heads(body: &[u8], api: Api, piece_bytes: usize) -> Heads {
         fields,
         api,
         cuts: cuts.into_iter(),
+        piece_bytes: piece_bytes.max(1),
     }
 }
 
@@ -92,11 +116,13 @@ fn cuts(texts: &[&str], piece_bytes: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// What [`warm`] counts: heads that ended with their prefix computed, and heads skipped.
+/// What [`warm`] counts: heads that ended with their prefix computed, heads skipped where
+/// nobody waited, and heads skipped as already held.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HeadCounts<'a> {
     pub warmed: &'a Counter,
     pub skipped: &'a Counter,
+    pub held: &'a Counter,
 }
 
 /// Sends `heads` one after another, each placed as a continuation is (`place`: the gates,
@@ -113,6 +139,12 @@ pub(crate) struct HeadCounts<'a> {
 /// measured it (`kvgate sim --scenario replica-loss --set resume_stage_tokens=256 [--set
 /// resume_stage_grow=false]`, 10 seeds, docs/routing.md, Limits): the continued streams' median
 /// wait 2.7 -> 2.2 s, the longest 12.0 -> 9.2 s, the TTFT P95 after a loss unchanged.
+///
+/// A head the endpoint is predicted to hold already (another session's copy of the system
+/// prompt, a shared document: `place`'s third value, the bytes of the continuation's prefix
+/// key the index said the first endpoint held) gives way to the next too: sent, it would cost
+/// the continuation a round trip and an iteration and warm nothing. That prediction is taken
+/// at the first head's placement only; later placements see the heads' own dispatches.
 pub(crate) async fn warm<P, F, Q>(
     mut heads: Heads,
     sending: &Sending,
@@ -122,12 +154,16 @@ pub(crate) async fn warm<P, F, Q>(
 ) -> Option<EndpointId>
 where
     P: FnMut(Option<EndpointId>) -> F,
-    F: Future<Output = Result<(Dispatch, Option<Place>), &'static str>>,
+    F: Future<Output = Result<(Dispatch, Option<Place>, Option<usize>), &'static str>>,
     Q: Fn(EndpointId) -> bool,
 {
     let mut warmed = None;
+    let mut held = None;
     while let Some(mut cut) = heads.cuts.next() {
-        let (dispatch, place) = place(warmed).await.ok()?;
+        let (dispatch, place, predicted) = place(warmed).await.ok()?;
+        if warmed.is_none() {
+            held = predicted;
+        }
         let endpoint = dispatch.target.id;
         if warmed.is_some() && quiet(endpoint) {
             if let Some(next) = heads.cuts.next() {
@@ -135,7 +171,15 @@ where
                 counts.skipped.inc();
             }
         }
-        let body = heads.body(cut)?;
+        let mut head = heads.head(cut)?;
+        while heads.held(&head, held) {
+            let Some(next) = heads.cuts.next() else {
+                break;
+            };
+            head = heads.head(next)?;
+            counts.held.inc();
+        }
+        let body = head.body;
         let forwarded = sending.forwarded.clone();
         let (dispatch, result) = sending.send(dispatch, body, forwarded).await;
         let ended = match result {
@@ -232,7 +276,12 @@ fn floor_char_boundary(text: &str, at: usize) -> usize {
 /// The warm-up body whose text ends in message `message` at byte `at`: one token, not
 /// streamed, the rest of the request's fields as they are (tools and system text render as
 /// in the continuation). Only the messages it keeps are copied.
-fn head(fields: &Map<String, Value>, api: Api, message: usize, at: usize) -> Option<Bytes> {
+fn head(
+    fields: &Map<String, Value>,
+    api: Api,
+    message: usize,
+    at: usize,
+) -> Option<Map<String, Value>> {
     let text = match api {
         Api::Chat => "messages",
         Api::Completions => "prompt",
@@ -269,7 +318,7 @@ fn head(fields: &Map<String, Value>, api: Api, message: usize, at: usize) -> Opt
     }
     out.insert("stream".into(), Value::Bool(false));
     out.insert("max_tokens".into(), Value::from(1));
-    serde_json::to_vec(&out).ok().map(Bytes::from)
+    Some(out)
 }
 
 #[cfg(test)]

@@ -175,6 +175,12 @@ pub struct Outcome {
     pub warmups_queued: u64,
     /// Of those, the ones routed before their session's next turn arrived.
     pub warmups_sent: u64,
+    /// Heads of staged continuations that gave way to the next where no request awaited a
+    /// first token (`resume_stage_grow`).
+    pub heads_grown: u64,
+    /// Heads of staged continuations that gave way to the next because the router's index
+    /// said their replica held them.
+    pub heads_held: u64,
 }
 
 impl Outcome {

@@ -29,8 +29,11 @@ pub(super) struct Held {
     /// A warm-up of this prompt's head that must have its first token before this one leaves,
     /// and whose replica this one goes to (a staged continuation).
     after: Option<u64>,
-    /// It is a head of a staged continuation that may give way to the next, larger one
-    /// (`resume_stage_grow`): a head not the first, and not one that took over from another.
+    /// It is a head of a staged continuation, not the first: it gives way to the next when
+    /// its router's index says the replica of the head before already holds it ([`cached`]).
+    staged: bool,
+    /// It may also give way to the next where none of its router's requests awaits a first
+    /// token (`resume_stage_grow`): a staged head that did not take over from another.
     skippable: bool,
 }
 
@@ -74,6 +77,7 @@ impl Sim<'_> {
                     output: 1,
                     yield_until,
                     after,
+                    staged: after.is_some(),
                     skippable: self.config.resume_stage_grow && after.is_some(),
                 });
                 after = Some(w);
@@ -86,6 +90,7 @@ impl Sim<'_> {
             output: max_output.saturating_sub(output).max(1),
             yield_until,
             after,
+            staged: false,
             skippable: false,
         });
     }
@@ -105,6 +110,7 @@ impl Sim<'_> {
             output,
             yield_until,
             after: None,
+            staged: false,
             skippable: false,
         });
     }
@@ -114,7 +120,8 @@ impl Sim<'_> {
     /// token: sent there, its full prefill would hold that request up. A piece of a staged
     /// continuation waits for the piece before it and goes to the same replica; leaving where
     /// no request awaits its first token, it gives way to the piece after it
-    /// (`resume_stage_grow`), so the head grows by two pieces.
+    /// (`resume_stage_grow`), so the head grows by two pieces; and so does one the router's
+    /// index says that replica holds already ([`cached`]), which would warm nothing.
     pub(super) fn release(&mut self) {
         let limit = self.config.resume.unwrap_or(0);
         let mut k = 0;
@@ -148,17 +155,38 @@ impl Sim<'_> {
             let Some(next) = self.held.remove(k) else {
                 return;
             };
-            if let Some(p) = pinned.filter(|_| next.skippable) {
-                let quiet = router.awaiting_first_token(kvgate_core::EndpointId(p as u32)) == 0;
+            if let Some(p) = pinned.filter(|_| next.staged) {
+                let endpoint = kvgate_core::EndpointId(p as u32);
+                let quiet = next.skippable && router.awaiting_first_token(endpoint) == 0;
+                let held = !quiet && {
+                    let mut head = kvgate_core::Request::from_tokens(next.id, next.prompt.clone());
+                    if let Some(t) = rec.tenant {
+                        head = head.with_tenant(format!("tenant-{t}"));
+                    }
+                    let piece = self.config.resume_stage.unwrap_or(0);
+                    cached(
+                        &self.routers[rec.router as usize],
+                        &head,
+                        p,
+                        self.now,
+                        piece,
+                    )
+                };
                 let warmups = &self.warmups;
                 let follower = self
                     .held
                     .iter_mut()
                     .find(|h| h.after == Some(next.id) && warmups.contains_key(&h.id));
-                if let (true, Some(follower)) = (quiet, follower) {
+                if let (true, Some(follower)) = (quiet || held, follower) {
                     // The next head takes this one's place: it leaves now, as this would have.
+                    // Grown, it computes two pieces and grows no further; past a held head it
+                    // still computes one, and may grow.
                     follower.after = next.after;
-                    follower.skippable = false;
+                    follower.skippable &= held;
+                    match held {
+                        true => self.out.heads_held += 1,
+                        false => self.out.heads_grown += 1,
+                    }
                     continue;
                 }
             }
@@ -189,4 +217,28 @@ impl Sim<'_> {
         self.open[i] = self.open[i].saturating_sub(1);
         self.release();
     }
+}
+
+/// Whether the router's index says replica `replica` holds all of `head` but under a quarter of
+/// a piece (`resume_stage_tokens`): sent, it would cost the continuation an iteration and
+/// warm nothing. The first head of a continuation goes wherever it is routed, so the heads
+/// after it lie within what the replica already held (another session's system prompt, a
+/// shared document) until the first that reaches past it.
+fn cached(
+    routing: &kvgate_core::Routing,
+    head: &kvgate_core::Request,
+    replica: usize,
+    now: kvgate_core::Nanos,
+    piece: u32,
+) -> bool {
+    let Some(cache) = routing.cache() else {
+        return false;
+    };
+    let overlaps = cache.overlaps(head, now);
+    let endpoint = kvgate_core::EndpointId(replica as u32);
+    let tokens = head.prompt_tokens;
+    let held = cache
+        .prediction(head, endpoint, &overlaps)
+        .cached_tokens(tokens);
+    tokens.saturating_sub(held) < piece / 4
 }

@@ -536,3 +536,40 @@ fn a_staged_continuation_warms_its_prompt_piece_by_piece_on_the_replica_it_goes_
         "without staging a continuation recomputes more than a piece"
     );
 }
+
+#[test]
+fn a_staged_continuation_sends_no_head_its_replica_already_holds() {
+    // Pieces of 32 tokens over prompts that share a 100-token group prefix, which every
+    // replica holds by the loss: past the first head, the heads within it warm nothing.
+    let staged = |policy: &str| {
+        let mut config = fleet(policy, 4, &[]);
+        config.resume_stage = Some(32);
+        config.resume_stage_grow = false;
+        replica_3_lost_mid_answers(config)
+    };
+    let (indexed, blind) = (staged("predicted_ttft"), staged("round_robin"));
+    // Round robin keeps no index, so nothing says a head is held: every head goes.
+    assert_eq!((blind.heads_held, blind.heads_grown), (0, 0));
+    let continued: Vec<Resumption> = indexed.records.iter().filter_map(|r| r.resumed).collect();
+    assert!(continued.len() >= 3, "{}", continued.len());
+    assert!(
+        indexed.heads_held >= continued.len() as u64,
+        "{} heads held back for {} continuations",
+        indexed.heads_held,
+        continued.len()
+    );
+    assert_eq!(indexed.heads_grown, 0);
+    assert!(indexed
+        .records
+        .iter()
+        .all(|r| !r.failed && r.output_tokens == 200));
+    // The heads that went still warmed all but the continuation's last piece.
+    for c in &continued {
+        assert!(
+            c.cached_tokens + 32 + 16 >= c.prompt_tokens,
+            "{} of {} cached",
+            c.cached_tokens,
+            c.prompt_tokens
+        );
+    }
+}

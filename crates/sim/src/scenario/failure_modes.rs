@@ -73,7 +73,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
             p.bool("resume", true)?.then_some(per_endpoint)
         },
         resume_yield: Nanos::from_millis(p.u64("resume_yield_ms", 1_000)?),
-        resume_stage: Some(p.u64("resume_stage_tokens", 0)? as u32).filter(|&t| t > 0),
+        resume_stage: Some(p.u64("resume_stage_tokens", 512)? as u32).filter(|&t| t > 0),
         resume_stage_grow: p.bool("resume_stage_grow", true)?,
         rehome: {
             let window = p.f64("rehome_s", 0.0)?;
@@ -216,6 +216,8 @@ fn before_and_after(outcome: &Outcome, at: Nanos, lost: Option<u32>) -> BTreeMap
         ("continued".into(), json!(waits.len())),
         ("warmups_queued".into(), json!(outcome.warmups_queued)),
         ("warmups_sent".into(), json!(outcome.warmups_sent)),
+        ("heads_grown".into(), json!(outcome.heads_grown)),
+        ("heads_held".into(), json!(outcome.heads_held)),
         (
             "continued_wait_p50_ms".into(),
             json!(percentile(waits.clone(), 0.5)),
