@@ -6,7 +6,9 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{client, engine, gateway_with_config, get_text, metric, sse_data, user, Proc};
+use support::{
+    client, engine, gateway, gateway_with_config, get_text, metric, sse_data, user, Proc,
+};
 
 /// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
 /// the first tier, answers at once and breaks every stream after `after` tokens; `b` is
@@ -393,4 +395,32 @@ async fn a_staged_continuation_sends_no_head_the_endpoint_already_holds() {
     // The first time heads 2-5 found 1+2+3+4 pieces (~667 tokens each) cached and the
     // continuation 5; the second time the last head and the continuation find ~5 each.
     assert!(hits > 20.0 * 600.0, "{hits} hits: {engine}");
+}
+
+/// Heads go only to endpoints whose engine metrics the gateway reads: engine b behind a
+/// gateway of its own (an OpenAI-compatible endpoint with no vLLM metrics, as a hosted API
+/// is) takes the continuation unstaged, and the client's stream is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_to_an_endpoint_without_engine_metrics_is_not_staged() {
+    let prompt = "cache ".repeat(2_000);
+    let a = engine("a", "0", &["--fault", "disconnect_mid:after=3"]);
+    let b = engine("b", "0", &[]);
+    let hosted = gateway(&[&b], &[]).await;
+    let yaml = format!(
+        "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: hosted, tier: 1}}\nresume: {{stage_tokens: 500}}\n",
+        a.url, hosted.url
+    );
+    let g = gateway_with_config(&[], "resume-hosted", &yaml).await;
+    for body in streamed_together(&g.url, std::iter::once(prompt)).await {
+        assert_whole(&body);
+    }
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    let resumed = "kvgate_stream_resumes_total{reason=\"resumed\"}";
+    assert_eq!(metric(&metrics, resumed), Some(1.0), "{metrics}");
+    let warmed = metric(&metrics, "kvgate_stream_resume_heads_total");
+    assert_eq!(warmed, Some(0.0), "{metrics}");
+    // The engine behind gave one first token: the continuation's, not a head's.
+    let engine = get_text(&client(), &b.url, "/metrics").await;
+    let first_tokens = metric(&engine, "vllm:time_to_first_token_seconds_count");
+    assert_eq!(first_tokens, Some(1.0), "{engine}");
 }

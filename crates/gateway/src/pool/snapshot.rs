@@ -158,6 +158,18 @@ impl Pool {
             .collect()
     }
 
+    /// The endpoints whose engine metrics (vLLM's or SGLang's) the scrapes have not read: a
+    /// hosted API, or an engine not yet scraped.
+    pub fn without_engine_metrics(&self) -> Vec<EndpointId> {
+        let core = self.lock();
+        core.router
+            .views()
+            .iter()
+            .filter(|v| v.observation.is_none())
+            .map(|v| v.id)
+            .collect()
+    }
+
     /// How many of this gateway's requests to `endpoint` await their first token.
     pub fn awaiting_first_token_at(&self, endpoint: EndpointId) -> u32 {
         self.lock().router.awaiting_first_token(endpoint)

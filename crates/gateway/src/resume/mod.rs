@@ -348,10 +348,26 @@ async fn place(
     pinned: Option<EndpointId>,
     stream: bool,
 ) -> Result<(Dispatch, Option<gate::Place>, Option<usize>), &'static str> {
+    // A head (not streamed) warms an engine's prefix cache ahead of the requests queued there:
+    // it goes only where the gateway reads an engine's metrics. A hosted API may bill every
+    // head's prompt, and may not know `continue_final_message`.
+    let unread = match stream {
+        true => Vec::new(),
+        false => shared.pool.without_engine_metrics(),
+    };
+    let engines_left = || {
+        let ids = shared.pool.endpoint_ids();
+        ids.iter()
+            .any(|e| !tried.contains(e) && !unread.contains(e))
+    };
+    if !stream && !engines_left() {
+        return Err("no_engine");
+    }
     let (mut target, place) = shared
         .resume_gates
         .place(yield_until, |full, yielding| {
-            let mut refused: Vec<EndpointId> = tried.iter().chain(full).copied().collect();
+            let mut refused: Vec<EndpointId> =
+                tried.iter().chain(full).chain(&unread).copied().collect();
             if yielding {
                 refused.extend(shared.pool.awaiting_first_token());
             }

@@ -11,6 +11,10 @@
 //! P95 after a lost replica to before 1.65x -> 1.42x, the continued streams' median wait
 //! 1.5 -> 2.1 s.
 //!
+//! Heads go only to endpoints whose engine metrics the gateway reads (vLLM, SGLang): what
+//! they warm is an engine's prefix cache, and a hosted API behind the gateway may bill each
+//! head's prompt or refuse `continue_final_message`. With none, the continuation is not staged.
+//!
 //! A head is the request cut at a word's end: chat keeps the messages before the cut and the
 //! one it falls in, truncated and left open (`continue_final_message`), so the head renders to
 //! a prefix of the continuation's prompt with no end of turn after it; a completion keeps the

@@ -519,14 +519,7 @@ fn a_staged_continuation_warms_its_prompt_piece_by_piece_on_the_replica_it_goes_
         // Every piece went to the replica the continuation went to, one after the other, so
         // the continuation finds all but its last piece (and the block it ends in) cached
         // there: the last head is never skipped.
-        for c in &continued {
-            assert!(
-                c.cached_tokens + 64 + 16 >= c.prompt_tokens,
-                "{} of {} cached",
-                c.cached_tokens,
-                c.prompt_tokens
-            );
-        }
+        assert_all_but_the_last_piece_cached(&continued, 64);
     }
     let unstaged: Vec<Resumption> = plain.records.iter().filter_map(|r| r.resumed).collect();
     assert!(
@@ -564,9 +557,15 @@ fn a_staged_continuation_sends_no_head_its_replica_already_holds() {
         .iter()
         .all(|r| !r.failed && r.output_tokens == 200));
     // The heads that went still warmed all but the continuation's last piece.
-    for c in &continued {
+    assert_all_but_the_last_piece_cached(&continued, 32);
+}
+
+/// Each staged continuation found its prompt cached but for its last piece of `piece` tokens
+/// and the block it ends in.
+fn assert_all_but_the_last_piece_cached(continued: &[Resumption], piece: u32) {
+    for c in continued {
         assert!(
-            c.cached_tokens + 32 + 16 >= c.prompt_tokens,
+            c.cached_tokens + piece + 16 >= c.prompt_tokens,
             "{} of {} cached",
             c.cached_tokens,
             c.prompt_tokens
