@@ -70,8 +70,8 @@ pub struct ResumeConfig {
     /// behind one head's prefill, not the whole prompt's (0: off; [`stage`]). 512 by default:
     /// through the gateway, four emulated engines losing one at 3 and 4.5 sessions/s, it put
     /// the TTFT P95 of the 30 s after the loss lower than no staging in most runs, and under
-    /// 1.5x the P95 before in every run at 1.5-2.25 sessions/s, for a continued stream's pause
-    /// ~1 s longer (docs/routing.md, "Heads the endpoint holds already").
+    /// 1.5x the P95 before in 11 of 12 runs at 1.5-2.25 sessions/s, for a continued stream's
+    /// pause ~1 s longer (docs/routing.md, "Heads the endpoint holds already").
     pub stage_tokens: u32,
     /// A head placed where no other request awaits its first token grows by two pieces, not
     /// one: nobody is queued there for a small piece to spare ([`stage::warm`]).
