@@ -46,10 +46,17 @@ pub(crate) struct Heads {
     piece_bytes: usize,
 }
 
-/// One head: its body, and the length of the prefix key the gateway gives it.
+/// One head: its fields, and the length of the prefix key the gateway gives it. Only a head
+/// that is sent is serialized.
 struct Head {
-    body: Bytes,
+    fields: Map<String, Value>,
     key_len: Option<usize>,
+}
+
+impl Head {
+    fn body(&self) -> Option<Bytes> {
+        serde_json::to_vec(&self.fields).ok().map(Bytes::from)
+    }
 }
 
 impl Heads {
@@ -62,7 +69,7 @@ impl Heads {
         let fields = head(&self.fields, self.api, message, at)?;
         Some(Head {
             key_len: crate::parse::key_len(&fields, self.api),
-            body: serde_json::to_vec(&fields).ok().map(Bytes::from)?,
+            fields,
         })
     }
 
@@ -83,7 +90,7 @@ impl Iterator for Heads {
 
     fn next(&mut self) -> Option<Bytes> {
         let cut = self.cuts.next()?;
-        self.head(cut).map(|h| h.body)
+        self.head(cut)?.body()
     }
 }
 
@@ -183,7 +190,7 @@ where
             head = heads.head(next)?;
             counts.held.inc();
         }
-        let body = head.body;
+        let body = head.body()?;
         let forwarded = sending.forwarded.clone();
         let (dispatch, result) = sending.send(dispatch, body, forwarded).await;
         let ended = match result {

@@ -464,13 +464,7 @@ impl<'c> Sim<'c> {
             if self.config.scrape_interval == Nanos::ZERO {
                 self.scrape(router_index);
             }
-            let mut request = Request::from_tokens(id, prompt);
-            if let Some(t) = rec.tenant {
-                request = request.with_tenant(format!("tenant-{t}"));
-            }
-            if let Some(s) = rec.session {
-                request = request.with_session(format!("session-{s}"));
-            }
+            let mut request = request_of(&rec, id, prompt);
             let accept = |v: &EndpointView| !is_closed(v.id.0 as usize);
             let decision = self.routers[router_index].route(&request, now, &accept);
             let route = match decision {
@@ -689,3 +683,16 @@ mod share;
 
 #[cfg(test)]
 mod tests;
+
+/// The request its router sees for record `rec`'s prompt `prompt`: its tenant and session keyed
+/// as every router keys them.
+pub(super) fn request_of(rec: &RequestRecord, id: u64, prompt: Vec<u32>) -> Request {
+    let mut request = Request::from_tokens(id, prompt);
+    if let Some(t) = rec.tenant {
+        request = request.with_tenant(format!("tenant-{t}"));
+    }
+    if let Some(s) = rec.session {
+        request = request.with_session(format!("session-{s}"));
+    }
+    request
+}

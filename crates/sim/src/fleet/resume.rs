@@ -159,10 +159,7 @@ impl Sim<'_> {
                 let endpoint = kvgate_core::EndpointId(p as u32);
                 let quiet = next.skippable && router.awaiting_first_token(endpoint) == 0;
                 let held = !quiet && {
-                    let mut head = kvgate_core::Request::from_tokens(next.id, next.prompt.clone());
-                    if let Some(t) = rec.tenant {
-                        head = head.with_tenant(format!("tenant-{t}"));
-                    }
+                    let head = super::request_of(rec, next.id, next.prompt.clone());
                     let piece = self.config.resume_stage.unwrap_or(0);
                     cached(
                         &self.routers[rec.router as usize],
