@@ -61,8 +61,15 @@ impl Sim<'_> {
             })
             .map(|(&session, t)| (session, t.id))
             .collect();
-        // The most recent first: their next turns come soonest.
-        displaced.sort_by_key(|&(_, id)| std::cmp::Reverse(self.out.records[id as usize].finished));
+        // The most recent first: their next turns come soonest. Ties (turns that ended in the
+        // same iteration) go by session, not by the map's random iteration order, so a seed
+        // gives the same run.
+        displaced.sort_by_key(|&(session, id)| {
+            (
+                std::cmp::Reverse(self.out.records[id as usize].finished),
+                session,
+            )
+        });
         for (session, id) in displaced {
             let prompt = self.last_turn[&session].prompt.clone();
             let warmup = self.new_warmup(id, prompt.clone());
