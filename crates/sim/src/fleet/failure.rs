@@ -44,7 +44,7 @@ impl Sim<'_> {
             if output == 0 && rec.resumed.is_some_and(|r| r.first_token.is_none()) {
                 rec.retries += 1;
                 let until = rec.resumed.map(|r| r.broken + self.config.resume_yield);
-                self.hold(id, prompt, max_output, until);
+                self.hold(id, prompt, max_output, until, None);
             } else if output == 0 {
                 rec.retries += 1;
                 self.route(id, prompt, max_output);

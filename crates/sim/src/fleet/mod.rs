@@ -186,9 +186,8 @@ struct Sim<'c> {
     generated: UniqueTokens,
     /// Per session, its last turn as its router sent it ([`rehome`]).
     last_turn: std::collections::HashMap<u64, rehome::LastTurn>,
-    /// Warm-ups by request id: the session re-homed, or `None` for a piece of a staged
-    /// continuation.
-    warmups: std::collections::HashMap<u64, Option<u64>>,
+    /// Warm-ups by request id, and what each warms.
+    warmups: std::collections::HashMap<u64, rehome::Warmup>,
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -509,7 +508,7 @@ impl<'c> Sim<'c> {
             // Its TTFT, which calibrates the router, runs from here, not from the loss.
             self.out.records[id as usize].arrival = now;
             self.open[i] += 1;
-            if self.warmups.get(&id).is_some_and(Option::is_some) {
+            if self.warmups.get(&id).is_some_and(|w| w.is_whole_turn()) {
                 self.out.warmups_sent += 1;
             }
         }

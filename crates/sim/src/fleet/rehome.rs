@@ -8,9 +8,36 @@
 //! its newest messages cached. A warm-up has no client. It waits at the router behind the
 //! continuations, goes only to a replica where no request of its router awaits a first token
 //! (it yields without a bound: once the session's next turn arrives it is dropped, since that
-//! turn does the recompute itself), and is left out of every latency figure.
+//! turn does the recompute itself), and is left out of every latency figure. When continuations
+//! are staged (`resume_stage`) so is a warm-up: its prompt goes in growing heads, each after
+//! the one before, so a request arriving at that replica waits behind one piece, not a whole
+//! conversation (docs/routing.md, Limits, A lost replica).
 
 use super::Sim;
+
+/// What a warm-up warms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Warmup {
+    /// A head of a staged continuation's prompt.
+    ContinuationHead,
+    /// A re-homed session's last turn: the whole prompt, or one of its staged heads.
+    Turn { session: u64, whole: bool },
+}
+
+impl Warmup {
+    /// The session it re-homes.
+    fn session(self) -> Option<u64> {
+        match self {
+            Warmup::Turn { session, .. } => Some(session),
+            Warmup::ContinuationHead => None,
+        }
+    }
+
+    /// It is a session's whole last turn (what `warmups_sent` counts).
+    pub(super) fn is_whole_turn(self) -> bool {
+        matches!(self, Warmup::Turn { whole: true, .. })
+    }
+}
 
 /// What a router remembers of a session's last turn.
 #[derive(Debug)]
@@ -30,8 +57,11 @@ impl Sim<'_> {
         // A warm-up still waiting is pointless once the session's next turn is here: that turn
         // recomputes the context itself.
         let warmups = &self.warmups;
-        self.held
-            .retain(|h| warmups.get(&h.id()).is_none_or(|&s| s != Some(session)));
+        self.held.retain(|h| {
+            warmups
+                .get(&h.id())
+                .is_none_or(|w| w.session() != Some(session))
+        });
         self.last_turn.insert(
             session,
             LastTurn {
@@ -72,16 +102,27 @@ impl Sim<'_> {
         });
         for (session, id) in displaced {
             let prompt = self.last_turn[&session].prompt.clone();
-            let warmup = self.new_warmup(id, prompt.clone());
-            self.warmups.insert(warmup, Some(session));
+            let head = Warmup::Turn {
+                session,
+                whole: false,
+            };
+            let after = self.stage(id, &prompt, None, head);
+            let warmup = self.new_warmup(
+                id,
+                prompt.clone(),
+                Warmup::Turn {
+                    session,
+                    whole: true,
+                },
+            );
             self.out.warmups_queued += 1;
-            self.hold(warmup, prompt, 1, None);
+            self.hold(warmup, prompt, 1, None, after);
         }
     }
 
     /// A record for a warm-up of `prompt` on behalf of request `source` (its router, tenant
     /// and session), left out of the run's records at the end.
-    pub(super) fn new_warmup(&mut self, source: u64, prompt: Vec<u32>) -> u64 {
+    pub(super) fn new_warmup(&mut self, source: u64, prompt: Vec<u32>, kind: Warmup) -> u64 {
         let source = self.out.records[source as usize];
         let warmup = self.out.records.len() as u64;
         self.out.records.push(super::RequestRecord {
@@ -98,7 +139,7 @@ impl Sim<'_> {
             resumed: None,
             ..source
         });
-        self.warmups.insert(warmup, None);
+        self.warmups.insert(warmup, kind);
         warmup
     }
 

@@ -11,6 +11,7 @@
 //! break a continuation also yields to new requests: it leaves only for a replica where none
 //! awaits its first token.
 
+use super::rehome::Warmup;
 use super::Sim;
 
 /// The first id of the text a broken stream had generated. The workloads' unique ids count
@@ -62,54 +63,64 @@ impl Sim<'_> {
         let mut tokens = prompt;
         self.generated.extend(&mut tokens, output);
         let yield_until = Some(now + self.config.resume_yield);
-        // Staged: the prompt's head goes first in pieces, each a warm-up on the replica of the
-        // one before, so a request arriving there waits behind one piece's prefill, not the
-        // whole prompt's.
-        let mut after = None;
-        if let Some(piece) = self.config.resume_stage.filter(|&p| p > 0) {
-            let piece = piece as usize;
-            let mut head = piece;
-            while head < tokens.len() {
-                let w = self.new_warmup(id, tokens[..head].to_vec());
-                self.held.push_back(Held {
-                    id: w,
-                    prompt: tokens[..head].to_vec(),
-                    output: 1,
-                    yield_until,
-                    after,
-                    staged: after.is_some(),
-                    skippable: self.config.resume_stage_grow && after.is_some(),
-                });
-                after = Some(w);
-                head += piece;
-            }
-        }
-        self.held.push_back(Held {
+        let after = self.stage(id, &tokens, yield_until, Warmup::ContinuationHead);
+        self.hold(
             id,
-            prompt: tokens,
-            output: max_output.saturating_sub(output).max(1),
+            tokens,
+            max_output.saturating_sub(output).max(1),
             yield_until,
             after,
-            staged: false,
-            skippable: false,
-        });
+        );
     }
 
-    /// Queues request `id` at its router, yielding until `yield_until` (`None`: always);
-    /// [`Self::release`] sends it.
+    /// Staged (`resume_stage`): queues the heads of `tokens`, pieces of one more stage each,
+    /// as one-token warm-ups on behalf of request `source`, each to leave after the one before
+    /// and for its replica, so a request arriving there waits behind one piece's prefill, not
+    /// the whole prompt's. Returns the last head, which the whole prompt must follow (`None`:
+    /// not staged, or too short to stage).
+    pub(super) fn stage(
+        &mut self,
+        source: u64,
+        tokens: &[u32],
+        yield_until: Option<kvgate_core::Nanos>,
+        kind: Warmup,
+    ) -> Option<u64> {
+        let piece = self.config.resume_stage.filter(|&p| p > 0)? as usize;
+        let mut after = None;
+        let mut head = piece;
+        while head < tokens.len() {
+            let w = self.new_warmup(source, tokens[..head].to_vec(), kind);
+            self.held.push_back(Held {
+                id: w,
+                prompt: tokens[..head].to_vec(),
+                output: 1,
+                yield_until,
+                after,
+                staged: after.is_some(),
+                skippable: self.config.resume_stage_grow && after.is_some(),
+            });
+            after = Some(w);
+            head += piece;
+        }
+        after
+    }
+
+    /// Queues request `id` at its router, yielding until `yield_until` (`None`: always), and
+    /// after the staged head `after` (then to that head's replica); [`Self::release`] sends it.
     pub(super) fn hold(
         &mut self,
         id: u64,
         prompt: Vec<u32>,
         output: u32,
         yield_until: Option<kvgate_core::Nanos>,
+        after: Option<u64>,
     ) {
         self.held.push_back(Held {
             id,
             prompt,
             output,
             yield_until,
-            after: None,
+            after,
             staged: false,
             skippable: false,
         });

@@ -409,8 +409,8 @@ fn a_continuation_yields_to_requests_awaiting_their_first_token_until_its_yield_
 }
 
 /// Agentic sessions on four replicas of the failure-mode engine, replica 3 dying at 60 s, with
-/// sessions re-homed within `rehome` of the loss.
-fn displaced_sessions(rehome: Option<Nanos>) -> Outcome {
+/// sessions re-homed within `rehome` of the loss, prompts staged in pieces of `stage`.
+fn displaced_sessions(rehome: Option<Nanos>, stage: Option<u32>) -> Outcome {
     use crate::model::CostModel;
     use crate::workload::{Agentic, AgenticConfig};
     let mut config = fleet("predicted_ttft", 4, &[]);
@@ -431,6 +431,7 @@ fn displaced_sessions(rehome: Option<Nanos>) -> Outcome {
         at: Nanos::from_secs(60),
     }];
     config.rehome = rehome;
+    config.resume_stage = stage;
     let mut w = Agentic::new(AgenticConfig {
         session_rate: 1.0,
         requests: 800,
@@ -462,8 +463,8 @@ fn first_turns_after_loss(out: &Outcome, at: Nanos, lost: u32) -> Vec<(u32, u32)
 #[test]
 fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_homed() {
     let at = Nanos::from_secs(60);
-    let plain = displaced_sessions(None);
-    let rehomed = displaced_sessions(Some(Nanos::from_secs(10)));
+    let plain = displaced_sessions(None, None);
+    let rehomed = displaced_sessions(Some(Nanos::from_secs(10)), None);
     assert_eq!((plain.warmups_queued, plain.warmups_sent), (0, 0));
     assert!(rehomed.warmups_sent > 0 && rehomed.warmups_sent <= rehomed.warmups_queued);
     // Warm-ups have no client: the records are the workload's requests alone.
@@ -485,6 +486,46 @@ fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_home
     assert!(
         rehomed_uncached * 2.0 < plain_uncached,
         "{plain_uncached} -> {rehomed_uncached}"
+    );
+}
+
+#[test]
+fn a_re_homed_session_is_warmed_in_staged_heads_when_continuations_are() {
+    let at = Nanos::from_secs(60);
+    let window = Some(Nanos::from_secs(10));
+    let (plain, staged) = (
+        displaced_sessions(None, Some(512)),
+        displaced_sessions(window, Some(512)),
+    );
+    // A head is not a turn: what counts as sent is each session's whole last turn.
+    assert!(staged.warmups_sent > 0 && staged.warmups_sent <= staged.warmups_queued);
+    // Each turn sent went after at least its first head (the contexts here are longer than a
+    // piece), so re-homing dispatched at least two requests per turn sent. Unstaged it
+    // dispatched one.
+    let dispatched = |out: &Outcome| out.replicas.iter().map(|r| r.assigned).sum::<u64>();
+    assert!(
+        dispatched(&staged) >= dispatched(&plain) + 2 * staged.warmups_sent,
+        "{} dispatches re-homed, {} not, {} turns warmed",
+        dispatched(&staged),
+        dispatched(&plain),
+        staged.warmups_sent
+    );
+    assert_eq!(staged.records.len(), 800);
+    assert!(staged
+        .records
+        .iter()
+        .all(|r| !r.failed && r.first_token.is_some()));
+    // The heads and the turn together still warm the sessions' contexts.
+    let uncached = |out: &Outcome| {
+        let turns = first_turns_after_loss(out, at, 3);
+        let total: u32 = turns.iter().map(|&(cached, prompt)| prompt - cached).sum();
+        f64::from(total) / turns.len().max(1) as f64
+    };
+    assert!(
+        uncached(&staged) * 2.0 < uncached(&plain),
+        "{} -> {}",
+        uncached(&plain),
+        uncached(&staged)
     );
 }
 
