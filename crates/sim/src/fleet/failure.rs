@@ -58,7 +58,10 @@ impl Sim<'_> {
                 self.follow_up(tag, workload, rng);
             }
         }
-        self.rehome(i as u32);
+        match self.config.rehome_delay {
+            Nanos::ZERO => self.rehome(i as u32),
+            delay => self.push(now + delay, super::Kind::Rehome, i as u64),
+        }
         self.release();
     }
 

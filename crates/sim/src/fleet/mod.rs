@@ -89,6 +89,9 @@ pub struct FleetConfig {
     /// warm-up, so the session's next turn finds its context cached elsewhere ([`rehome`]).
     /// `None`: off.
     pub rehome: Option<Nanos>,
+    /// How long after the loss re-homing starts: a gateway learns that an engine's cache is
+    /// gone from its failed scrapes, a few intervals late.
+    pub rehome_delay: Nanos,
     /// Routers share their dispatches, first tokens and completions with each other after this
     /// delay (gateway replicas over a message bus); `None`: each knows only its own.
     pub share: Option<Nanos>,
@@ -147,6 +150,8 @@ enum Kind {
     Sample,
     Arrival,
     Fail,
+    /// Re-homing starts for a lost replica ([`rehome`]).
+    Rehome,
     /// A peer's news reaches a router ([`share`]).
     News,
 }
@@ -341,6 +346,10 @@ impl<'c> Sim<'c> {
                 }
                 Kind::Arrival => self.arrive(payload, workload, rng),
                 Kind::Fail => self.fail(payload as usize, workload, rng),
+                Kind::Rehome => {
+                    self.rehome(payload as u32);
+                    self.release();
+                }
                 Kind::News => self.hear(payload as usize),
             }
         }

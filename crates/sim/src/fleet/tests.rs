@@ -36,6 +36,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         resume: Some(1),
         resume_yield: Nanos::ZERO,
         rehome: None,
+        rehome_delay: Nanos::ZERO,
         resume_stage: None,
         resume_stage_grow: true,
         share: None,
@@ -411,6 +412,11 @@ fn a_continuation_yields_to_requests_awaiting_their_first_token_until_its_yield_
 /// Agentic sessions on four replicas of the failure-mode engine, replica 3 dying at 60 s, with
 /// sessions re-homed within `rehome` of the loss, prompts staged in pieces of `stage`.
 fn displaced_sessions(rehome: Option<Nanos>, stage: Option<u32>) -> Outcome {
+    displaced_sessions_after(rehome, stage, Nanos::ZERO)
+}
+
+/// [`displaced_sessions`], re-homing starting `delay` after the loss.
+fn displaced_sessions_after(rehome: Option<Nanos>, stage: Option<u32>, delay: Nanos) -> Outcome {
     use crate::model::CostModel;
     use crate::workload::{Agentic, AgenticConfig};
     let mut config = fleet("predicted_ttft", 4, &[]);
@@ -431,6 +437,7 @@ fn displaced_sessions(rehome: Option<Nanos>, stage: Option<u32>) -> Outcome {
         at: Nanos::from_secs(60),
     }];
     config.rehome = rehome;
+    config.rehome_delay = delay;
     config.resume_stage = stage;
     let mut w = Agentic::new(AgenticConfig {
         session_rate: 1.0,
@@ -468,12 +475,12 @@ fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_home
     assert!(rehomed.warmups_sent > 0 && rehomed.warmups_sent <= rehomed.warmups_queued);
     // Warm-ups have no client: the records are the workload's requests alone.
     assert_eq!(plain.records.len(), 800);
-    assert_re_homed(&plain, &rehomed);
+    assert_re_homed(&plain, &rehomed, 0.5);
 }
 
 /// Every request of a re-homed run served, and the displaced sessions' next turns computing
-/// under half of what they computed without re-homing (mean uncached prompt tokens).
-fn assert_re_homed(plain: &Outcome, rehomed: &Outcome) {
+/// under `share` of what they computed without re-homing (mean uncached prompt tokens).
+fn assert_re_homed(plain: &Outcome, rehomed: &Outcome, share: f64) {
     assert_eq!(rehomed.records.len(), 800);
     assert!(rehomed
         .records
@@ -487,9 +494,28 @@ fn assert_re_homed(plain: &Outcome, rehomed: &Outcome) {
     };
     let (plain_uncached, rehomed_uncached) = (uncached(plain), uncached(rehomed));
     assert!(
-        rehomed_uncached * 2.0 < plain_uncached,
+        rehomed_uncached < plain_uncached * share,
         "{plain_uncached} -> {rehomed_uncached}"
     );
+}
+
+#[test]
+fn re_homing_that_starts_late_leaves_the_sessions_that_came_back_first_alone() {
+    let window = Some(Nanos::from_secs(10));
+    let prompt = displaced_sessions(window, None);
+    let late = displaced_sessions_after(window, None, Nanos::from_secs(3));
+    // A session whose next turn arrived before re-homing started recomputed on its own, and
+    // its last turn no longer ended on the lost replica: it is not warmed.
+    assert!(
+        late.warmups_queued < prompt.warmups_queued,
+        "{} warm-ups queued 3 s late, {} at once",
+        late.warmups_queued,
+        prompt.warmups_queued
+    );
+    // The ones it warmed still save their next turns a good part of the recompute, if less
+    // than when it starts at once.
+    assert!(late.warmups_sent > 0);
+    assert_re_homed(&displaced_sessions(None, None), &late, 0.8);
 }
 
 #[test]
@@ -513,7 +539,7 @@ fn a_re_homed_session_is_warmed_in_staged_heads_when_continuations_are() {
         staged.warmups_sent
     );
     // The heads and the turn together still warm the sessions' contexts.
-    assert_re_homed(&plain, &staged);
+    assert_re_homed(&plain, &staged, 0.5);
 }
 
 #[test]

@@ -76,6 +76,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         resume: Some(1),
         resume_yield: Nanos::from_secs(1),
         rehome: None,
+        rehome_delay: Nanos::ZERO,
         resume_stage: None,
         resume_stage_grow: true,
         share: share(&mut p)?,

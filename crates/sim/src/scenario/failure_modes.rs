@@ -79,6 +79,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
             let window = p.f64("rehome_s", 0.0)?;
             (window > 0.0).then(|| Nanos::from_secs_f64(window))
         },
+        rehome_delay: Nanos::from_millis(p.u64("rehome_delay_ms", 0)?),
         share: share(p)?,
         horizon: None,
     })

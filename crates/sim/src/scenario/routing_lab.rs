@@ -140,6 +140,7 @@ impl Lab {
             resume: Some(1),
             resume_yield: kvgate_core::Nanos::from_secs(1),
             rehome: None,
+            rehome_delay: Nanos::ZERO,
             resume_stage: None,
             resume_stage_grow: true,
             share: None,
