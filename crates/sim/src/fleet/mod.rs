@@ -85,7 +85,7 @@ pub struct FleetConfig {
     /// replica (its own, and the one that starts before the next head arrives).
     pub resume_stage_grow: bool,
     /// Re-home the sessions a lost replica held: for each whose last turn ended there at most
-    /// this long before the loss, the router sends that turn's prompt again for one token, a
+    /// this long before re-homing starts (the loss, or `rehome_delay` after it), the router sends that turn's prompt again for one token, a
     /// warm-up, so the session's next turn finds its context cached elsewhere ([`rehome`]).
     /// `None`: off.
     pub rehome: Option<Nanos>,

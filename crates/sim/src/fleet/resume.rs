@@ -73,9 +73,9 @@ impl Sim<'_> {
         );
     }
 
-    /// Staged (`resume_stage`): queues the heads of `tokens`, pieces of one more stage each,
-    /// as one-token warm-ups on behalf of request `source`, each to leave after the one before
-    /// and for its replica, so a request arriving there waits behind one piece's prefill, not
+    /// Staged (`resume_stage`): queues the heads of `tokens`, each a piece longer than the one
+    /// before, as one-token warm-ups on behalf of request `source`, each to leave after the one
+    /// before and for its replica, so a request arriving there waits behind one piece's prefill, not
     /// the whole prompt's. Returns the last head, which the whole prompt must follow (`None`:
     /// not staged, or too short to stage).
     pub(super) fn stage(
