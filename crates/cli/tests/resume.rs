@@ -7,7 +7,7 @@ mod support;
 
 use serde_json::{json, Value};
 use support::{
-    client, engine, gateway, gateway_with_config, get_text, metric, sse_data, user, Proc,
+    client, engine, gateway, gateway_with_config, get_text, metric, sse_data, user, wait_for, Proc,
 };
 
 /// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
@@ -423,4 +423,62 @@ async fn a_continuation_to_an_endpoint_without_engine_metrics_is_not_staged() {
     let engine = get_text(&client(), &b.url, "/metrics").await;
     let first_tokens = metric(&engine, "vllm:time_to_first_token_seconds_count");
     assert_eq!(first_tokens, Some(1.0), "{engine}");
+}
+
+/// A session whose last turn ended on an engine that then broke a stream is warmed on the
+/// other engine (`resume.rehome_s`): the turn's prompt is sent there again for one token, in
+/// heads, and asked again there the prompt is almost all cached. Off, nothing warms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another() {
+    // ~4,000 emulated tokens: heads of 512 tokens (~2,000 bytes) go first.
+    let prompt = "cache ".repeat(2_000);
+    for (name, extra) in [("rehome", "resume: {rehome_s: 30}\n"), ("rehome-off", "")] {
+        let on = !extra.is_empty();
+        // Engine a resets every answer after 3 tokens; one of 2 tokens ends whole.
+        let (_a, b, g) = fleet(name, 3, "0", extra).await;
+        let turn = json!({
+            "model": "test-model", "messages": user(&prompt), "max_tokens": 2, "ignore_eos": true,
+        });
+        let r = client()
+            .post(format!("{}/v1/chat/completions", g.url))
+            .header("x-session-id", "s1")
+            .json(&turn)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-kvgate-endpoint"], "a");
+        r.bytes().await.unwrap();
+        // Another session's stream breaks on a and is continued on b.
+        for body in streamed_together(&g.url, std::iter::once("another".to_string())).await {
+            assert_whole(&body);
+        }
+        let sent = "kvgate_rehome_warmups_total{reason=\"sent\"}";
+        if on {
+            let url = format!("{}/metrics", g.url);
+            wait_for(&url, "the warm-up", |m| metric(m, sent) == Some(1.0)).await;
+        }
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        let heads = metric(&metrics, "kvgate_rehome_heads_total").unwrap_or(0.0);
+        assert_eq!(heads >= 1.0, on, "{metrics}");
+        if !on {
+            assert_eq!(metric(&metrics, sent), None, "{metrics}");
+        }
+        // The session's prompt, asked of b directly: cached there only if it was warmed.
+        let v: Value = post(&b.url, "/v1/chat/completions", &turn)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let usage = &v["usage"];
+        let prompt_tokens = usage["prompt_tokens"].as_f64().unwrap();
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert_eq!(
+            cached > 0.9 * prompt_tokens,
+            on,
+            "{cached} of {prompt_tokens} cached: {v}"
+        );
+    }
 }

@@ -174,6 +174,9 @@ impl Tracked {
     /// continuation, or ends the client's stream (with `[DONE]` when it already had the whole
     /// answer, else with an error event).
     fn broken(&mut self, message: &str) {
+        if let Some(d) = &self.dispatch {
+            d.lost();
+        }
         let reason = match &mut self.resume {
             Ok(r) => match r.ending() {
                 Some(tail) => {

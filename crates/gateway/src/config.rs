@@ -452,6 +452,12 @@ impl Config {
                 "must be 0 (off) or at least 16",
             ));
         }
+        if self.resume.rehome_s > 0 && self.resume.rehome_sessions == 0 {
+            return Err(invalid(
+                "resume.rehome_sessions",
+                "must be at least 1 when resume.rehome_s is on",
+            ));
+        }
         if !(self.retry.budget.ratio.is_finite() && self.retry.budget.ratio >= 0.0) {
             return Err(invalid("retry.budget.ratio", "must not be negative"));
         }

@@ -175,3 +175,13 @@ fn a_staged_continuations_heads_are_at_least_a_block() {
         assert_eq!(Config::from_yaml(&yaml).unwrap().resume.stage_tokens, good);
     }
 }
+
+#[test]
+fn re_homing_keeps_at_least_one_session() {
+    assert_invalid("resume: {rehome_s: 10, rehome_sessions: 0}");
+    // Off, the bound is not read.
+    let off = Config::from_yaml("resume: {rehome_sessions: 0}").unwrap();
+    assert_eq!(off.resume.rehome_s, 0);
+    let on = Config::from_yaml("resume: {rehome_s: 10}").unwrap().resume;
+    assert_eq!((on.rehome_s, on.rehome_sessions), (10, 4_096));
+}

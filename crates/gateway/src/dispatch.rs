@@ -155,6 +155,12 @@ impl Dispatch {
         }
     }
 
+    /// The endpoint refused a connection or broke a stream: its cache may be gone, so the
+    /// sessions it served are warmed elsewhere ([`crate::resume::Rehome`]).
+    pub(crate) fn lost(&self) {
+        self.shared.rehome.lost(&self.shared, self.target.id);
+    }
+
     /// The endpoint answered with a non-2xx status that is passed to the client as it is
     /// (see [`crate::pool::Pool::refused`]).
     pub(crate) fn refused(&self, status: u16) {
@@ -167,6 +173,7 @@ impl Dispatch {
     /// engine's `usage`, if it sent one.
     pub(crate) fn complete(mut self, output_tokens: u32, usage: Option<Usage>) {
         self.done = true;
+        self.shared.rehome.ended(self.request, self.target.id);
         let now = self.shared.pool.clock().now();
         let e2e = now - self.sent;
         self.shared.pool.completed(
@@ -234,6 +241,9 @@ impl Dispatch {
     /// The attempt failed.
     pub(crate) fn fail(mut self, kind: FailureKind, retry_after: Option<Duration>) {
         self.done = true;
+        if kind == FailureKind::Connect {
+            self.lost();
+        }
         self.end_failed(kind);
         self.shared.pool.failed(
             self.request,

@@ -107,6 +107,11 @@ pub struct Metrics {
     pub stream_resume_heads_skipped: Counter,
     /// Heads of staged continuations not sent because the endpoint was predicted to hold them.
     pub stream_resume_heads_held: Counter,
+    /// Re-homing warm-ups of sessions a lost endpoint served (`resume.rehome_s`): `sent`, or
+    /// why not (`superseded`: the session's next turn came first; `no_endpoint`, `failed`).
+    pub rehome_warmups: Family<ReasonLabel, Counter>,
+    /// Heads of staged re-homing warm-ups that ended with their prefix computed.
+    pub rehome_heads: Counter,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -297,6 +302,18 @@ impl Metrics {
             "Heads of staged mid-stream continuations not sent because the prefix index said the endpoint already held them (resume.stage_tokens)",
             stream_resume_heads_held.clone(),
         );
+        let rehome_warmups = Family::default();
+        registry.register(
+            "rehome_warmups",
+            "Warm-ups of the sessions whose last turn ran on an endpoint that broke a stream or refused a connection, sent to another (resume.rehome_s): sent, or why not",
+            rehome_warmups.clone(),
+        );
+        let rehome_heads = Counter::default();
+        registry.register(
+            "rehome_heads",
+            "Heads of staged re-homing warm-ups that ended with their prefix computed (resume.rehome_s, resume.stage_tokens)",
+            rehome_heads.clone(),
+        );
         let breaker = Family::default();
         registry.register(
             "breaker_state",
@@ -476,6 +493,8 @@ impl Metrics {
             stream_resume_heads,
             stream_resume_heads_skipped,
             stream_resume_heads_held,
+            rehome_warmups,
+            rehome_heads,
             config_reloads,
             epp_picks,
             breaker,

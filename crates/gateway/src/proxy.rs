@@ -175,6 +175,7 @@ pub(crate) async fn handle(
                         shared.metrics.hedges.get_or_create(&metrics::reason("won")).inc();
                     }
                     drop(std::mem::take(&mut run.running)); // cancels a losing hedge
+                    shared.rehome.answered(&run.request, &run.body, &run.sending, dispatch.target.id);
                     ending.at(dispatch.target.name.clone());
                     run.account(ending, Some(&dispatch));
                     permit.prefilled();

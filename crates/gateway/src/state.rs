@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) tokenizers: crate::engine_state::Tokenizers,
     /// Mid-stream continuations in flight per endpoint.
     pub(crate) resume_gates: std::sync::Arc<crate::resume::Gates>,
+    /// Each session's last turn, warmed elsewhere when its endpoint is lost.
+    pub(crate) rehome: crate::resume::Rehome,
     /// Configuration reloads and the last one's result.
     reloads: std::sync::Mutex<crate::reload::ReloadLog>,
 }
@@ -91,6 +93,7 @@ impl Shared {
             resume_gates: std::sync::Arc::new(crate::resume::Gates::new(
                 config.resume.per_endpoint,
             )),
+            rehome: crate::resume::Rehome::new(&config.resume),
             reloads: Default::default(),
             config,
         }))

@@ -191,42 +191,10 @@ where
             counts.held.inc();
         }
         let body = head.body()?;
-        let forwarded = sending.forwarded.clone();
-        let (dispatch, result) = sending.send(dispatch, body, forwarded).await;
-        let ended = match result {
-            Ok(ready) if ready.head.status.is_success() => {
-                let mut tail = UsageTail::default();
-                tail.feed(ready.first.as_deref().unwrap_or_default());
-                let rest = match ready.rest {
-                    Some(rest) => Limited::new(rest, 1 << 20)
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes()),
-                    None => Ok(Bytes::new()),
-                };
-                match rest {
-                    Ok(rest) => {
-                        tail.feed(&rest);
-                        dispatch.complete(1, tail.usage());
-                        counts.warmed.inc();
-                        true
-                    }
-                    Err(_) => {
-                        dispatch.fail(FailureKind::Connect, None);
-                        false
-                    }
-                }
-            }
-            Ok(_) => {
-                // Answered, not failed (as `proxy` counts it), but nothing was warmed.
-                dispatch.complete(0, None);
-                false
-            }
-            Err(error) => {
-                dispatch.fail(error.kind(), error.retry_after());
-                false
-            }
-        };
+        let ended = send_one(sending, dispatch, body).await;
+        if ended {
+            counts.warmed.inc();
+        }
         drop(place);
         if !ended {
             return None;
@@ -234,6 +202,47 @@ where
         warmed = Some(endpoint);
     }
     warmed
+}
+
+/// Sends the one-token warm-up `body` on `dispatch` and reads its answer to the end; whether
+/// it ended with its prompt computed (a success status and the whole body read). The dispatch
+/// learns how it ended, as any request's does.
+pub(super) async fn send_one(sending: &Sending, dispatch: Dispatch, body: Bytes) -> bool {
+    let forwarded = sending.forwarded.clone();
+    let (dispatch, result) = sending.send(dispatch, body, forwarded).await;
+    match result {
+        Ok(ready) if ready.head.status.is_success() => {
+            let mut tail = UsageTail::default();
+            tail.feed(ready.first.as_deref().unwrap_or_default());
+            let rest = match ready.rest {
+                Some(rest) => Limited::new(rest, 1 << 20)
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes()),
+                None => Ok(Bytes::new()),
+            };
+            match rest {
+                Ok(rest) => {
+                    tail.feed(&rest);
+                    dispatch.complete(1, tail.usage());
+                    true
+                }
+                Err(_) => {
+                    dispatch.fail(FailureKind::Connect, None);
+                    false
+                }
+            }
+        }
+        Ok(_) => {
+            // Answered, not failed (as `proxy` counts it), but nothing was warmed.
+            dispatch.complete(0, None);
+            false
+        }
+        Err(error) => {
+            dispatch.fail(error.kind(), error.retry_after());
+            false
+        }
+    }
 }
 
 /// The text of each message (chat) or of the prompt (completions), in the order rendered;
@@ -324,12 +333,17 @@ fn head(
         }
         _ => return None,
     }
-    for key in ["stream_options", "min_tokens", "max_completion_tokens"] {
-        out.remove(key);
-    }
-    out.insert("stream".into(), Value::Bool(false));
-    out.insert("max_tokens".into(), Value::from(1));
+    one_token(&mut out);
     Some(out)
+}
+
+/// Makes a request's fields ask for one token, not streamed: a warm-up.
+pub(super) fn one_token(fields: &mut Map<String, Value>) {
+    for key in ["stream_options", "min_tokens", "max_completion_tokens"] {
+        fields.remove(key);
+    }
+    fields.insert("stream".into(), Value::Bool(false));
+    fields.insert("max_tokens".into(), Value::from(1));
 }
 
 #[cfg(test)]
