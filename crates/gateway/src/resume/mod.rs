@@ -281,29 +281,17 @@ impl Resume {
         let yield_until = (config.yield_ms > 0).then(|| {
             tokio::time::Instant::now() + std::time::Duration::from_millis(config.yield_ms)
         });
-        // Cut at the gateway's own estimate of bytes per token.
-        let heads = (config.stage_tokens > 0).then(|| {
-            let piece = config.stage_tokens as usize * kvgate_core::request::BYTES_PER_TOKEN;
-            stage::heads(&body, o.sending.api, piece)
-        });
-        let grow = config.stage_grow;
         self.pending = Some(Box::pin(async move {
             let waited = shared.pool.clock().now();
             let place =
                 |pinned, stream| place(&shared, &request, &tried, yield_until, pinned, stream);
-            let warmed = match heads.filter(|h| !h.is_empty()) {
-                None => None,
-                Some(heads) => {
-                    let counts = stage::HeadCounts {
-                        warmed: &shared.metrics.stream_resume_heads,
-                        skipped: &shared.metrics.stream_resume_heads_skipped,
-                        held: &shared.metrics.stream_resume_heads_held,
-                    };
-                    let quiet = |e| grow && shared.pool.awaiting_first_token_at(e) <= 1;
-                    let place = |pinned| place(pinned, false);
-                    stage::warm(heads, &sending, counts, place, quiet).await
-                }
+            let counts = stage::HeadCounts {
+                warmed: &shared.metrics.stream_resume_heads,
+                skipped: &shared.metrics.stream_resume_heads_skipped,
+                held: &shared.metrics.stream_resume_heads_held,
             };
+            let heads = |pinned| place(pinned, false);
+            let warmed = stage::staged(&shared, &body, &sending, counts, heads).await;
             // Held there until the continuation's first bytes (or its failure): its prefill
             // is done ([`gate`]).
             let (dispatch, _place, _) = match place(warmed, true).await {

@@ -212,8 +212,6 @@ async fn warm(shared: Arc<Shared>, lost: EndpointId, session: String, turn: Turn
     let Ok(body) = serde_json::to_vec(&fields).map(Bytes::from) else {
         return count("unreadable");
     };
-    let config = &shared.config.resume;
-    let api = turn.sending.api;
     let id = turn.request.id;
     let tried = [lost];
     let live = || shared.rehome.current(&session, id);
@@ -232,24 +230,14 @@ async fn warm(shared: Arc<Shared>, lost: EndpointId, session: String, turn: Turn
             }
         }
     };
-    let heads = (config.stage_tokens > 0).then(|| {
-        let piece = config.stage_tokens as usize * kvgate_core::request::BYTES_PER_TOKEN;
-        stage::heads(&body, api, piece)
-    });
-    let warmed = match heads.filter(|h| !h.is_empty()) {
-        None => None,
-        Some(heads) => {
-            let (skipped, held) = (Counter::default(), Counter::default());
-            let counts = stage::HeadCounts {
-                warmed: &shared.metrics.rehome_heads,
-                skipped: &skipped,
-                held: &held,
-            };
-            let grow = config.stage_grow;
-            let quiet = |e| grow && shared.pool.awaiting_first_token_at(e) <= 1;
-            stage::warm(heads, &turn.sending, counts, place, quiet).await
-        }
+    // Only the heads that warmed are exported for re-homing; the ones that gave way are not.
+    let (skipped, held) = (Counter::default(), Counter::default());
+    let counts = stage::HeadCounts {
+        warmed: &shared.metrics.rehome_heads,
+        skipped: &skipped,
+        held: &held,
     };
+    let warmed = stage::staged(&shared, &body, &turn.sending, counts, place).await;
     let placed = match place(warmed).await {
         Err("superseded") => Err("superseded"),
         Err(_) if warmed.is_some() => place(None).await,

@@ -24,6 +24,7 @@
 use super::gate::Place;
 use crate::dispatch::{Dispatch, Sending};
 use crate::parse::Api;
+use crate::state::Shared;
 use crate::usage::UsageTail;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -134,6 +135,35 @@ pub(crate) struct HeadCounts<'a> {
     pub warmed: &'a Counter,
     pub skipped: &'a Counter,
     pub held: &'a Counter,
+}
+
+/// Stages the warm-up or continuation `body` as `resume.stage_tokens` and `stage_grow` say:
+/// cuts its heads and [`warm`]s them. Returns the endpoint they warmed, or `None` when staging
+/// is off, the body has no head, or a head found no place or failed.
+pub(super) async fn staged<P, F>(
+    shared: &Shared,
+    body: &[u8],
+    sending: &Sending,
+    counts: HeadCounts<'_>,
+    place: P,
+) -> Option<EndpointId>
+where
+    P: FnMut(Option<EndpointId>) -> F,
+    F: Future<Output = Result<(Dispatch, Option<Place>, Option<usize>), &'static str>>,
+{
+    let config = &shared.config.resume;
+    if config.stage_tokens == 0 {
+        return None;
+    }
+    // Cut at the gateway's own estimate of bytes per token.
+    let piece = config.stage_tokens as usize * kvgate_core::request::BYTES_PER_TOKEN;
+    let heads = heads(body, sending.api, piece);
+    if heads.is_empty() {
+        return None;
+    }
+    let grow = config.stage_grow;
+    let quiet = |e| grow && shared.pool.awaiting_first_token_at(e) <= 1;
+    warm(heads, sending, counts, place, quiet).await
 }
 
 /// Sends `heads` one after another, each placed as a continuation is (`place`: the gates,
