@@ -7,7 +7,8 @@ mod support;
 
 use serde_json::{json, Value};
 use support::{
-    client, engine, gateway, gateway_with_config, get_text, metric, sse_data, user, wait_for, Proc,
+    client, engine, gateway, gateway_with_config, get_text, metric, spawn, sse_data, user,
+    wait_for, Proc,
 };
 
 /// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
@@ -480,5 +481,93 @@ async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another() {
             on,
             "{cached} of {prompt_tokens} cached: {v}"
         );
+    }
+}
+
+/// An engine restarted between two turns of a session without breaking any request: only its
+/// scrape tells (a new process start). The gateway forgets what the index held there, so the
+/// session's next turn is not predicted a hit on the cold engine; with re-homing on, the
+/// session is warmed on the other engine first and its next turn finds its prompt there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its_sessions() {
+    let prompt = "cache ".repeat(2_000);
+    let turn = json!({
+        "model": "test-model", "messages": user(&prompt), "max_tokens": 2, "ignore_eos": true,
+    });
+    for (name, extra) in [
+        ("restart-rehome", "resume: {rehome_s: 30}\n"),
+        ("restart", ""),
+    ] {
+        let on = !extra.is_empty();
+        let mut engines = [engine("a", "0", &[]), engine("b", "0", &[])];
+        let yaml = format!(
+            "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b}}\n{extra}",
+            engines[0].url, engines[1].url
+        );
+        let g = gateway_with_config(&[], name, &yaml).await;
+        let send = || {
+            client()
+                .post(format!("{}/v1/chat/completions", g.url))
+                .header("x-session-id", "s1")
+                .json(&turn)
+                .send()
+        };
+        let r = send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let home = r.headers()["x-kvgate-endpoint"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        r.bytes().await.unwrap();
+        let (i, other) = if home == "a" { (0, "b") } else { (1, "a") };
+        // The same engine again, at the same address, with an empty cache.
+        let listen = engines[i].url.trim_start_matches("http://").to_string();
+        engines[i].child.kill().unwrap();
+        engines[i].child.wait().unwrap();
+        engines[i] = spawn(
+            &[
+                "engine",
+                "--listen",
+                &listen,
+                "--id",
+                &home,
+                "--model",
+                "test-model",
+                "--time-scale",
+                "0",
+                "--seed",
+                "7",
+            ],
+            "listening on",
+        );
+        let url = format!("{}/metrics", g.url);
+        let restarts = format!("kvgate_endpoint_restarts_total{{endpoint=\"{home}\"}}");
+        wait_for(&url, "the restart", |m| metric(m, &restarts) == Some(1.0)).await;
+        let sent = "kvgate_rehome_warmups_total{reason=\"sent\"}";
+        if on {
+            wait_for(&url, "the warm-up", |m| metric(m, sent) == Some(1.0)).await;
+        }
+        // The session's next turn.
+        let r = send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let went = r.headers()["x-kvgate-endpoint"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let v: Value = r.json().await.unwrap();
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_f64().unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .unwrap_or(0.0);
+        if on {
+            assert_eq!(went, other, "{v}");
+            assert!(cached > 0.9 * prompt_tokens, "{cached} of {prompt_tokens}");
+        } else {
+            assert_eq!(cached, 0.0, "nothing holds the prompt: {v}");
+        }
+        // Whichever engine took it, no hit was predicted on the restarted one.
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        let over = "kvgate_cache_prediction_total{result=\"over\"}";
+        assert_eq!(metric(&metrics, over), None, "{metrics}");
     }
 }

@@ -123,7 +123,7 @@ mod tests {
             tx,
             metrics,
             Arc::new(FaultState::new(Vec::new(), 0)),
-            0,
+            0.0,
         )
     }
 

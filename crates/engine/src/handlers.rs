@@ -106,7 +106,12 @@ async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let text = metrics::render(&snapshot, &shared.cache_info, &shared.config.model);
+    let text = metrics::render(
+        &snapshot,
+        &shared.cache_info,
+        &shared.config.model,
+        shared.started,
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -350,7 +355,7 @@ mod tests {
             tx,
             Arc::new(Mutex::new(MetricsState::default())),
             Arc::new(FaultState::new(faults, 0)),
-            0,
+            0.0,
         );
         router(Arc::new(shared))
     }

@@ -139,10 +139,10 @@ async fn start(
         config.time_scale,
         shutdown.clone(),
     ));
-    let started_unix = SystemTime::now()
+    let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let mut shared = state::Shared::new(config, commands, metrics, faults, started_unix);
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut shared = state::Shared::new(config, commands, metrics, faults, started);
     shared.tokenizer = tokenizer;
     let shared = Arc::new(shared);
     let app = handlers::router(shared);

@@ -176,12 +176,24 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Renders the Prometheus text exposition (format 0.0.4).
-pub(crate) fn render(state: &MetricsState, cache: &CacheInfo, model_name: &str) -> String {
+/// Renders the Prometheus text exposition (format 0.0.4). `started` is the process's start,
+/// unix seconds, shown unlabelled as prometheus_client's process collector shows it in vLLM.
+pub(crate) fn render(
+    state: &MetricsState,
+    cache: &CacheInfo,
+    model_name: &str,
+    started: f64,
+) -> String {
     let mut w = Writer {
         out: String::with_capacity(16 * 1024),
         model_name,
     };
+    w.header(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    );
+    let _ = writeln!(w.out, "process_start_time_seconds {}", fmt_value(started));
     w.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -331,7 +343,8 @@ mod tests {
             num_gpu_blocks: 10,
             enable_prefix_caching: true,
         };
-        let text = render(&state, &cache, "m");
+        let text = render(&state, &cache, "m", 1.5);
+        assert!(text.contains("\nprocess_start_time_seconds 1.5\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"m\"} 1.0\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"1.0\",model_name=\"m\"} 2.0\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 3.0\n"));
@@ -350,6 +363,7 @@ mod tests {
                 enable_prefix_caching: false,
             },
             "a\"b",
+            0.0,
         );
         assert!(text.contains("model_name=\"a\\\"b\""));
     }

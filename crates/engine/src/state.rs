@@ -20,8 +20,11 @@ pub(crate) struct Shared {
     pub(crate) cache_info: CacheInfo,
     /// The model's tokenizer, when configured (else the stand-in of `tokenizer.rs`).
     pub(crate) tokenizer: Option<Arc<kvgate_tokenize::ChatTokenizer>>,
-    /// Unix seconds at startup (`created` of the model card).
+    /// Unix seconds at startup (`created` of the model card, whole seconds there).
     pub(crate) started_unix: u64,
+    /// The same to the millisecond, as `process_start_time_seconds`: what tells a router that
+    /// an engine at the same address restarted (and lost its cache).
+    pub(crate) started: f64,
     /// Mixed into response ids so that engines with different ids (or seeds) never repeat
     /// each other's ids.
     pub(crate) id_salt: u64,
@@ -34,7 +37,7 @@ impl Shared {
         commands: mpsc::UnboundedSender<Command>,
         metrics: Arc<Mutex<MetricsState>>,
         faults: Arc<FaultState>,
-        started_unix: u64,
+        started: f64,
     ) -> Self {
         let cache_info = CacheInfo {
             block_size: config.block_size,
@@ -50,7 +53,8 @@ impl Shared {
             faults,
             cache_info,
             tokenizer: None,
-            started_unix,
+            started_unix: started as u64,
+            started: (started * 1000.0).round() / 1000.0,
             id_salt,
             next_id: AtomicU64::new(1),
         }

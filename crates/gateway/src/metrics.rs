@@ -134,6 +134,8 @@ pub struct Metrics {
     pub pending: Gauge,
     /// Engine metric scrapes.
     pub scrapes: Family<ScrapeLabels, Counter>,
+    /// Engines found restarted by their scrapes (their cache gone).
+    pub restarts: Family<EndpointLabel, Counter>,
     /// Cached-token predictions scored against the engine's usage.
     pub cache_prediction: Family<ResultLabel, Counter>,
     /// Learned prefill speed per endpoint (`predicted_ttft`).
@@ -370,6 +372,12 @@ impl Metrics {
             "Engine metric scrapes by result",
             scrapes.clone(),
         );
+        let restarts = Family::default();
+        registry.register(
+            "endpoint_restarts",
+            "Engines whose scrape showed a new process (start time changed or counters went back): the index forgot what they held",
+            restarts.clone(),
+        );
         let cache_prediction = Family::default();
         registry.register(
             "cache_prediction",
@@ -506,6 +514,7 @@ impl Metrics {
             decision,
             pending,
             scrapes,
+            restarts,
         }
     }
 

@@ -20,9 +20,49 @@ use kvgate_core::{EndpointId, Observation};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Which run of an engine a scrape came from. A restarted engine at the same address has lost
+/// its prefix cache, and only its metrics say so when the restart broke no request of ours (a
+/// quick restart between scrapes, or one while it was idle): its process start
+/// (`process_start_time_seconds`, prometheus_client's process collector in vLLM and SGLang), the
+/// creation time of its prompt-token counter (`vllm:prompt_tokens_created`, prometheus_client's
+/// `_created` series) and that counter itself (`vllm:prompt_tokens_total`,
+/// `sglang:prompt_tokens_total`), which only a new process counts back down.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Incarnation {
+    /// `process_start_time_seconds`.
+    pub started: Option<f64>,
+    /// The prompt-token counter's creation time.
+    pub counted_since: Option<f64>,
+    /// The prompt-token counter, summed over its label sets.
+    pub prompt_tokens: Option<f64>,
+}
+
+impl Incarnation {
+    /// Whether this scrape, taken after `before`, comes from a new process: a start time that
+    /// changed, or a counter that went back. A signal one scrape lacks says nothing.
+    pub fn restarted_since(&self, before: &Incarnation) -> bool {
+        let changed =
+            |a: Option<f64>, b: Option<f64>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        let went_back = matches!(
+            (before.prompt_tokens, self.prompt_tokens),
+            (Some(a), Some(b)) if b < a
+        );
+        changed(before.started, self.started)
+            || changed(before.counted_since, self.counted_since)
+            || went_back
+    }
+}
+
 /// Parses Prometheus text exposition into an observation; `None` when no known metric appears.
 pub fn parse_metrics(text: &str) -> Option<Observation> {
+    parse_scrape(text).0
+}
+
+/// Parses Prometheus text exposition into an observation (`None` when no known metric appears)
+/// and the engine's [`Incarnation`].
+pub fn parse_scrape(text: &str) -> (Option<Observation>, Incarnation) {
     let mut obs = Observation::default();
+    let mut run = Incarnation::default();
     let mut seen = false;
     let mut free: Option<u64> = None;
     let mut total: Option<u64> = None;
@@ -69,6 +109,18 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
             "vllm:num_free_gpu_blocks" => {
                 free = Some(free.unwrap_or(0).saturating_add(value as u64));
             }
+            "process_start_time_seconds" => {
+                run.started = Some(run.started.map_or(value, |s| s.max(value)));
+                continue;
+            }
+            "vllm:prompt_tokens_created" | "sglang:prompt_tokens_created" => {
+                run.counted_since = Some(run.counted_since.map_or(value, |s| s.max(value)));
+                continue;
+            }
+            "vllm:prompt_tokens_total" | "sglang:prompt_tokens_total" => {
+                run.prompt_tokens = Some(run.prompt_tokens.unwrap_or(0.0) + value.max(0.0));
+                continue;
+            }
             "vllm:cache_config_info" => {
                 if let Some(blocks) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
                     total.get_or_insert(blocks);
@@ -85,7 +137,7 @@ pub fn parse_metrics(text: &str) -> Option<Observation> {
     obs.total_blocks = total;
     obs.free_blocks = free;
     obs.block_size = block_size;
-    (seen || total.is_some()).then_some(obs)
+    ((seen || total.is_some()).then_some(obs), run)
 }
 
 fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
@@ -126,7 +178,7 @@ async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Byt
 }
 
 /// Scrapes one endpoint now.
-pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
+pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
     let Some(base) = shared.pool.base_of(id) else {
         return false;
     };
@@ -148,10 +200,14 @@ pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
     };
     match metrics {
         Ok((status, body)) => {
-            let observation = status
+            let (observation, run) = status
                 .is_success()
-                .then(|| std::str::from_utf8(&body).ok().and_then(parse_metrics))
-                .flatten();
+                .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
+                .flatten()
+                .unwrap_or_default();
+            if shared.pool.incarnation(id, run) {
+                restarted(shared, id, &name);
+            }
             shared.pool.observed(id, observation, sent_at);
             shared
                 .metrics
@@ -186,6 +242,15 @@ pub(crate) async fn scrape_once(shared: &Shared, id: EndpointId) -> bool {
         }
     }
     true
+}
+
+/// The engine at `id` restarted: the pool has forgotten what the index held there; its
+/// sessions are re-homed when that is on (a restart loses a cache as a crash does).
+fn restarted(shared: &Arc<Shared>, id: EndpointId, name: &str) {
+    tracing::info!(endpoint = %name, "engine restarted; its cached prefixes are forgotten");
+    let label = crate::metrics::endpoint(name);
+    shared.metrics.restarts.get_or_create(&label).inc();
+    shared.rehome.lost(shared, id);
 }
 
 /// Starts the scrape loop of one endpoint; it ends when the endpoint leaves the pool or the
@@ -241,6 +306,40 @@ mod tests {
         let obs = parse_metrics(text).unwrap();
         assert_eq!((obs.running, obs.waiting, obs.kv_usage), (5, 7, 0.5));
         assert!(parse_metrics("other_metric 1\n").is_none());
+    }
+
+    #[test]
+    fn reads_the_engine_s_incarnation_from_vllm_s_exposition() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../test-data/vllm/metrics.txt"
+        ))
+        .unwrap();
+        let (obs, run) = parse_scrape(&text);
+        assert!(obs.is_some());
+        assert_eq!(run.started, Some(1_796_034_993.65));
+        assert_eq!(run.counted_since, Some(1_796_035_065.947_257_5));
+        assert_eq!(run.prompt_tokens, Some(16_070.0));
+    }
+
+    #[test]
+    fn a_new_start_or_a_counter_gone_back_is_a_restart() {
+        let run = |started, counted_since, prompt_tokens| Incarnation {
+            started,
+            counted_since,
+            prompt_tokens,
+        };
+        let before = run(Some(100.0), Some(101.0), Some(5_000.0));
+        assert!(!run(Some(100.0), Some(101.0), Some(5_000.0)).restarted_since(&before));
+        assert!(!run(Some(100.0), Some(101.0), Some(9_000.0)).restarted_since(&before));
+        assert!(run(Some(130.0), Some(101.0), Some(9_000.0)).restarted_since(&before));
+        assert!(run(Some(100.0), Some(131.0), Some(9_000.0)).restarted_since(&before));
+        assert!(run(Some(100.0), Some(101.0), Some(10.0)).restarted_since(&before));
+        // Only the counter (SGLang without the process collector, say): it went back.
+        assert!(run(None, None, Some(10.0)).restarted_since(&before));
+        // A signal missing on either side says nothing.
+        assert!(!run(None, None, None).restarted_since(&before));
+        assert!(!before.restarted_since(&run(None, None, None)));
     }
 
     /// Found by fuzzing: a `}` before the first `{` sliced the line backwards and panicked.

@@ -155,6 +155,8 @@ pub(crate) struct Endpoint {
     pub(crate) breaker: Breaker,
     pub(crate) scrape_failures: u32,
     pub(crate) served_since_scrape: bool,
+    /// Which run of the engine its last scrape that said so came from.
+    pub(crate) incarnation: Option<crate::scrape::Incarnation>,
     /// Attempts failed in a row (5xx, resets, connect errors, timeouts).
     pub(crate) failure_streak: u32,
     /// The deployment's own rate limits, when configured.
@@ -197,6 +199,7 @@ impl Endpoint {
             breaker,
             scrape_failures: 0,
             served_since_scrape: false,
+            incarnation: None,
             failure_streak: 0,
             limits,
         }

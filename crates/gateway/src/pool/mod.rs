@@ -507,6 +507,32 @@ impl Pool {
         }
     }
 
+    /// Records which run of its engine a scrape of `endpoint` came from; whether the engine
+    /// restarted since the previous one. A restarted engine's cache is empty, so the index
+    /// forgets what it held there: else the policy keeps predicting hits on a cold engine and
+    /// sends it the returning sessions it held, each a full prefill, all at once. The batch size
+    /// learned from its scrapes goes too (a restart is how an operator changes it).
+    pub fn incarnation(&self, endpoint: EndpointId, run: crate::scrape::Incarnation) -> bool {
+        if run == crate::scrape::Incarnation::default() {
+            return false;
+        }
+        let mut core = self.lock();
+        let Some(e) = core.endpoint(endpoint) else {
+            return false;
+        };
+        let restarted = e
+            .incarnation
+            .replace(run)
+            .is_some_and(|before| run.restarted_since(&before));
+        if restarted {
+            e.info.slots = None;
+            self.publish(&core);
+            drop(core);
+            self.cache_mut().remove_endpoint(endpoint);
+        }
+        restarted
+    }
+
     /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
     /// does not count while the endpoint answered requests since the previous scrape: an engine
     /// too busy to answer `/metrics` in time is not a dead engine, and taking the last endpoint

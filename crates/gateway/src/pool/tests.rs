@@ -543,3 +543,37 @@ fn a_spilled_session_stays_on_its_new_tier_and_a_failed_over_one_comes_back() {
     let t = pool.pick(&turn(7, "c"), &[], Attempt::First).unwrap();
     assert_eq!(t.id, local);
 }
+
+#[test]
+fn a_restarted_engine_s_cached_prefixes_are_forgotten() {
+    use crate::scrape::Incarnation;
+    let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
+    let text = "You are a helpful agent. ".repeat(40);
+    let t = pool
+        .pick(&Request::from_text(1, text.clone()), &[], Attempt::First)
+        .unwrap();
+    pool.first_token(1, t.id, t.ticket, Nanos(1), true);
+    pool.completed(1, t.id, Nanos(2), 4, (None, t.prediction));
+    let cached = |id| {
+        let t = pool
+            .pick(&Request::from_text(id, text.clone()), &[], Attempt::First)
+            .unwrap();
+        let cached = t.prediction.unwrap().cached_tokens(250);
+        pool.completed(id, t.id, Nanos(3), 4, (None, None));
+        cached
+    };
+    let run = |started: f64, prompt_tokens: f64| Incarnation {
+        started: Some(started),
+        counted_since: None,
+        prompt_tokens: Some(prompt_tokens),
+    };
+    // The first scrape, then the same process counting on: nothing forgotten.
+    assert!(!pool.incarnation(ids[0], run(100.0, 250.0)));
+    assert!(!pool.incarnation(ids[0], run(100.0, 500.0)));
+    // A scrape without the signals says nothing either way.
+    assert!(!pool.incarnation(ids[0], Incarnation::default()));
+    assert_eq!(cached(2), 250);
+    // A new process: what the index held there is gone.
+    assert!(pool.incarnation(ids[0], run(160.0, 0.0)));
+    assert_eq!(cached(3), 0);
+}

@@ -1,7 +1,8 @@
 //! Re-homing the sessions a lost endpoint served (`resume.rehome_s`, off by default).
 //!
 //! A session's context is cached on the endpoint its last turn ran on. When that endpoint
-//! breaks a stream or refuses a connection, its cache may be gone (a crash, a restart), and the
+//! breaks a stream or refuses a connection, its cache may be gone (a crash, a restart); when its
+//! scrape shows a new process ([`crate::scrape::Incarnation`]), it is gone. Then the
 //! session's next turn would recompute the whole conversation wherever it goes: on agentic
 //! traffic those recomputes are much of the TTFT tail after a loss (docs/routing.md, Limits, A
 //! lost replica). The gateway still has the turn it sent, so it sends that prompt again for one
@@ -164,8 +165,9 @@ impl Rehome {
             .is_some_and(|t| t.request.id == id)
     }
 
-    /// `lost` broke a stream or refused a connection: warms elsewhere the sessions whose last
-    /// turn ended there within the window, the most recent first.
+    /// `lost` broke a stream, refused a connection or restarted (its scrape said so): warms
+    /// elsewhere the sessions whose last turn ended there within the window, the most recent
+    /// first.
     pub(crate) fn lost(&self, shared: &Arc<Shared>, lost: EndpointId) {
         let now = Instant::now();
         let until = now + self.window;
