@@ -7,7 +7,7 @@
 #
 #   scripts/routing-bench.sh SCENARIO [--policies a,b,...] [--sweep A:B:STEP] [--duration S]
 #                            [--out DIR] [--seed N] [--kill-at S] [--no-kill] [--engines N]
-#                            [--config FILE]
+#                            [--config FILE] [--restart-after S]
 #
 # SCENARIO: fanout (3 shared 4,000-token prompts in bursts of 16 calls; rates in bursts/s),
 # fanout-long (the same over an 8,000-token parent context, SLO 3 s; the sim's
@@ -24,6 +24,8 @@
 # --engines N runs N engines instead of four (the first N; replica-loss kills the last), and
 # --no-kill keeps them all: `replica-loss --engines 3 --no-kill` is the fleet the kill leaves,
 # without the kill, over the same windows (the P95 a fleet of three gets at that load).
+# --restart-after S starts the killed engine again S seconds after the kill, at the same address
+# with an empty cache (a crashed engine brought back by its supervisor).
 # --config gives every gateway a configuration file (`kvgate serve --config`; the engines are
 # added to its endpoints), e.g. to compare a setting.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
@@ -40,6 +42,7 @@ sweep=
 duration=
 kill_at=
 kill=1
+restart_after=
 engines=4
 config=()
 while [[ $# -gt 0 ]]; do
@@ -53,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     --no-kill) kill=0; shift ;;
     --engines) engines="$2"; shift 2 ;;
     --config) config=(--config "$2"); shift 2 ;;
+    --restart-after) restart_after="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
@@ -111,16 +115,24 @@ kvgate=$KVGATE
 
 IFS=, read -r -a names <<<"$policies"
 
-# A fresh fleet and a gateway with policy $1 in front of it: sets $gateway and $engine_pids.
+# Engine $1 at address $2 (127.0.0.1:0 for a free port): sets $url.
+start_engine() {
+    # The sim's failure-mode fleet: 128 slots, blocks of 16 tokens, chunked prefill.
+    start "$kvgate" engine --listen "$2" --id "engine-$1" --seed "$1" \
+        --time-scale "${scales[$1]}" --max-num-seqs 128 --kv-blocks "$kv_blocks"
+}
+
+# A fresh fleet and a gateway with policy $1 in front of it: sets $gateway, $engine_pids and
+# $engine_urls.
 fleet_and_gateway() {
     local endpoints=() i
     engine_pids=()
+    engine_urls=()
     for ((i = 0; i < engines; i++)); do
-        # The sim's failure-mode fleet: 128 slots, blocks of 16 tokens, chunked prefill.
-        start "$kvgate" engine --listen 127.0.0.1:0 --id "engine-$i" --seed "$i" \
-            --time-scale "${scales[$i]}" --max-num-seqs 128 --kv-blocks "$kv_blocks"
+        start_engine "$i" 127.0.0.1:0
         endpoints+=(--endpoint "$url")
         engine_pids+=("${pids[-1]}")
+        engine_urls+=("$url")
     done
     start "$kvgate" serve --listen 127.0.0.1:0 "${config[@]}" "${endpoints[@]}" --policy "$1"
     gateway=$url
@@ -156,6 +168,11 @@ print(' '.join(f'{a+i*s:g}' for i in range(n+1)))" "$from" "$to" "$step"); do
         sleep "$kill_at"
         if ((kill)); then
             kill -KILL "${engine_pids[-1]}"
+            if [[ -n "$restart_after" ]]; then
+                sleep "$restart_after"
+                start_engine $((engines - 1)) "${engine_urls[-1]#http://}"
+                echo "engine $engines restarted ${restart_after}s after the kill"
+            fi
         fi
         wait "$bench" || echo "bench exited with $?" >&2
         stop_all

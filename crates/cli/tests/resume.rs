@@ -426,17 +426,18 @@ async fn a_continuation_to_an_endpoint_without_engine_metrics_is_not_staged() {
     assert_eq!(first_tokens, Some(1.0), "{engine}");
 }
 
-/// A session whose last turn ended on an engine that then broke a stream is warmed on the
-/// other engine (`resume.rehome_s`): the turn's prompt is sent there again for one token, in
-/// heads, and asked again there the prompt is almost all cached. Off, nothing warms it.
+/// A session whose last turn ended on an engine that then broke a stream: while that engine
+/// still answers (a flaky link), nothing is re-homed; once it is gone, the session is warmed on
+/// the other engine (`resume.rehome_s`): the turn's prompt is sent there again for one token,
+/// in heads, and asked again there the prompt is almost all cached. Off, nothing warms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another() {
+async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another_once_it_is_gone() {
     // ~4,000 emulated tokens: heads of 512 tokens (~2,000 bytes) go first.
     let prompt = "cache ".repeat(2_000);
     for (name, extra) in [("rehome", "resume: {rehome_s: 30}\n"), ("rehome-off", "")] {
         let on = !extra.is_empty();
         // Engine a resets every answer after 3 tokens; one of 2 tokens ends whole.
-        let (_a, b, g) = fleet(name, 3, "0", extra).await;
+        let (mut a, b, g) = fleet(name, 3, "0", extra).await;
         let turn = json!({
             "model": "test-model", "messages": user(&prompt), "max_tokens": 2, "ignore_eos": true,
         });
@@ -450,20 +451,35 @@ async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another() {
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-kvgate-endpoint"], "a");
         r.bytes().await.unwrap();
-        // Another session's stream breaks on a and is continued on b.
+        // Another session's stream breaks on a and is continued on b; a still answers.
         for body in streamed_together(&g.url, std::iter::once("another".to_string())).await {
             assert_whole(&body);
         }
+        let url = format!("{}/metrics", g.url);
+        let answered = "kvgate_rehome_probes_total{reason=\"answered\"}";
         let sent = "kvgate_rehome_warmups_total{reason=\"sent\"}";
         if on {
-            let url = format!("{}/metrics", g.url);
+            wait_for(&url, "the probe", |m| metric(m, answered) == Some(1.0)).await;
+        }
+        let metrics = get_text(&client(), &g.url, "/metrics").await;
+        assert_eq!(metric(&metrics, sent), None, "{metrics}");
+        // Now a dies between requests: its scrapes fail.
+        a.child.kill().unwrap();
+        a.child.wait().unwrap();
+        if on {
             wait_for(&url, "the warm-up", |m| metric(m, sent) == Some(1.0)).await;
+        } else {
+            wait_for(&url, "a's eviction", |m| {
+                metric(m, "kvgate_endpoint_up{endpoint=\"a\"}") == Some(0.0)
+            })
+            .await;
         }
         let metrics = get_text(&client(), &g.url, "/metrics").await;
         let heads = metric(&metrics, "kvgate_rehome_heads_total").unwrap_or(0.0);
         assert_eq!(heads >= 1.0, on, "{metrics}");
         if !on {
             assert_eq!(metric(&metrics, sent), None, "{metrics}");
+            assert_eq!(metric(&metrics, answered), None, "{metrics}");
         }
         // The session's prompt, asked of b directly: cached there only if it was warmed.
         let v: Value = post(&b.url, "/v1/chat/completions", &turn)

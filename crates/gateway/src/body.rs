@@ -175,7 +175,7 @@ impl Tracked {
     /// answer, else with an error event).
     fn broken(&mut self, message: &str) {
         if let Some(d) = &self.dispatch {
-            d.lost();
+            d.suspect();
         }
         let reason = match &mut self.resume {
             Ok(r) => match r.ending() {

@@ -155,10 +155,10 @@ impl Dispatch {
         }
     }
 
-    /// The endpoint refused a connection or broke a stream: its cache may be gone, so the
-    /// sessions it served are warmed elsewhere ([`crate::resume::Rehome`]).
-    pub(crate) fn lost(&self) {
-        self.shared.rehome.lost(&self.shared, self.target.id);
+    /// The endpoint failed a connection or broke a stream: its cache may be gone, and if it no
+    /// longer answers, the sessions it served are warmed elsewhere ([`crate::resume::Rehome`]).
+    pub(crate) fn suspect(&self) {
+        self.shared.rehome.suspect(&self.shared, self.target.id);
     }
 
     /// The endpoint answered with a non-2xx status that is passed to the client as it is
@@ -242,7 +242,7 @@ impl Dispatch {
     pub(crate) fn fail(mut self, kind: FailureKind, retry_after: Option<Duration>) {
         self.done = true;
         if kind == FailureKind::Connect {
-            self.lost();
+            self.suspect();
         }
         self.end_failed(kind);
         self.shared.pool.failed(

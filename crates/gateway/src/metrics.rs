@@ -112,6 +112,8 @@ pub struct Metrics {
     pub rehome_warmups: Family<ReasonLabel, Counter>,
     /// Heads of staged re-homing warm-ups that ended with their prefix computed.
     pub rehome_heads: Counter,
+    /// Probes of an endpoint after a sign of loss, by what they found.
+    pub rehome_probes: Family<ReasonLabel, Counter>,
     /// Configuration file reloads, `applied` or `rejected`.
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// `kvgate epp` requests: `picked`, `bad_request`, `no_endpoint`.
@@ -310,6 +312,12 @@ impl Metrics {
             "Warm-ups of the sessions whose last turn ran on an endpoint that broke a stream or refused a connection, sent to another (resume.rehome_s): sent, or why not",
             rehome_warmups.clone(),
         );
+        let rehome_probes = Family::default();
+        registry.register(
+            "rehome_probes",
+            "Endpoints asked after a broken stream or failed connection when re-homing is on: answered (no re-homing) or lost",
+            rehome_probes.clone(),
+        );
         let rehome_heads = Counter::default();
         registry.register(
             "rehome_heads",
@@ -503,6 +511,7 @@ impl Metrics {
             stream_resume_heads_held,
             rehome_warmups,
             rehome_heads,
+            rehome_probes,
             config_reloads,
             epp_picks,
             breaker,

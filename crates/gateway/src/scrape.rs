@@ -177,11 +177,10 @@ async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Byt
         })
 }
 
-/// Scrapes one endpoint now.
-pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
-    let Some(base) = shared.pool.base_of(id) else {
-        return false;
-    };
+/// Scrapes one endpoint now: whether its engine answered (any HTTP status), `None` when the
+/// endpoint has left the pool.
+pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> Option<bool> {
+    let base = shared.pool.base_of(id)?;
     let sent_at = shared.pool.clock().now();
     let name = shared
         .pool
@@ -194,6 +193,7 @@ pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
     if let Ok((status, _)) = &health {
         shared.pool.reported_health(id, !status.is_server_error());
     }
+    let reached = health.is_ok();
     let metrics = match health {
         Ok(_) => get(shared, &base, "/metrics").await,
         Err(()) => Err(()),
@@ -219,9 +219,14 @@ pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
                 .inc();
         }
         Err(()) => {
-            shared
+            let unhealthy = shared
                 .pool
                 .scrape_failed(id, shared.config.scrape.unhealthy_after);
+            if unhealthy && !reached {
+                // An engine that died between requests breaks no stream: this is the first
+                // sign that its sessions' cache is gone.
+                shared.rehome.lost(shared, id);
+            }
             shared
                 .metrics
                 .scrapes
@@ -230,7 +235,7 @@ pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
                     result: "error",
                 })
                 .inc();
-            return true;
+            return Some(reached);
         }
     }
     if shared.pool.needs_models(id) {
@@ -241,7 +246,7 @@ pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> bool {
             }
         }
     }
-    true
+    Some(true)
 }
 
 /// The engine at `id` restarted: the pool has forgotten what the index held there; its
@@ -260,7 +265,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, id: EndpointId) {
     tokio::spawn(async move {
         let interval = Duration::from_millis(shared.config.scrape.interval_ms);
         // First scrape at once (a new endpoint needs its model and health), then a random phase.
-        if !scrape_once(&shared, id).await {
+        if scrape_once(&shared, id).await.is_none() {
             return;
         }
         let mut next = tokio::time::Instant::now() + shared.pool.jitter(interval);
@@ -270,7 +275,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, id: EndpointId) {
                 _ = stop.changed() => return,
             }
             next += interval;
-            if !scrape_once(&shared, id).await {
+            if scrape_once(&shared, id).await.is_none() {
                 return;
             }
         }

@@ -536,20 +536,23 @@ impl Pool {
     /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
     /// does not count while the endpoint answered requests since the previous scrape: an engine
     /// too busy to answer `/metrics` in time is not a dead engine, and taking the last endpoint
-    /// out of a pool for it would turn load into errors.
-    pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) {
+    /// out of a pool for it would turn load into errors. Whether this failure made it
+    /// unhealthy.
+    pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) -> bool {
         let mut core = self.lock();
         let Some(e) = core.endpoint(endpoint) else {
-            return;
+            return false;
         };
         if std::mem::take(&mut e.served_since_scrape) {
-            return;
+            return false;
         }
         e.scrape_failures += 1;
         let down = e.scrape_failures >= threshold;
-        if down && core.set_checks(endpoint, |e| e.healthy = false) {
+        let went_down = down && core.set_checks(endpoint, |e| e.healthy = false);
+        if went_down {
             self.publish(&core);
         }
+        went_down
     }
 
     /// Records what the engine's own `/health` said: a 5xx (for example an engine draining for

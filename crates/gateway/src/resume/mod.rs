@@ -78,8 +78,9 @@ pub struct ResumeConfig {
     /// A head placed where no other request awaits its first token grows by two pieces, not
     /// one: nobody is queued there for a small piece to spare ([`stage::warm`]).
     pub stage_grow: bool,
-    /// When an endpoint breaks a stream or refuses a connection, the sessions whose last turn
-    /// ended there at most this many seconds before are warmed on another endpoint: the turn's
+    /// When an endpoint is gone (it broke a stream or failed a connection and then did not
+    /// answer, or its scrape showed a restart or made it unhealthy), the sessions whose last
+    /// turn ended there at most this many seconds before are warmed on another endpoint: the turn's
     /// prompt is sent again for one token (staged as a continuation is), so the session's next
     /// turn finds its context cached instead of recomputing it ([`rehome`]). 0: off (the
     /// default). The sim measured it (`kvgate sim --scenario replica-loss --set rehome_s=10`,

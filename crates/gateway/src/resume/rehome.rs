@@ -14,8 +14,11 @@
 //! requests awaiting a first token; it is staged in heads when continuations are
 //! (`stage_tokens`), so a request arriving there waits behind one piece, not a conversation.
 //! It is dropped once the session's next turn has come (that turn does the recompute itself).
-//! It starts on the first sign, not on a health verdict: the sim measured that starting one to
-//! four seconds late keeps less than half of the gain (`rehome_delay_ms`, docs/routing.md).
+//! It starts on the first sign, confirmed by a probe and not left to a health verdict: the sim
+//! measured that starting one to four seconds late keeps less than half of the gain
+//! (`rehome_delay_ms`, docs/routing.md). The sign is a stream broken or a connection failed
+//! there, confirmed when the engine then does not answer a scrape ([`Rehome::suspect`]), or a
+//! scrape showing a new process.
 //! Only turns whose answers ended are warmed; a stream the endpoint broke is continued, and
 //! the continuation warms its session. Re-homing starts at most once per window per endpoint.
 
@@ -27,7 +30,7 @@ use bytes::Bytes;
 use kvgate_core::{EndpointId, Request};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{Map, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -51,6 +54,8 @@ struct Turns {
     open: HashMap<u64, String>,
     /// When re-homing last started for an endpoint.
     started: HashMap<EndpointId, Instant>,
+    /// Endpoints being probed after a sign of loss.
+    probing: HashSet<EndpointId>,
     /// The kept turns' bodies, bytes.
     bytes: usize,
 }
@@ -165,9 +170,45 @@ impl Rehome {
             .is_some_and(|t| t.request.id == id)
     }
 
-    /// `lost` broke a stream, refused a connection or restarted (its scrape said so): warms
-    /// elsewhere the sessions whose last turn ended there within the window, the most recent
-    /// first.
+    /// `endpoint` broke a stream or failed a connection: a crash, or only a flaky link. Asks
+    /// it at once (a scrape); re-homing starts if it does not answer, or if it answers as a new
+    /// process ([`crate::scrape::Incarnation`]). A dead engine refuses the connection within
+    /// milliseconds, so a crash loses next to nothing of the head start (the sim: starting one
+    /// second late keeps less than half of the gain), and a link that dropped one stream while
+    /// its engine still serves costs no wave of warm-ups. One probe per endpoint at a time, none
+    /// while re-homing for it started within the window.
+    pub(crate) fn suspect(&self, shared: &Arc<Shared>, endpoint: EndpointId) {
+        if !self.on() {
+            return;
+        }
+        {
+            let now = Instant::now();
+            let mut t = self.turns();
+            let recent = |at: &Instant| now.saturating_duration_since(*at) < self.window;
+            if t.started.get(&endpoint).is_some_and(recent) || !t.probing.insert(endpoint) {
+                return;
+            }
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let answered = crate::scrape::scrape_once(&shared, endpoint).await;
+            shared.rehome.turns().probing.remove(&endpoint);
+            let result = match answered {
+                Some(true) => "answered",
+                Some(false) => "lost",
+                None => return,
+            };
+            let reason = metrics::reason(result);
+            shared.metrics.rehome_probes.get_or_create(&reason).inc();
+            if answered == Some(false) {
+                shared.rehome.lost(&shared, endpoint);
+            }
+        });
+    }
+
+    /// `lost` is gone: it did not answer after a sign of loss, or its scrape showed a restart.
+    /// Warms elsewhere the sessions whose last turn ended there within the window, the most
+    /// recent first.
     pub(crate) fn lost(&self, shared: &Arc<Shared>, lost: EndpointId) {
         let now = Instant::now();
         let until = now + self.window;
