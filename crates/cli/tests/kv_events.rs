@@ -16,18 +16,7 @@ fn tokenizer_dir() -> String {
 fn small_engine(id: &str, listen: &str, kv_port: u16) -> Proc {
     let kv = format!("tcp://127.0.0.1:{kv_port}");
     let dir = tokenizer_dir();
-    let args = [
-        "engine",
-        "--listen",
-        listen,
-        "--id",
-        id,
-        "--model",
-        "test-model",
-        "--time-scale",
-        "0",
-        "--seed",
-        "7",
+    let extra = [
         "--kv-blocks",
         "64",
         "--block-size",
@@ -39,7 +28,7 @@ fn small_engine(id: &str, listen: &str, kv_port: u16) -> Proc {
         "--kv-events",
         &kv,
     ];
-    spawn(&args, "listening on")
+    engine_at(listen, id, "0", &extra)
 }
 
 async fn fleet(name: &str, engines: &[(&Proc, u16)]) -> Proc {

@@ -7,7 +7,7 @@ mod support;
 
 use serde_json::{json, Value};
 use support::{
-    client, engine, gateway, gateway_with_config, get_text, metric, spawn, sse_data, user,
+    client, engine, engine_at, gateway, gateway_with_config, get_text, metric, sse_data, user,
     wait_for, Proc,
 };
 
@@ -434,8 +434,11 @@ async fn a_continuation_to_an_endpoint_without_engine_metrics_is_not_staged() {
 async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another_once_it_is_gone() {
     // ~4,000 emulated tokens: heads of 512 tokens (~2,000 bytes) go first.
     let prompt = "cache ".repeat(2_000);
-    for (name, extra) in [("rehome", "resume: {rehome_s: 30}\n"), ("rehome-off", "")] {
-        let on = !extra.is_empty();
+    for (name, extra) in [
+        ("rehome", "resume: {rehome_s: 30}\n"),
+        ("rehome-off", "resume: {rehome_s: 0}\n"),
+    ] {
+        let on = !extra.contains("rehome_s: 0");
         // Engine a resets every answer after 3 tokens; one of 2 tokens ends whole.
         let (mut a, b, g) = fleet(name, 3, "0", extra).await;
         let turn = json!({
@@ -512,9 +515,9 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
     });
     for (name, extra) in [
         ("restart-rehome", "resume: {rehome_s: 30}\n"),
-        ("restart", ""),
+        ("restart", "resume: {rehome_s: 0}\n"),
     ] {
-        let on = !extra.is_empty();
+        let on = !extra.contains("rehome_s: 0");
         let mut engines = [engine("a", "0", &[]), engine("b", "0", &[])];
         let yaml = format!(
             "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: a}}\n  - {{url: \"{}\", name: b}}\n{extra}",
@@ -540,22 +543,7 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
         let listen = engines[i].url.trim_start_matches("http://").to_string();
         engines[i].child.kill().unwrap();
         engines[i].child.wait().unwrap();
-        engines[i] = spawn(
-            &[
-                "engine",
-                "--listen",
-                &listen,
-                "--id",
-                &home,
-                "--model",
-                "test-model",
-                "--time-scale",
-                "0",
-                "--seed",
-                "7",
-            ],
-            "listening on",
-        );
+        engines[i] = engine_at(&listen, &home, "0", &[]);
         let url = format!("{}/metrics", g.url);
         let restarts = format!("kvgate_endpoint_restarts_total{{endpoint=\"{home}\"}}");
         wait_for(&url, "the restart", |m| metric(m, &restarts) == Some(1.0)).await;

@@ -179,9 +179,11 @@ fn a_staged_continuations_heads_are_at_least_a_block() {
 #[test]
 fn re_homing_keeps_at_least_one_session() {
     assert_invalid("resume: {rehome_s: 10, rehome_sessions: 0}");
+    // On by default.
+    assert_invalid("resume: {rehome_sessions: 0}");
     // Off, the bound is not read.
-    let off = Config::from_yaml("resume: {rehome_sessions: 0}").unwrap();
+    let off = Config::from_yaml("resume: {rehome_s: 0, rehome_sessions: 0}").unwrap();
     assert_eq!(off.resume.rehome_s, 0);
-    let on = Config::from_yaml("resume: {rehome_s: 10}").unwrap().resume;
+    let on = Config::default().resume;
     assert_eq!((on.rehome_s, on.rehome_sessions), (10, 4_096));
 }

@@ -85,10 +85,15 @@ pub fn spawn(args: &[&str], marker: &str) -> Proc {
 
 /// `kvgate engine` with a name, time scale and extra flags.
 pub fn engine(id: &str, time_scale: &str, extra: &[&str]) -> Proc {
+    engine_at("127.0.0.1:0", id, time_scale, extra)
+}
+
+/// `kvgate engine` listening on `listen` (say, the address of one that was stopped).
+pub fn engine_at(listen: &str, id: &str, time_scale: &str, extra: &[&str]) -> Proc {
     let mut args = vec![
         "engine",
         "--listen",
-        "127.0.0.1:0",
+        listen,
         "--id",
         id,
         "--model",

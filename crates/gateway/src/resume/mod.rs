@@ -82,10 +82,12 @@ pub struct ResumeConfig {
     /// answer, or its scrape showed a restart or made it unhealthy), the sessions whose last
     /// turn ended there at most this many seconds before are warmed on another endpoint: the turn's
     /// prompt is sent again for one token (staged as a continuation is), so the session's next
-    /// turn finds its context cached instead of recomputing it ([`rehome`]). 0: off (the
-    /// default). The sim measured it (`kvgate sim --scenario replica-loss --set rehome_s=10`,
-    /// 40 seeds, docs/routing.md): the TTFT P95 of the 30 s after a loss within 1.5x of before
-    /// in 122 of 160 runs against 110.
+    /// turn finds its context cached instead of recomputing it ([`rehome`]). 0: off. The sim
+    /// measured 10, the default (`kvgate sim --scenario replica-loss`, 40 seeds,
+    /// docs/routing.md): the TTFT P95 of the 30 s after a loss within 1.5x of before in 122 of
+    /// 160 runs against 110 with it off; through the gateway it was lower or level in every
+    /// interleaved pair. Only sessions' turns are kept (a request with a session key), so
+    /// traffic without sessions pays nothing for it.
     pub rehome_s: u64,
     /// Sessions whose last turn is kept for re-homing; the oldest give way.
     pub rehome_sessions: usize,
@@ -103,7 +105,7 @@ impl Default for ResumeConfig {
             yield_ms: 1_000,
             stage_tokens: 512,
             stage_grow: true,
-            rehome_s: 0,
+            rehome_s: 10,
             rehome_sessions: 4_096,
             rehome_bytes: 256 << 20,
         }

@@ -1,4 +1,4 @@
-//! Re-homing the sessions a lost endpoint served (`resume.rehome_s`, off by default).
+//! Re-homing the sessions a lost endpoint served (`resume.rehome_s`, a 10 s window by default).
 //!
 //! A session's context is cached on the endpoint its last turn ran on. When that endpoint
 //! breaks a stream or refuses a connection, its cache may be gone (a crash, a restart); when its
@@ -134,6 +134,26 @@ impl Rehome {
                 .is_some_and(|o| o.request.id == id)
             {
                 t.remove(&oldest);
+            }
+        }
+        // A turn whose answer ended a window ago is never warmed: let it go, so that what is
+        // kept is the sessions active within the window, not the bounds' worth of old bodies.
+        let now = Instant::now();
+        while let Some((front, id)) = t.order.front() {
+            let expired = match t.by_session.get(front) {
+                Some(o) if o.request.id == *id => o
+                    .ended
+                    .is_some_and(|e| now.saturating_duration_since(e) >= self.window),
+                // Stale: the session has a newer turn behind.
+                _ => true,
+            };
+            if !expired {
+                break;
+            }
+            if let Some((front, id)) = t.order.pop_front() {
+                if t.by_session.get(&front).is_some_and(|o| o.request.id == id) {
+                    t.remove(&front);
+                }
             }
         }
         // Sessions that keep coming back leave stale entries behind: drop them once they
@@ -397,6 +417,22 @@ mod tests {
         turn(&off, "s1", 1, 0);
         assert!(!off.current("s1", 1));
         assert!(off.displaced(EndpointId(0), now).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn turns_that_ended_a_window_ago_are_let_go() {
+        let r = rehome(10, 16);
+        turn(&r, "s1", 1, 0);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        turn(&r, "s2", 2, 0);
+        // Still being answered after the window: kept.
+        let body = Bytes::from_static(b"{}");
+        r.answered(&request(3), &body, &sending(Some("s3")), EndpointId(0));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        turn(&r, "s4", 4, 0);
+        assert!(!r.current("s1", 1));
+        assert!(r.current("s2", 2) && r.current("s3", 3) && r.current("s4", 4));
+        assert_eq!(r.turns().bytes, 6);
     }
 
     #[tokio::test]

@@ -76,7 +76,8 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         resume_stage: Some(p.u64("resume_stage_tokens", 512)? as u32).filter(|&t| t > 0),
         resume_stage_grow: p.bool("resume_stage_grow", true)?,
         rehome: {
-            let window = p.f64("rehome_s", 0.0)?;
+            // The gateway's default window (`resume.rehome_s`).
+            let window = p.f64("rehome_s", 10.0)?;
             (window > 0.0).then(|| Nanos::from_secs_f64(window))
         },
         rehome_delay: Nanos::from_millis(p.u64("rehome_delay_ms", 0)?),
