@@ -359,6 +359,23 @@ impl PrefixCache {
 
     /// The endpoint left the pool: forget what it held.
     pub fn remove_endpoint(&mut self, endpoint: EndpointId) {
+        self.forget_held(endpoint);
+        if let Some(engines) = &mut self.engines {
+            engines.remove_endpoint(endpoint);
+        }
+    }
+
+    /// The endpoint's engine restarted (its scrape said so): its cache is empty. Forgets what
+    /// it held, but an event stream from it keeps its place, so the new process's batches
+    /// still read as a restart there.
+    pub fn endpoint_restarted(&mut self, endpoint: EndpointId) {
+        self.forget_held(endpoint);
+        if let Some(engines) = &mut self.engines {
+            engines.forget(endpoint);
+        }
+    }
+
+    fn forget_held(&mut self, endpoint: EndpointId) {
         match &mut self.index {
             Index::Radix {
                 text,
@@ -371,9 +388,6 @@ impl PrefixCache {
                 pending.remove_endpoint(endpoint);
             }
             Index::Blocks { index, .. } => index.remove_endpoint(endpoint),
-        }
-        if let Some(engines) = &mut self.engines {
-            engines.remove_endpoint(endpoint);
         }
     }
 

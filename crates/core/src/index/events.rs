@@ -110,7 +110,8 @@ impl EngineCaches {
         })
     }
 
-    fn forget(&mut self, endpoint: EndpointId) {
+    /// Forgets the blocks `endpoint` held; its stream's place stays.
+    pub(crate) fn forget(&mut self, endpoint: EndpointId) {
         if let Some(index) = &mut self.index {
             use super::PrefixIndex;
             index.remove_endpoint(endpoint);

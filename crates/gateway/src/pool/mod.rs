@@ -528,7 +528,7 @@ impl Pool {
             e.info.slots = None;
             self.publish(&core);
             drop(core);
-            self.cache_mut().remove_endpoint(endpoint);
+            self.cache_mut().endpoint_restarted(endpoint);
         }
         restarted
     }
