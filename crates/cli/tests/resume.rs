@@ -174,6 +174,13 @@ async fn a_chat_stream_broken_after_five_tokens_is_continued_on_another_engine()
     );
     assert_eq!(metric(&metrics, "kvgate_retries_total"), None, "{metrics}");
     assert!(metrics.contains("outcome=\"ok\",policy="), "{metrics}");
+    // No session's turn ended on the engine that broke the stream: nothing to re-home, so it
+    // is not probed either (re-homing is on by default).
+    assert_eq!(
+        metric(&metrics, "kvgate_rehome_probes_total"),
+        None,
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,7 +196,8 @@ impl Rehome {
     /// milliseconds, so a crash loses next to nothing of the head start (the sim: starting one
     /// second late keeps less than half of the gain), and a link that dropped one stream while
     /// its engine still serves costs no wave of warm-ups. One probe per endpoint at a time, none
-    /// while re-homing for it started within the window.
+    /// while re-homing for it started within the window, and none when no session's last turn
+    /// ended there within it (traffic without sessions has nothing to re-home).
     pub(crate) fn suspect(&self, shared: &Arc<Shared>, endpoint: EndpointId) {
         if !self.on() {
             return;
@@ -205,7 +206,12 @@ impl Rehome {
             let now = Instant::now();
             let mut t = self.turns();
             let recent = |at: &Instant| now.saturating_duration_since(*at) < self.window;
-            if t.started.get(&endpoint).is_some_and(recent) || !t.probing.insert(endpoint) {
+            let homed =
+                |turn: &Turn| turn.endpoint == endpoint && turn.ended.as_ref().is_some_and(recent);
+            if t.started.get(&endpoint).is_some_and(recent)
+                || !t.by_session.values().any(homed)
+                || !t.probing.insert(endpoint)
+            {
                 return;
             }
         }
