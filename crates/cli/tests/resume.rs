@@ -7,8 +7,8 @@ mod support;
 
 use serde_json::{json, Value};
 use support::{
-    client, engine, engine_at, gateway, gateway_with_config, get_text, metric, sse_data, user,
-    wait_for, Proc,
+    client, engine, engine_at, gateway, gateway_with_config, get_text, header, metric, sse_data,
+    user, wait_for, Proc,
 };
 
 /// Two engines with the same seed (so the same prompt gives the same text on either): `a`,
@@ -531,20 +531,20 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
             engines[0].url, engines[1].url
         );
         let g = gateway_with_config(&[], name, &yaml).await;
-        let send = || {
-            client()
+        // A turn of session s1: the endpoint that answered it, and the answer.
+        let send = || async {
+            let r = client()
                 .post(format!("{}/v1/chat/completions", g.url))
                 .header("x-session-id", "s1")
                 .json(&turn)
                 .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let endpoint = header(&r, "x-kvgate-endpoint");
+            (endpoint, r.json::<Value>().await.unwrap())
         };
-        let r = send().await.unwrap();
-        assert_eq!(r.status(), 200);
-        let home = r.headers()["x-kvgate-endpoint"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        r.bytes().await.unwrap();
+        let (home, _) = send().await;
         let (i, other) = if home == "a" { (0, "b") } else { (1, "a") };
         // The same engine again, at the same address, with an empty cache.
         let listen = engines[i].url.trim_start_matches("http://").to_string();
@@ -559,13 +559,7 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
             wait_for(&url, "the warm-up", |m| metric(m, sent) == Some(1.0)).await;
         }
         // The session's next turn.
-        let r = send().await.unwrap();
-        assert_eq!(r.status(), 200);
-        let went = r.headers()["x-kvgate-endpoint"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        let v: Value = r.json().await.unwrap();
+        let (went, v) = send().await;
         let prompt_tokens = v["usage"]["prompt_tokens"].as_f64().unwrap();
         let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_f64()
