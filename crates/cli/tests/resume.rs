@@ -433,6 +433,21 @@ async fn a_continuation_to_an_endpoint_without_engine_metrics_is_not_staged() {
     assert_eq!(first_tokens, Some(1.0), "{engine}");
 }
 
+/// A chat turn of `session` through the gateway at `url`: the endpoint that answered, and the
+/// answer.
+async fn session_turn(url: &str, session: &str, body: &Value) -> (String, Value) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let endpoint = header(&r, "x-kvgate-endpoint");
+    (endpoint, r.json().await.unwrap())
+}
+
 /// A session whose last turn ended on an engine that then broke a stream: while that engine
 /// still answers (a flaky link), nothing is re-homed; once it is gone, the session is warmed on
 /// the other engine (`resume.rehome_s`): the turn's prompt is sent there again for one token,
@@ -451,16 +466,8 @@ async fn a_session_whose_engine_broke_a_stream_is_warmed_on_another_once_it_is_g
         let turn = json!({
             "model": "test-model", "messages": user(&prompt), "max_tokens": 2, "ignore_eos": true,
         });
-        let r = client()
-            .post(format!("{}/v1/chat/completions", g.url))
-            .header("x-session-id", "s1")
-            .json(&turn)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()["x-kvgate-endpoint"], "a");
-        r.bytes().await.unwrap();
+        let (endpoint, _) = session_turn(&g.url, "s1", &turn).await;
+        assert_eq!(endpoint, "a");
         // Another session's stream breaks on a and is continued on b; a still answers.
         for body in streamed_together(&g.url, std::iter::once("another".to_string())).await {
             assert_whole(&body);
@@ -531,20 +538,7 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
             engines[0].url, engines[1].url
         );
         let g = gateway_with_config(&[], name, &yaml).await;
-        // A turn of session s1: the endpoint that answered it, and the answer.
-        let send = || async {
-            let r = client()
-                .post(format!("{}/v1/chat/completions", g.url))
-                .header("x-session-id", "s1")
-                .json(&turn)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            let endpoint = header(&r, "x-kvgate-endpoint");
-            (endpoint, r.json::<Value>().await.unwrap())
-        };
-        let (home, _) = send().await;
+        let (home, _) = session_turn(&g.url, "s1", &turn).await;
         let (i, other) = if home == "a" { (0, "b") } else { (1, "a") };
         // The same engine again, at the same address, with an empty cache.
         let listen = engines[i].url.trim_start_matches("http://").to_string();
@@ -559,7 +553,7 @@ async fn an_engine_restart_seen_in_its_scrape_forgets_its_cache_and_re_homes_its
             wait_for(&url, "the warm-up", |m| metric(m, sent) == Some(1.0)).await;
         }
         // The session's next turn.
-        let (went, v) = send().await;
+        let (went, v) = session_turn(&g.url, "s1", &turn).await;
         let prompt_tokens = v["usage"]["prompt_tokens"].as_f64().unwrap();
         let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_f64()
