@@ -105,6 +105,10 @@ pub struct Record {
     pub cached_tokens: u64,
     /// The failure, if any.
     pub error: Option<ErrorKind>,
+    /// The request's session (the body's `user`), if it had one.
+    pub session: Option<String>,
+    /// The endpoint a kvgate gateway says served it (`x-kvgate-endpoint`), when it says.
+    pub endpoint: Option<String>,
 }
 
 impl Record {
@@ -337,6 +341,7 @@ struct Meter {
     cached_tokens: u64,
     done: bool,
     failed: bool,
+    endpoint: Option<String>,
 }
 
 impl Meter {
@@ -441,6 +446,7 @@ impl Sender {
         rec.prompt_tokens = meter.prompt_tokens;
         rec.cached_tokens = meter.cached_tokens;
         rec.itl_ms = meter.itl_ms;
+        rec.endpoint = meter.endpoint;
         rec
     }
 }
@@ -461,6 +467,11 @@ async fn exchange(
         req = req.bearer_auth(k);
     }
     let mut resp = req.send().await.map_err(|e| ErrorKind::of(&e))?;
+    meter.endpoint = resp
+        .headers()
+        .get("x-kvgate-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let status = resp.status();
     if !status.is_success() {
         return Err(if status.is_client_error() {

@@ -4,9 +4,13 @@
 //!
 //! One line per request and target, in report order (rate, then target, then scheduled time):
 //! `{"target", "offered_rate", "scheduled_s", "sent_s", "lag_ms", "ttft_ms", "tpot_ms",
-//! "e2e_ms", "itl_ms", "output_tokens", "prompt_tokens", "cached_tokens", "error"}`.
-//! `tpot_ms` is (E2E - TTFT) / (output tokens - 1) (DOMAIN.md §2), `null` when undefined;
-//! `error` is the error kind's JSON key or `null`.
+//! "e2e_ms", "itl_ms", "output_tokens", "prompt_tokens", "cached_tokens", "error", "session",
+//! "endpoint"}`. `tpot_ms` is (E2E - TTFT) / (output tokens - 1) (DOMAIN.md §2), `null` when
+//! undefined; `error` is the error kind's JSON key or `null`; `session` is the request's session
+//! (the body's `user`: the agentic and tenants workloads) and `endpoint` the one a kvgate
+//! gateway named in `x-kvgate-endpoint`, each `null` when there is none. With both, a run
+//! through the gateway can be cut by session and endpoint (say, the first turn of each session
+//! whose last turn went to an engine that was then killed).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -33,6 +37,8 @@ struct Line<'a> {
     prompt_tokens: u64,
     cached_tokens: u64,
     error: Option<&'static str>,
+    session: Option<&'a str>,
+    endpoint: Option<&'a str>,
 }
 
 /// Writes records to a JSON-lines file as each rate finishes.
@@ -77,6 +83,8 @@ impl RecordsFile {
                 prompt_tokens: r.prompt_tokens,
                 cached_tokens: r.cached_tokens,
                 error: r.error.map(|e| e.name()),
+                session: r.session.as_deref(),
+                endpoint: r.endpoint.as_deref(),
             };
             serde_json::to_writer(&mut self.out, &line).map_err(BenchError::Json)?;
             self.out.write_all(b"\n").map_err(|e| self.io(e))?;
@@ -118,6 +126,8 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 64,
             error: None,
+            session: Some("s7".into()),
+            endpoint: Some("engine-1".into()),
         };
         let failed = Record {
             error: Some(ErrorKind::Timeout),
@@ -138,6 +148,9 @@ mod tests {
         assert_eq!(lines[0]["cached_tokens"], 64);
         assert_eq!(lines[0]["itl_ms"].as_array().unwrap().len(), 2);
         assert!(lines[0]["error"].is_null());
+        assert_eq!(lines[0]["session"], "s7");
+        assert_eq!(lines[0]["endpoint"], "engine-1");
+        assert!(lines[1]["session"].is_null() && lines[1]["endpoint"].is_null());
         assert_eq!(lines[1]["error"], "timeout");
         assert!(lines[1]["tpot_ms"].is_null());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -253,9 +253,11 @@ pub async fn run_schedule(
         for i in 0..n_targets {
             let (sender, targets, tx, body) =
                 (sender.clone(), targets.clone(), tx.clone(), body.clone());
+            let session = spec.user.clone();
             in_flight += 1;
             tokio::spawn(async move {
-                let rec = sender.measure(&targets[i], body, at).await;
+                let mut rec = sender.measure(&targets[i], body, at).await;
+                rec.session = session;
                 let _ = tx.send((i, tag, rec));
             });
         }

@@ -389,3 +389,64 @@ async fn embedded_default_serves_without_endpoints() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// `kvgate bench --records` through the gateway names each request's session and the endpoint
+/// the gateway says served it, so a run can be cut by both (docs/routing.md, A lost replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_records_name_each_session_and_the_endpoint_that_served_it() {
+    let a = engine("a", "0", &[]);
+    let b = engine("b", "0", &[]);
+    let g = gateway(&[&a, &b], &[]).await;
+    let records = std::env::temp_dir().join(format!("kvgate-records-{}.jsonl", std::process::id()));
+    let url = g.url.clone();
+    let path = records.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--model",
+                "test-model",
+                "--workload",
+                "agentic",
+            ])
+            .args([
+                "--rate",
+                "20",
+                "--num-requests",
+                "24",
+                "--agentic-max-context",
+                "2000",
+            ])
+            .args(["--no-progress", "--quiet", "--seed", "3", "--records"])
+            .arg(&path)
+            .status()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&records).unwrap();
+    let _ = std::fs::remove_file(&records);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 24, "{text}");
+    let names = [&a.url, &b.url].map(|u| u.trim_start_matches("http://").to_string());
+    let mut sessions = std::collections::HashSet::new();
+    for line in &lines {
+        assert!(line["error"].is_null(), "{line}");
+        let session = line["session"].as_str().unwrap();
+        assert!(session.starts_with("session-"), "{line}");
+        sessions.insert(session.to_string());
+        let endpoint = line["endpoint"].as_str().unwrap();
+        assert!(
+            names.iter().any(|n| n == endpoint),
+            "{endpoint} not in {names:?}"
+        );
+    }
+    // Sessions of several turns each.
+    assert!(sessions.len() > 1 && sessions.len() < 24, "{sessions:?}");
+}
