@@ -20,7 +20,10 @@
 # answers. Latency CDFs and the sweep curves go to DIR/SCENARIO-POLICY.svg.
 # replica-loss runs each rate on a fresh fleet and gateway (every rate loses its engine) and
 # adds, per rate, the requests that failed before and after their first token, and the TTFT
-# P95 over the 30 s before the kill and the 30 s after it (DIR/replica-loss-POLICY-RATE.*).
+# P95 over the 30 s before the kill and the 30 s after it (DIR/replica-loss-POLICY-RATE.*), and the
+# first turn after the kill of each session whose last turn ended on the killed engine (how many,
+# their TTFT P50/P95 and median cached share: the recomputes, from the records' session and
+# endpoint).
 # --engines N runs N engines instead of four (the first N; replica-loss kills the last), and
 # --no-kill keeps them all: `replica-loss --engines 3 --no-kill` is the fleet the kill leaves,
 # without the kill, over the same windows (the P95 a fleet of three gets at that load).
@@ -181,18 +184,50 @@ done
 
 if [[ "$scenario" == replica-loss ]]; then
     python3 - "$out" "$slo_ms" "$kill_at" "$kill" "$engines" "${names[@]}" <<'EOF'
-import glob, json, re, sys
+import glob, json, re, statistics, sys
 out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[6:]
 what = (f"engine {sys.argv[5]} killed {kill_at:g} s into each rate" if sys.argv[4] == "1"
         else f"{sys.argv[5]} engines, none killed (windows split at {kill_at:g} s)")
 
-def p95(xs):
+def pct(xs, q):
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else None
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+def p95(xs):
+    return pct(xs, 0.95)
+
+def displaced(recs):
+    """The first turn after the kill, within 30 s, of each session whose last turn before it
+    ended on the killed engine (the one the gateway named before the kill and not after it):
+    the turn that recomputes the session's context. Needs the records' session and endpoint."""
+    seen = lambda lo, hi: {x["endpoint"] for x in recs if x.get("endpoint") and lo <= x["sent_s"] < hi}
+    lost = seen(0, kill_at) - seen(kill_at + 2, kill_at + 30)
+    last, first = {}, {}
+    for x in sorted(recs, key=lambda x: x["sent_s"]):
+        s = x.get("session")
+        if s is None:
+            continue
+        if x["sent_s"] + x["e2e_ms"] / 1000 < kill_at:
+            last[s] = x["endpoint"]
+        elif kill_at <= x["sent_s"] < kill_at + 30:
+            first.setdefault(s, x)
+    return [first[s] for s, e in last.items() if e in lost and s in first]
+
+def recomputes(recs):
+    turns = displaced(recs)
+    ttft = [x["ttft_ms"] for x in turns if x["ttft_ms"] is not None]
+    cached = [x["cached_tokens"] / x["prompt_tokens"] for x in turns if x["prompt_tokens"]]
+    if not ttft or not cached:
+        return "displaced n/a"
+    return (f"displaced {len(turns)}: {pct(ttft, 0.5):.0f}/{p95(ttft):.0f} ms, "
+            f"{100 * statistics.median(cached):.0f}% cached")
 
 print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
       " for 95% of requests. Per rate: sessions/s: req/s achieved, SLO%, failed before / after the"
-      " first token, TTFT P95 ms over the 30 s before / after the kill")
+      " first token, TTFT P95 ms over the 30 s before / after the kill"
+      + ("; the displaced sessions' first turns after it (sessions whose last turn ended on the"
+         " killed engine): how many, TTFT P50/P95, median share of the prompt cached"
+         if sys.argv[4] == "1" else ""))
 for name in names:
     cap, rows = None, []
     files = glob.glob(f"{out}/replica-loss-{name}-*.json")
@@ -207,8 +242,9 @@ for name in names:
         if r["slo_attainment"] >= 0.95:
             cap = r["offered_rate"]
         ratio = f"{post / pre:.2f}x" if pre and post else "n/a"
-        rows.append(f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} {100 * r['slo_attainment']:.1f}% "
-                    f"{before_token}/{after_token} {pre or float('nan'):.0f}/{post or float('nan'):.0f} ({ratio})")
+        row = (f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} {100 * r['slo_attainment']:.1f}% "
+               f"{before_token}/{after_token} {pre or float('nan'):.0f}/{post or float('nan'):.0f} ({ratio})")
+        rows.append(row + (f"; {recomputes(recs)}" if sys.argv[4] == "1" else ""))
     print(f"{name:<20} capacity {cap!s:>5} | " + " | ".join(rows))
 EOF
     exit 0
