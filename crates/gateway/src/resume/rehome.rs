@@ -94,6 +94,17 @@ impl Rehome {
         !self.window.is_zero()
     }
 
+    /// Whether `at` is within the window before `now`.
+    fn recent(&self, at: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(at) < self.window
+    }
+
+    /// Whether `turn` ended on `endpoint` within the window before `now`: a session re-homing
+    /// `endpoint` would warm.
+    fn homed(&self, turn: &Turn, endpoint: EndpointId, now: Instant) -> bool {
+        turn.endpoint == endpoint && turn.ended.is_some_and(|e| self.recent(e, now))
+    }
+
     fn turns(&self) -> std::sync::MutexGuard<'_, Turns> {
         self.turns
             .lock()
@@ -141,9 +152,7 @@ impl Rehome {
         let now = Instant::now();
         while let Some((front, id)) = t.order.front() {
             let expired = match t.by_session.get(front) {
-                Some(o) if o.request.id == *id => o
-                    .ended
-                    .is_some_and(|e| now.saturating_duration_since(e) >= self.window),
+                Some(o) if o.request.id == *id => o.ended.is_some_and(|e| !self.recent(e, now)),
                 // Stale: the session has a newer turn behind.
                 _ => true,
             };
@@ -205,11 +214,13 @@ impl Rehome {
         {
             let now = Instant::now();
             let mut t = self.turns();
-            let recent = |at: &Instant| now.saturating_duration_since(*at) < self.window;
-            let homed =
-                |turn: &Turn| turn.endpoint == endpoint && turn.ended.as_ref().is_some_and(recent);
-            if t.started.get(&endpoint).is_some_and(recent)
-                || !t.by_session.values().any(homed)
+            if t.started
+                .get(&endpoint)
+                .is_some_and(|&at| self.recent(at, now))
+                || !t
+                    .by_session
+                    .values()
+                    .any(|turn| self.homed(turn, endpoint, now))
                 || !t.probing.insert(endpoint)
             {
                 return;
@@ -251,15 +262,14 @@ impl Rehome {
             return Vec::new();
         }
         let mut t = self.turns();
-        let recent = |at: &Instant| now.saturating_duration_since(*at) < self.window;
-        if t.started.get(&lost).is_some_and(recent) {
+        if t.started.get(&lost).is_some_and(|&at| self.recent(at, now)) {
             return Vec::new();
         }
         t.started.insert(lost, now);
         let mut displaced: Vec<(String, Turn)> = t
             .by_session
             .iter()
-            .filter(|(_, turn)| turn.endpoint == lost && turn.ended.is_some_and(|e| recent(&e)))
+            .filter(|(_, turn)| self.homed(turn, lost, now))
             .map(|(s, turn)| (s.clone(), turn.clone()))
             .collect();
         displaced.sort_by(|a, b| b.1.ended.cmp(&a.1.ended).then_with(|| a.0.cmp(&b.0)));
