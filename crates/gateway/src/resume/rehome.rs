@@ -201,8 +201,8 @@ impl Rehome {
 
     /// `endpoint` broke a stream or failed a connection: a crash, or only a flaky link. Asks
     /// it at once (a scrape); re-homing starts if it does not answer, or if it answers as a new
-    /// process ([`crate::scrape::Incarnation`]). A dead engine refuses the connection within
-    /// milliseconds, so a crash loses next to nothing of the head start (the sim: starting one
+    /// process ([`crate::scrape::Incarnation`]). A dead engine refuses the connection at once,
+    /// so a crash loses next to nothing of the head start (the sim: starting one
     /// second late keeps less than half of the gain), and a link that dropped one stream while
     /// its engine still serves costs no wave of warm-ups. One probe per endpoint at a time, none
     /// while re-homing for it started within the window, and none when no session's last turn
