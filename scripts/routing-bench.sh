@@ -31,6 +31,11 @@
 # with an empty cache (a crashed engine brought back by its supervisor).
 # --config gives every gateway a configuration file (`kvgate serve --config`; the engines are
 # added to its endpoints), e.g. to compare a setting.
+# A policy named sglang:POLICY, vllm-router:POLICY or litellm:STRATEGY runs that project's own
+# router (the pinned PyPI releases scripts/install-peers.sh installs; PEERS_VENV points
+# elsewhere) with its defaults and that policy instead of `kvgate serve`, e.g. `--policies
+# predicted_ttft,sglang:cache_aware,vllm-router:cache_aware,litellm:simple-shuffle`: the peers
+# themselves, on the same engines and workload. Their router's log goes to DIR/SCENARIO-NAME.router.log.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
 # scenario with the defaults.
 set -euo pipefail
@@ -115,6 +120,7 @@ mkdir -p "$out"
 source scripts/lib.sh
 kvgate_binary
 kvgate=$KVGATE
+peers=${PEERS_VENV:-target/peers}
 
 IFS=, read -r -a names <<<"$policies"
 
@@ -137,11 +143,64 @@ fleet_and_gateway() {
         engine_pids+=("${pids[-1]}")
         engine_urls+=("$url")
     done
-    start "$kvgate" serve --listen 127.0.0.1:0 "${config[@]}" "${endpoints[@]}" --policy "$1"
-    gateway=$url
+    if [[ "$1" == *:* ]]; then
+        start_peer "$1"
+    else
+        start "$kvgate" serve --listen 127.0.0.1:0 "${config[@]}" "${endpoints[@]}" --policy "$1"
+        gateway=$url
+    fi
 }
 
-bench_flags=(--ignore-eos --slo-ttft-ms "$slo_ms" --capacity-attainment 0.95 --timeout-s 120
+# A peer's router with its defaults but the policy, in front of $engine_urls
+# (scripts/install-peers.sh installs them): `sglang:POLICY` and `vllm-router:POLICY` take
+# SGLang's and vLLM's `--policy`, `litellm:STRATEGY` LiteLLM's proxy with the four engines as
+# deployments of one model and that `routing_strategy`. Sets $gateway.
+start_peer() {
+    local peer=${1%%:*} policy=${1#*:} port metrics log cmd u cfg
+    read -r port metrics < <(python3 -c "import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(('127.0.0.1', 0))
+print(*[x.getsockname()[1] for x in s])")
+    local workers=(--host 127.0.0.1 --port "$port" --prometheus-port "$metrics"
+        --worker-urls "${engine_urls[@]}" --policy "$policy")
+    case "$peer" in
+    sglang) cmd=("$peers/bin/python" -m sglang_router.launch_router "${workers[@]}") ;;
+    vllm-router) cmd=("$peers/bin/vllm-router" "${workers[@]}") ;;
+    litellm)
+        cfg="$out/$scenario-$1.litellm.yaml"
+        {
+            echo "model_list:"
+            for u in "${engine_urls[@]}"; do
+                printf '  - model_name: kvgate-emulated\n    litellm_params:\n'
+                printf '      model: hosted_vllm/kvgate-emulated\n      api_base: %s/v1\n' "$u"
+            done
+            printf 'router_settings:\n  routing_strategy: %s\n' "$policy"
+            # Loopback only and nothing to protect: no master key.
+            printf 'general_settings:\n  dangerously_permit_weak_or_unset_master_key: true\n'
+        } >"$cfg"
+        # The model cost map ships with the package; fetching it is all the network it wants.
+        cmd=(env LITELLM_LOCAL_MODEL_COST_MAP=True "$peers/bin/litellm" --config "$cfg"
+            --host 127.0.0.1 --port "$port")
+        ;;
+    *) echo "unknown peer router $peer (sglang, vllm-router or litellm)" >&2; exit 2 ;;
+    esac
+    [[ -x "$peers/bin/python" ]] || { echo "no peers in $peers: run scripts/install-peers.sh" >&2; exit 2; }
+    log="$out/$scenario-$1.router.log"
+    "${cmd[@]}" >"$log" 2>&1 &
+    pids+=($!)
+    gateway=http://127.0.0.1:$port
+    for _ in $(seq 1 1200); do
+        http GET "$gateway/v1/models" 2>/dev/null | head -1 | grep -q ' 200' && return 0
+        kill -0 "${pids[-1]}" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "$peer did not start (see $log)" >&2
+    exit 1
+}
+
+# The model is named: SGLang's router lists `unknown` at /v1/models when its workers lack
+# SGLang's /model_info, and would pass that name on.
+bench_flags=(--model kvgate-emulated --ignore-eos --slo-ttft-ms "$slo_ms" --capacity-attainment 0.95 --timeout-s 120
     --seed "$seed" --no-progress)
 
 for policy in "${names[@]}"; do
