@@ -35,7 +35,8 @@
 # router (the pinned PyPI releases scripts/install-peers.sh installs; PEERS_VENV points
 # elsewhere) with its defaults and that policy instead of `kvgate serve`, e.g. `--policies
 # predicted_ttft,sglang:cache_aware,vllm-router:cache_aware,litellm:simple-shuffle`: the peers
-# themselves, on the same engines and workload. Their router's log goes to DIR/SCENARIO-NAME.router.log.
+# themselves, on the same engines and workload. Their router's log goes to DIR/SCENARIO-NAME.router.log
+# (appended to, one start per fresh fleet); --config applies to kvgate only and is refused with them.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
 # scenario with the defaults.
 set -euo pipefail
@@ -185,8 +186,9 @@ print(*[x.getsockname()[1] for x in s])")
     *) echo "unknown peer router $peer (sglang, vllm-router or litellm)" >&2; exit 2 ;;
     esac
     [[ -x "$peers/bin/python" ]] || { echo "no peers in $peers: run scripts/install-peers.sh" >&2; exit 2; }
+    ((${#config[@]} == 0)) || { echo "--config is kvgate's; $1 would run without it" >&2; exit 2; }
     log="$out/$scenario-$1.router.log"
-    "${cmd[@]}" >"$log" 2>&1 &
+    "${cmd[@]}" >>"$log" 2>&1 &
     pids+=($!)
     gateway=http://127.0.0.1:$port
     for _ in $(seq 1 1200); do
