@@ -16,8 +16,11 @@
 # on engines of 4,096 blocks, a quarter of the others': together the prompts fill three
 # engines' caches; a run's sessions are cut at --duration, so the session rates are higher than
 # the sim's for the same request rate), replica-loss (mix's sessions; engine 4 is killed, SIGKILL, --kill-at seconds
-# into each rate). Each rate runs --duration seconds of arrivals, then waits for the last
-# answers. Latency CDFs and the sweep curves go to DIR/SCENARIO-POLICY.svg.
+# into each rate), shared-prefix (32 shared 2,048-token prompts, a fresh 128-token question
+# each, 256 tokens out; rates in req/s) and random (1,024 tokens in, 128 out, nothing shared;
+# rates in req/s). Each rate runs --duration seconds of arrivals, then waits for the last
+# answers. Latency CDFs and the sweep curves go to DIR/SCENARIO-POLICY.svg, every request's record
+# to DIR/SCENARIO-POLICY.jsonl.
 # replica-loss runs each rate on a fresh fleet and gateway (every rate loses its engine) and
 # adds, per rate, the requests that failed before and after their first token, and the TTFT
 # P95 over the 30 s before the kill and the 30 s after it (DIR/replica-loss-POLICY-RATE.*), and the
@@ -42,7 +45,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scenario=${1:?usage: scripts/routing-bench.sh fanout|fanout-long|heterogeneous|mix|tenants|replica-loss [flags]}
+scenario=${1:?usage: scripts/routing-bench.sh fanout|fanout-long|heterogeneous|mix|tenants|replica-loss|shared-prefix|random [flags]}
 shift
 policies=predicted_ttft,cache_aware,consistent_hash,prefix_hash,least_outstanding
 out=target/routing-bench
@@ -103,6 +106,24 @@ tenants)
         --agentic-turns 4 --agentic-max-context 12000)
     kv_blocks=4096
     sweep=${sweep:-2:4:0.5}
+    duration=${duration:-60}
+    ;;
+shared-prefix)
+    # The classic shared-prefix benchmark (SGLang's generated-shared-prefix shape): 32 system
+    # prompts of 2,048 tokens, each request one of them plus a fresh 128-token question, Poisson
+    # arrivals, 256 tokens out; rates in req/s. Every prompt fits in each engine's cache.
+    workload=(--workload prefix-repetition --prefix-repetition-num-prefixes 32
+        --prefix-repetition-prefix-len 2048 --prefix-repetition-suffix-len 128
+        --prefix-repetition-output-len 256)
+    sweep=${sweep:-25:40:5}
+    duration=${duration:-60}
+    ;;
+random)
+    # No prefix to share (ShareGPT-like lengths drawn uniformly): 1,024 tokens in and 128 out,
+    # each +-50%; rates in req/s. Locality is worth nothing; only balance counts.
+    workload=(--workload random --random-input-len 1024 --random-output-len 128
+        --random-range-ratio 0.5)
+    sweep=${sweep:-14:23:3}
     duration=${duration:-60}
     ;;
 replica-loss)
@@ -211,6 +232,7 @@ for policy in "${names[@]}"; do
         echo "== $scenario: $policy (gateway $gateway)"
         "$kvgate" bench --url "$gateway" "${workload[@]}" --sweep "$sweep" --duration "$duration" \
             "${bench_flags[@]}" --json "$out/$scenario-$policy.json" \
+            --records "$out/$scenario-$policy.jsonl" \
             --plot "$out/$scenario-$policy.svg" >"$out/$scenario-$policy.txt"
         tail -n 3 "$out/$scenario-$policy.txt"
         stop_all

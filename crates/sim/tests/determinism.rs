@@ -26,6 +26,7 @@ fn small(scenario: &str) -> Vec<(&'static str, &'static str)> {
         "heterogeneous" | "tenants" | "replica-loss" | "mix" => {
             vec![("requests", "200"), ("rates", "1,2")]
         }
+        "shared-prefix" | "random" => vec![("requests", "200"), ("rates", "5,10")],
         _ => vec![],
     }
 }

@@ -8,6 +8,8 @@
 //! | `tenants` | many tenants whose prompts do not fit in one replica's cache: an index that believes everything it ever sent is still cached |
 //! | `replica-loss` | a replica dies mid-run: its queue must go elsewhere without failing anyone |
 //! | `mix` | the agentic mix (sessions, growing context, fan-out) on four replicas |
+//! | `shared-prefix` | the classic shared-prefix benchmark (vLLM's `prefix_repetition`, SGLang's generated-shared-prefix): 32 system prompts that every replica can hold, Poisson arrivals, long answers, so capacity ends at the batch slots and only balance counts |
+//! | `random` | prompts that share nothing: locality is worth nothing and a rule must fall back to balance |
 //!
 //! Every fleet: four replicas of [`CostModel::default`] (an ~8B model on one H100: ~8,300
 //! prefill tokens/s, 12 ms per step), chunked prefill with a 2,048-token budget, 128 slots,
@@ -18,9 +20,12 @@
 use super::capacity::{sweep, Experiment, ORACLE};
 use super::metrics::Slo;
 use super::{policy_names, share, Error, Options, Params, Report};
+use crate::dist::{Arrivals, Lengths};
 use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig, RequestRecord};
 use crate::model::{Batching, CostModel, EngineConfig};
-use crate::workload::{Agentic, AgenticConfig, Bursts, BurstsConfig, Workload};
+use crate::workload::{
+    Agentic, AgenticConfig, Bursts, BurstsConfig, OpenLoop, OpenLoopConfig, PrefixGroups, Workload,
+};
 use kvgate_core::{Nanos, PolicyConfig};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +41,15 @@ pub(super) const DEFAULT_POLICIES: [&str; 6] = [
 ];
 
 /// The scenario names this module runs.
-pub(super) const NAMES: [&str; 5] = ["fanout", "heterogeneous", "tenants", "replica-loss", "mix"];
+pub(super) const NAMES: [&str; 7] = [
+    "fanout",
+    "heterogeneous",
+    "tenants",
+    "replica-loss",
+    "mix",
+    "shared-prefix",
+    "random",
+];
 
 fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConfig, Error> {
     let replicas = p.u64("replicas", 4)?.max(1) as usize;
@@ -291,6 +304,69 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 requests: bursts.requests,
                 per_unit: f64::from(bursts.fanout.max(1)),
                 rate_unit: "bursts/s",
+                extra: &no_extra,
+            };
+            Ok(sweep(&exp, &rows, seed, p.finish()?))
+        }
+        "shared-prefix" | "random" => {
+            let fleet = fleet(&mut p, &[1.0], 16_384)?;
+            let shared = name == "shared-prefix";
+            // The gateway bench's shapes (scripts/routing-bench.sh): 32 prefixes of 2,048 tokens
+            // before a 128-token question and 256 tokens out; or 1,024 tokens in and 128 out,
+            // each spread +-50% (a lognormal of the same mean and spread, clamped to it).
+            let spread = |mean: f64| Lengths {
+                mean,
+                cv: 0.29,
+                min: (mean * 0.5) as u32,
+                max: (mean * 1.5) as u32,
+            };
+            let (prompt, output, groups) = if shared {
+                let prefix = p.u64("prefix_tokens", 2_048)? as f64;
+                let suffix = p.u64("suffix_tokens", 128)? as f64;
+                let groups = PrefixGroups {
+                    groups: p.u64("prefixes", 32)? as u32,
+                    share: prefix / (prefix + suffix),
+                    zipf: p.f64("zipf", 0.0)?,
+                };
+                let output = Lengths::fixed(p.u64("output_tokens", 256)? as u32);
+                (
+                    Lengths::fixed((prefix + suffix) as u32),
+                    output,
+                    Some(groups),
+                )
+            } else {
+                let prompt = spread(p.f64("prompt_tokens", 1_024.0)?);
+                (prompt, spread(p.f64("output_tokens", 128.0)?), None)
+            };
+            let default_rates: &[f64] = if shared {
+                &[10.0, 20.0, 25.0, 30.0, 32.5, 35.0, 37.5, 40.0, 45.0]
+            } else {
+                &[10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 35.0]
+            };
+            let rates = rates(&mut p, default_rates)?;
+            let burstiness = p.f64("burstiness", 1.0)?;
+            let requests = p.u64("requests", 6_000)?;
+            let make = move |rate: f64| -> Box<dyn Workload> {
+                Box::new(OpenLoop::new(OpenLoopConfig {
+                    arrivals: Arrivals { rate, burstiness },
+                    time_unit: Nanos::from_secs(1),
+                    requests,
+                    prompt,
+                    output,
+                    long_fraction: 0.0,
+                    long_output: output,
+                    groups,
+                }))
+            };
+            let exp = Experiment {
+                name,
+                fleet,
+                slo,
+                workload: &make,
+                rates,
+                requests,
+                per_unit: 1.0,
+                rate_unit: "req/s",
                 extra: &no_extra,
             };
             Ok(sweep(&exp, &rows, seed, p.finish()?))

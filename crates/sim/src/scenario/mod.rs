@@ -9,6 +9,7 @@
 //! | `agentic` | §13: sessions with growing context and fan-out on a realistic cost model |
 //! | `sweep` | §14: goodput versus arrival rate; each policy's capacity under the SLO |
 //! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes of issue 10, against the oracle router |
+//! | `shared-prefix`, `random` | the same on the classic open-loop benchmarks: shared prefixes that fit everywhere, and prompts that share nothing |
 //!
 //! Every scenario returns a [`Report`]: parameters, one result object per policy or variant,
 //! notes, and a rendered table. Reports are deterministic: the same seed and settings give
@@ -35,7 +36,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The scenario names, in the order `kvgate sim` lists them.
-pub const SCENARIOS: [&str; 11] = [
+pub const SCENARIOS: [&str; 13] = [
     "routing-lab",
     "staleness-lab",
     "prefix-player",
@@ -47,6 +48,8 @@ pub const SCENARIOS: [&str; 11] = [
     "tenants",
     "replica-loss",
     "mix",
+    "shared-prefix",
+    "random",
 ];
 
 /// What the user asked for.

@@ -1,0 +1,57 @@
+//! `predicted_ttft` on the classic open-loop benchmarks, where no failure mode of issue 10 is in
+//! play: shared prefixes that every replica holds (`shared-prefix`, capacity ends at the batch
+//! slots) and prompts that share nothing (`random`). Issue 10 asks that it never fall below
+//! 0.95x the best peer rule's capacity on any workload; these check that on one seed at the
+//! scenarios' shapes, with fewer requests so a test build runs them in seconds.
+
+use kvgate_sim::scenario::{run, Options};
+use std::collections::BTreeMap;
+
+const PEERS: [&str; 3] = ["cache_aware", "least_outstanding", "kv_cost"];
+
+fn capacities(scenario: &str, rates: &str) -> BTreeMap<String, f64> {
+    let mut policies = vec!["predicted_ttft".to_string()];
+    policies.extend(PEERS.iter().map(|p| p.to_string()));
+    let options = Options {
+        policies,
+        seed: 1,
+        sets: [("requests", "2500"), ("rates", rates), ("oracle", "false")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    let report = run(scenario, &options).expect("scenario runs");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let name = r["policy"].as_str().unwrap().to_string();
+            (name, r["capacity"].as_f64().unwrap_or(0.0))
+        })
+        .collect()
+}
+
+fn assert_within_5_percent_of_the_best_peer(scenario: &str, rates: &str) {
+    let caps = capacities(scenario, rates);
+    let best = PEERS.iter().map(|p| caps[*p]).fold(0.0, f64::max);
+    assert!(
+        best > 0.0,
+        "{scenario}: no peer met the SLO at any rate: {caps:?}"
+    );
+    assert!(
+        caps["predicted_ttft"] >= 0.95 * best,
+        "{scenario}: {caps:?}"
+    );
+}
+
+#[test]
+fn with_shared_prefixes_that_fit_everywhere_it_keeps_up_with_the_best_peer() {
+    assert_within_5_percent_of_the_best_peer("shared-prefix", "25,30,35,37.5,40,45");
+}
+
+#[test]
+fn with_prompts_that_share_nothing_it_keeps_up_with_the_best_peer() {
+    assert_within_5_percent_of_the_best_peer("random", "15,20,22.5,25,27.5,30");
+}
