@@ -149,7 +149,8 @@ pub fn run(name: &str, options: &Options) -> Result<Report, Error> {
         "batching" => batching::run(options),
         "agentic" => agentic::run(options),
         "sweep" => sweep::run(options),
-        _ => match failure_modes::NAMES.iter().find(|n| **n == name) {
+        // The rest of the list is the failure-mode sweeps, which reject a name they do not run.
+        _ => match SCENARIOS.iter().find(|n| **n == name) {
             Some(n) => failure_modes::run(n, options),
             None => Err(Error::UnknownScenario(name.to_string())),
         },
