@@ -26,7 +26,13 @@ fn small(scenario: &str) -> Vec<(&'static str, &'static str)> {
         "heterogeneous" | "tenants" | "replica-loss" | "mix" => {
             vec![("requests", "200"), ("rates", "1,2")]
         }
-        "shared-prefix" | "random" => vec![("requests", "200"), ("rates", "5,10")],
+        // A warm-up, so that it is covered too.
+        "shared-prefix" => vec![
+            ("requests", "200"),
+            ("rates", "5,10"),
+            ("warmup_requests", "50"),
+        ],
+        "random" => vec![("requests", "200"), ("rates", "5,10")],
         _ => vec![],
     }
 }

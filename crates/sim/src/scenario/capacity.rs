@@ -12,7 +12,7 @@ use super::metrics::{summarise, PolicyResult, Slo, Window};
 use super::table::{num, pct, Table};
 use super::{par_map, Report};
 use crate::fleet::{self, FleetConfig, Outcome};
-use crate::workload::Workload;
+use crate::workload::{Workload, WARM_TAG};
 use kvgate_core::{Nanos, PolicyConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -38,8 +38,10 @@ pub(super) struct Experiment<'a> {
     pub workload: &'a (dyn Fn(f64) -> Box<dyn Workload> + Sync),
     /// Rates to sweep, ascending.
     pub rates: Vec<f64>,
-    /// Requests the workload issues.
+    /// Requests the workload issues, measured.
     pub requests: u64,
+    /// Seconds of unmeasured warm-up arrivals before them.
+    pub warmup_secs: f64,
     /// What one rate unit is ("sessions/s", "bursts/s").
     pub rate_unit: &'static str,
     /// Requests per unit of rate (a session's turns, a burst's calls), for the run's horizon.
@@ -119,17 +121,32 @@ pub(super) fn sweep(
         // Long enough for every arrival at this rate, twice over, plus ten minutes to drain;
         // what is still queued after that is a failure (the SLO is long lost).
         let arrivals_s = exp.requests as f64 / (rate * exp.per_unit).max(1e-9);
-        fleet.horizon = Some(Nanos::from_secs_f64(2.0 * arrivals_s + 600.0));
+        fleet.horizon = Some(Nanos::from_secs_f64(
+            2.0 * (exp.warmup_secs + arrivals_s) + 600.0,
+        ));
         let mut workload = (exp.workload)(rate);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let outcome = fleet::run(&fleet, workload.as_mut(), &mut rng, seed);
+        let mut outcome = fleet::run(&fleet, workload.as_mut(), &mut rng, seed);
+        // A warm-up's requests are not measured; the rate counts from the last of them.
+        let warm_end = outcome
+            .records
+            .iter()
+            .filter(|r| r.tag >= WARM_TAG)
+            .map(|r| r.arrival)
+            .max()
+            .unwrap_or(Nanos(0));
+        outcome.records.retain(|r| r.tag < WARM_TAG);
         let summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
         let failed = outcome
             .records
             .iter()
             .filter(|r| r.failed || r.finished.is_none())
             .count() as u64;
-        let span = outcome.last_arrival.as_secs_f64().max(1e-9);
+        let span = outcome
+            .last_arrival
+            .saturating_since(warm_end)
+            .as_secs_f64()
+            .max(1e-9);
         let (passed, error_rate) = passes(&summary, failed, exp.slo);
         let point = Point {
             rate,

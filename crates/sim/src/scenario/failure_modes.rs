@@ -16,6 +16,12 @@
 //! 16-token blocks; one router (as one gateway) scraping every 500 ms (the gateway's default);
 //! the SLO is TTFT P95 within 1 s and under 1% failed requests. Each sweep's rates bracket the
 //! peers' knees; `rates=` overrides them.
+//!
+//! Each rate runs on a fresh fleet, from cold caches. `kvgate bench --sweep` runs its rates one
+//! after the other on the same engines, so a rule that spread every prompt everywhere while
+//! missing at a low rate meets a high one warm (docs/routing.md, "On the classic benchmarks").
+//! `shared-prefix` and `random` take `warmup_requests=N`: each run starts with N requests at
+//! `warmup_rate` (the sweep's lowest rate by default) on the same prompts, not measured.
 
 use super::capacity::{sweep, Experiment, ORACLE};
 use super::metrics::Slo;
@@ -24,7 +30,8 @@ use crate::dist::{Arrivals, Lengths};
 use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig, RequestRecord};
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{
-    Agentic, AgenticConfig, Bursts, BurstsConfig, OpenLoop, OpenLoopConfig, PrefixGroups, Workload,
+    Agentic, AgenticConfig, Bursts, BurstsConfig, OpenLoop, OpenLoopConfig, PrefixGroups, Warmed,
+    Workload,
 };
 use kvgate_core::{Nanos, PolicyConfig};
 use serde_json::{json, Value};
@@ -291,6 +298,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 workload: &make,
                 rates,
                 requests: bursts.requests,
+                warmup_secs: 0.0,
                 per_unit: f64::from(bursts.fanout.max(1)),
                 rate_unit: "bursts/s",
                 extra: &no_extra,
@@ -335,17 +343,41 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             let rates = rates(&mut p, default_rates)?;
             let burstiness = p.f64("burstiness", 1.0)?;
             let requests = p.u64("requests", 6_000)?;
+            let warmup_requests = p.u64("warmup_requests", 0)?;
+            let warmup_rate = p.f64("warmup_rate", rates[0])?;
+            if warmup_rate <= 0.0 {
+                return Err(Error::BadSetting {
+                    key: "warmup_rate".into(),
+                    why: format!("{warmup_rate} is not a positive rate"),
+                });
+            }
+            // The warm-up's questions take unique token ids below the measured run's.
+            if warmup_requests > 1_000_000 {
+                return Err(Error::BadSetting {
+                    key: "warmup_requests".into(),
+                    why: format!("{warmup_requests} is more than 1000000"),
+                });
+            }
             let make = move |rate: f64| -> Box<dyn Workload> {
-                Box::new(OpenLoop::new(OpenLoopConfig {
-                    arrivals: Arrivals { rate, burstiness },
-                    time_unit: Nanos::from_secs(1),
-                    requests,
-                    prompt,
-                    output,
-                    long_fraction: 0.0,
-                    long_output: output,
-                    groups,
-                }))
+                let open = |rate: f64, requests: u64| {
+                    OpenLoop::new(OpenLoopConfig {
+                        arrivals: Arrivals { rate, burstiness },
+                        time_unit: Nanos::from_secs(1),
+                        requests,
+                        prompt,
+                        output,
+                        long_fraction: 0.0,
+                        long_output: output,
+                        groups,
+                    })
+                };
+                if warmup_requests == 0 {
+                    return Box::new(open(rate, requests));
+                }
+                Box::new(Warmed::new(
+                    Box::new(open(warmup_rate, warmup_requests)),
+                    Box::new(open(rate, requests).with_unique_from(1 << 29)),
+                ))
             };
             let exp = Experiment {
                 name,
@@ -354,6 +386,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 workload: &make,
                 rates,
                 requests,
+                warmup_secs: warmup_requests as f64 / warmup_rate,
                 per_unit: 1.0,
                 rate_unit: "req/s",
                 extra: &no_extra,
@@ -432,6 +465,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 workload: &make,
                 rates,
                 requests: workload.requests,
+                warmup_secs: 0.0,
                 per_unit: workload.turns
                     * (1.0 + workload.fanout_prob * f64::from(workload.fanout)),
                 rate_unit: "sessions/s",

@@ -12,10 +12,12 @@
 mod agentic;
 mod bursts;
 mod open;
+mod warmed;
 
 pub use agentic::{Agentic, AgenticConfig};
 pub use bursts::{Bursts, BurstsConfig};
 pub use open::{OpenLoop, OpenLoopConfig, PrefixGroups};
+pub use warmed::{Warmed, WARM_TAG};
 
 use kvgate_core::Nanos;
 use rand::RngCore;

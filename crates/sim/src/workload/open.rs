@@ -78,6 +78,13 @@ impl OpenLoop {
         }
     }
 
+    /// The same workload with its unique token ids starting at `next`, so that it shares
+    /// nothing but its groups' documents with another instance.
+    pub fn with_unique_from(mut self, next: u32) -> Self {
+        self.unique = UniqueTokens::starting_at(next);
+        self
+    }
+
     fn pick_group(&self, rng: &mut dyn RngCore) -> u32 {
         let u: f64 = rng.random();
         let i = self.group_cdf.partition_point(|&c| c < u);
