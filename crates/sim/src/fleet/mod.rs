@@ -52,6 +52,9 @@ pub struct FleetConfig {
     pub staggered: bool,
     /// The policy every router runs (each its own instance).
     pub policy: PolicyConfig,
+    /// Routers see each request's session name, as from clients that send `X-Session-Id` or
+    /// the body's `user`; without it a session is only its prompts.
+    pub session_names: bool,
     /// Publish each replica's KV events to every router, one batch per iteration: to the
     /// policies (`Event::Kv`) and laid over their prefix index, as the gateway does.
     pub kv_events: bool,
@@ -472,7 +475,7 @@ impl<'c> Sim<'c> {
             if self.config.scrape_interval == Nanos::ZERO {
                 self.scrape(router_index);
             }
-            let mut request = request_of(&rec, id, prompt);
+            let mut request = request_of(&rec, id, prompt, self.config.session_names);
             let accept = |v: &EndpointView| !is_closed(v.id.0 as usize);
             let decision = self.routers[router_index].route(&request, now, &accept);
             let route = match decision {
@@ -692,14 +695,14 @@ mod share;
 #[cfg(test)]
 mod tests;
 
-/// The request its router sees for record `rec`'s prompt `prompt`: its tenant and session keyed
-/// as every router keys them.
-pub(super) fn request_of(rec: &RequestRecord, id: u64, prompt: Vec<u32>) -> Request {
+/// The request its router sees for record `rec`'s prompt `prompt`: its tenant and, when the
+/// clients name sessions (`named`), its session keyed as every router keys them.
+pub(super) fn request_of(rec: &RequestRecord, id: u64, prompt: Vec<u32>, named: bool) -> Request {
     let mut request = Request::from_tokens(id, prompt);
     if let Some(t) = rec.tenant {
         request = request.with_tenant(format!("tenant-{t}"));
     }
-    if let Some(s) = rec.session {
+    if let Some(s) = rec.session.filter(|_| named) {
         request = request.with_session(format!("session-{s}"));
     }
     request

@@ -49,9 +49,11 @@ pub(super) struct LastTurn {
 }
 
 impl Sim<'_> {
-    /// Remembers request `id`'s prompt as its session's last turn (when re-homing is on).
+    /// Remembers request `id`'s prompt as its session's last turn (when re-homing is on and
+    /// the router can tell sessions apart: the gateway keys the turns by session name).
     pub(super) fn remember_turn(&mut self, id: u64, session: Option<u64>, prompt: &[u32]) {
-        let Some(session) = session.filter(|_| self.config.rehome.is_some()) else {
+        let known = self.config.rehome.is_some() && self.config.session_names;
+        let Some(session) = session.filter(|_| known) else {
             return;
         };
         // A warm-up still waiting is pointless once the session's next turn is here: that turn

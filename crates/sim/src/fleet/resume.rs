@@ -170,7 +170,12 @@ impl Sim<'_> {
                 let endpoint = kvgate_core::EndpointId(p as u32);
                 let quiet = next.skippable && router.awaiting_first_token(endpoint) == 0;
                 let held = !quiet && {
-                    let head = super::request_of(rec, next.id, next.prompt.clone());
+                    let head = super::request_of(
+                        rec,
+                        next.id,
+                        next.prompt.clone(),
+                        self.config.session_names,
+                    );
                     let piece = self.config.resume_stage.unwrap_or(0);
                     cached(
                         &self.routers[rec.router as usize],

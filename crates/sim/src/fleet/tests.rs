@@ -27,6 +27,7 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         scrape_interval: Nanos::ZERO,
         staggered: false,
         policy: PolicyConfig::default_for(policy).unwrap(),
+        session_names: true,
         kv_events: false,
         sample_interval: Nanos(TICK_NANOS),
         maintain_interval: Nanos::from_secs(1),
@@ -417,6 +418,16 @@ fn displaced_sessions(rehome: Option<Nanos>, stage: Option<u32>) -> Outcome {
 
 /// [`displaced_sessions`], re-homing starting `delay` after the loss.
 fn displaced_sessions_after(rehome: Option<Nanos>, stage: Option<u32>, delay: Nanos) -> Outcome {
+    displaced_sessions_with(rehome, stage, delay, true)
+}
+
+/// [`displaced_sessions_after`], the clients naming their sessions or not.
+fn displaced_sessions_with(
+    rehome: Option<Nanos>,
+    stage: Option<u32>,
+    delay: Nanos,
+    session_names: bool,
+) -> Outcome {
     use crate::model::CostModel;
     use crate::workload::{Agentic, AgenticConfig};
     let mut config = fleet("predicted_ttft", 4, &[]);
@@ -439,6 +450,7 @@ fn displaced_sessions_after(rehome: Option<Nanos>, stage: Option<u32>, delay: Na
     config.rehome = rehome;
     config.rehome_delay = delay;
     config.resume_stage = stage;
+    config.session_names = session_names;
     let mut w = Agentic::new(AgenticConfig {
         session_rate: 1.0,
         requests: 800,
@@ -476,6 +488,19 @@ fn sessions_a_lost_replica_held_find_their_context_cached_elsewhere_once_re_home
     // Warm-ups have no client: the records are the workload's requests alone.
     assert_eq!(plain.records.len(), 800);
     assert_re_homed(&plain, &rehomed, 0.5);
+}
+
+/// Re-homing finds a session's last turn by its name: clients that send none get none, and
+/// every request is still served.
+#[test]
+fn sessions_without_names_are_not_re_homed() {
+    let tenth = Nanos::from_secs(10);
+    let unnamed = displaced_sessions_with(Some(tenth), None, Nanos::ZERO, false);
+    assert_eq!((unnamed.warmups_queued, unnamed.warmups_sent), (0, 0));
+    assert_eq!(unnamed.records.len(), 800);
+    assert!(unnamed.records.iter().all(|r| !r.failed));
+    let named = displaced_sessions_with(Some(tenth), None, Nanos::ZERO, true);
+    assert!(named.warmups_sent > 0);
 }
 
 /// Every request of a re-homed run served, and the displaced sessions' next turns computing

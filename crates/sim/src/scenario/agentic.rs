@@ -67,6 +67,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 50)?),
         staggered: p.bool("staggered", true)?,
         policy: PolicyConfig::default_for("random").expect("known"),
+        session_names: p.bool("session_names", true)?,
         kv_events: p.bool("kv_events", false)?,
         sample_interval: Nanos::from_millis(100),
         maintain_interval: Nanos::from_secs(10),

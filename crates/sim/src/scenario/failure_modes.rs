@@ -71,6 +71,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 500)?),
         staggered: true,
         policy: PolicyConfig::default_for("random").expect("known"),
+        session_names: p.bool("session_names", true)?,
         kv_events: p.bool("kv_events", false)?,
         sample_interval: Nanos::ZERO,
         maintain_interval: Nanos::from_secs(10),

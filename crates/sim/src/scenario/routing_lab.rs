@@ -131,6 +131,7 @@ impl Lab {
             scrape_interval: Nanos(scrape * TICK_NANOS),
             staggered,
             policy: PolicyConfig::default_for("random").expect("known"),
+            session_names: true,
             kv_events: false,
             sample_interval: Nanos(TICK_NANOS),
             maintain_interval: Nanos::from_secs(10),
