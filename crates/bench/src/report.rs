@@ -223,6 +223,11 @@ pub struct Capacity {
     pub rate: Option<f64>,
     /// The attainment threshold used.
     pub min_attainment: f64,
+    /// Swept rates below `rate` whose attainment fell short, ascending: a cold start on the
+    /// sweep's first rate, or a noisy step, that the largest passing rate steps over. Ranking
+    /// by the last rate before the first miss instead (as `kvgate sim` does) can reorder
+    /// targets that have any (docs/routing.md, "On the classic benchmarks").
+    pub missed_below: Vec<f64>,
 }
 
 fn fmt_ms(x: f64) -> String {
@@ -305,9 +310,15 @@ pub fn table(
         let rate = c.rate.map_or("below the lowest swept rate".into(), |x| {
             format!("{x} {rate_unit}")
         });
+        let missed = if c.missed_below.is_empty() {
+            String::new()
+        } else {
+            let rates: Vec<String> = c.missed_below.iter().map(f64::to_string).collect();
+            format!("; missed at {} {rate_unit} below it", rates.join(", "))
+        };
         let _ = writeln!(
             out,
-            "capacity of {}: {rate} (SLO attainment >= {:.0}%)",
+            "capacity of {}: {rate} (SLO attainment >= {:.0}%{missed})",
             c.target,
             c.min_attainment * 100.0
         );
@@ -387,11 +398,28 @@ mod tests {
             target: "http://a".into(),
             rate: Some(1.5),
             min_attainment: 0.95,
+            missed_below: Vec::new(),
         };
-        let text = table(&[r], &[capacity], &slo, "bursts/s");
+        let text = table(
+            std::slice::from_ref(&r),
+            std::slice::from_ref(&capacity),
+            &slo,
+            "bursts/s",
+        );
         assert!(text.contains("http_5xx=1"), "{text}");
         assert!(
             text.contains("capacity of http://a: 1.5 bursts/s (SLO attainment >= 95%)"),
+            "{text}"
+        );
+        let cold = Capacity {
+            missed_below: vec![0.5, 1.0],
+            ..capacity
+        };
+        let text = table(&[r], &[cold], &slo, "bursts/s");
+        assert!(
+            text.contains(
+                "capacity of http://a: 1.5 bursts/s (SLO attainment >= 95%; missed at 0.5, 1 bursts/s below it)"
+            ),
             "{text}"
         );
     }

@@ -3,7 +3,8 @@
 //! Capacity is the largest swept rate at which a target's SLO attainment reached the threshold
 //! (`--capacity-attainment`, default 0.9), the definition of DOMAIN.md §14. It is the largest such
 //! rate, not the first failing one, so one noisy step below the knee does not hide a higher
-//! passing rate.
+//! passing rate; the rates below it that missed are listed beside it, since a cold start on the
+//! sweep's first rate is one of them.
 
 use crate::error::BenchError;
 use crate::report::{Capacity, TargetReport};
@@ -43,6 +44,7 @@ pub fn capacity(results: &[TargetReport], min_attainment: f64) -> Vec<Capacity> 
                     target: r.target.clone(),
                     rate: None,
                     min_attainment,
+                    missed_below: Vec::new(),
                 });
                 out.len() - 1
             }
@@ -53,6 +55,18 @@ pub fn capacity(results: &[TargetReport], min_attainment: f64) -> Vec<Capacity> 
                 c.rate = Some(c.rate.map_or(rate, |x: f64| x.max(rate)));
             }
         }
+    }
+    for c in &mut out {
+        let Some(capacity) = c.rate else { continue };
+        let mut missed: Vec<f64> = results
+            .iter()
+            .filter(|r| r.target == c.target && r.slo_attainment < min_attainment)
+            .filter_map(|r| r.offered_rate)
+            .filter(|&rate| rate < capacity)
+            .collect();
+        missed.sort_by(f64::total_cmp);
+        missed.dedup();
+        c.missed_below = missed;
     }
     out
 }
@@ -88,7 +102,29 @@ mod tests {
         ];
         let c = capacity(&results, 0.9);
         assert_eq!(c[0].rate, Some(2.0));
+        assert!(c[0].missed_below.is_empty());
         assert_eq!(c[1].target, "b");
         assert_eq!(c[1].rate, None);
+        assert!(c[1].missed_below.is_empty());
+    }
+
+    #[test]
+    fn misses_below_the_capacity_are_listed() {
+        let mk = |rate: f64, att: f64| {
+            let mut r = TargetReport::new("a", Some(rate), &[], &Slo::default());
+            r.slo_attainment = att;
+            r
+        };
+        // A cold start missing the first rate, then passing up to 35, then the knee.
+        let results = vec![
+            mk(25.0, 0.76),
+            mk(30.0, 1.0),
+            mk(32.0, 0.93),
+            mk(35.0, 1.0),
+            mk(40.0, 0.34),
+        ];
+        let c = capacity(&results, 0.95);
+        assert_eq!(c[0].rate, Some(35.0));
+        assert_eq!(c[0].missed_below, vec![25.0, 32.0]);
     }
 }
