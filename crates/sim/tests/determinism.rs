@@ -83,6 +83,12 @@ fn another_seed_changes_the_arrivals() {
 fn bad_settings_are_reported() {
     assert!(run("routing-lab", &options(1, &[("no_such_knob", "1")])).is_err());
     assert!(run("routing-lab", &options(1, &[("rate", "fast")])).is_err());
+    // Gamma gaps need a positive shape; at zero or below every arrival came at once.
+    for bad in ["0", "-1"] {
+        assert!(run("routing-lab", &options(1, &[("burstiness", bad)])).is_err());
+        assert!(run("random", &options(1, &[("burstiness", bad)])).is_err());
+        assert!(run("shared-prefix", &options(1, &[("warmup_rate", bad)])).is_err());
+    }
     assert!(run("nope", &options(1, &[])).is_err());
     let unknown_policy = Options {
         policies: vec!["best_policy".into()],

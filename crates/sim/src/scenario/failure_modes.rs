@@ -342,16 +342,10 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 &[10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 35.0]
             };
             let rates = rates(&mut p, default_rates)?;
-            let burstiness = p.f64("burstiness", 1.0)?;
+            let burstiness = p.positive_f64("burstiness", 1.0)?;
             let requests = p.u64("requests", 6_000)?;
             let warmup_requests = p.u64("warmup_requests", 0)?;
-            let warmup_rate = p.f64("warmup_rate", rates[0])?;
-            if warmup_rate <= 0.0 {
-                return Err(Error::BadSetting {
-                    key: "warmup_rate".into(),
-                    why: format!("{warmup_rate} is not a positive rate"),
-                });
-            }
+            let warmup_rate = p.positive_f64("warmup_rate", rates[0])?;
             // The warm-up's questions take unique token ids below the measured run's.
             if warmup_requests > 1_000_000 {
                 return Err(Error::BadSetting {

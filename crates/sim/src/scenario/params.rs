@@ -56,6 +56,19 @@ impl<'a> Params<'a> {
         Ok(v)
     }
 
+    /// A number above zero: a rate, a shape.
+    pub fn positive_f64(&mut self, key: &str, default: f64) -> Result<f64, Error> {
+        let v = self.f64(key, default)?;
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err(Error::BadSetting {
+                key: key.to_string(),
+                why: format!("{v} is not above zero"),
+            })
+        }
+    }
+
     /// A non-negative integer.
     pub fn u64(&mut self, key: &str, default: u64) -> Result<u64, Error> {
         let v = match self.raw(key) {

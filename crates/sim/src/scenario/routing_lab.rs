@@ -75,7 +75,7 @@ impl Lab {
     pub(super) fn read(p: &mut Params<'_>, rate_default: f64) -> Result<Lab, Error> {
         let replicas = p.u64("replicas", 4)?.max(1) as usize;
         let rate = p.f64("rate", rate_default)?;
-        let burstiness = p.f64("burstiness", 1.0)?;
+        let burstiness = p.positive_f64("burstiness", 1.0)?;
         let requests = p.u64("requests", 2_000)?;
         let prompt = Lengths {
             mean: p.f64("prompt_mean", 957.0)?,
