@@ -80,3 +80,40 @@ fn a_warm_up_leaves_the_caches_warm_for_the_measured_run() {
 fn with_prompts_that_share_nothing_it_keeps_up_with_the_best_peer() {
     assert_within_5_percent_of_the_best_peer("random", "15,20,22.5,25,27.5,30", &[]);
 }
+
+/// After a warm-up the figures describe the measured requests alone: each rate's requests per
+/// replica add up to the measured count, the hit ratio is theirs (every prompt already cached
+/// somewhere), and the replicas' whole-run counters, which no record can split, are null.
+#[test]
+fn a_warm_up_is_left_out_of_the_figures() {
+    let report = |extra: &[(&str, &str)]| {
+        let options = Options {
+            policies: vec!["least_outstanding".into()],
+            seed: 1,
+            sets: [("requests", "400"), ("rates", "10"), ("oracle", "false")]
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let json = run("shared-prefix", &options).expect("runs").to_json();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        v["results"][0].clone()
+    };
+    let cold = report(&[]);
+    let warm = report(&[("warmup_requests", "600"), ("warmup_rate", "10")]);
+    let point = &warm["points"][0];
+    let assigned: u64 = point["assigned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(assigned, 400);
+    let hit = |r: &serde_json::Value| r["points"][0]["cache_hit_ratio"].as_f64().unwrap();
+    assert!(hit(&warm) > hit(&cold), "{} vs {}", hit(&warm), hit(&cold));
+    for key in ["prefill_tokens", "utilisation", "mean_load_skew", "reasons"] {
+        assert!(warm[key].is_null(), "{key}: {}", warm[key]);
+        assert!(!cold[key].is_null(), "{key}");
+    }
+}

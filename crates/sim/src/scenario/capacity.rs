@@ -133,10 +133,14 @@ pub(super) fn sweep(
             .iter()
             .filter(|r| r.tag >= WARM_TAG)
             .map(|r| r.arrival)
-            .max()
-            .unwrap_or(Nanos(0));
+            .max();
+        let all_output = outcome.output_tokens;
         outcome.records.retain(|r| r.tag < WARM_TAG);
-        let summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
+        let mut summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
+        if let Some(from) = warm_end {
+            measured_only(&mut summary, &outcome, from, all_output);
+        }
+        let warm_end = warm_end.unwrap_or(Nanos(0));
         let failed = outcome
             .records
             .iter()
@@ -213,7 +217,15 @@ pub(super) fn sweep(
         params,
         results: results
             .iter()
-            .map(|r| serde_json::to_value(r).expect("serialises"))
+            .map(|r| {
+                let mut v = serde_json::to_value(r).expect("serialises");
+                if exp.warmup_secs > 0.0 {
+                    for key in WARM_UP_INCLUDED {
+                        v[key] = Value::Null;
+                    }
+                }
+                v
+            })
             .collect(),
         notes: vec![
             format!(
@@ -316,6 +328,48 @@ pub(super) fn cache_prediction(outcome: &Outcome) -> Option<BTreeMap<&'static st
             .map(|(k, c)| (k, round(c as f64 / n as f64, 4)))
             .collect()
     })
+}
+
+/// Figures of a run's summary read from the replicas' counters, which a warm-up's requests
+/// add to as well as the measured ones', and no record can split: null after a warm-up.
+const WARM_UP_INCLUDED: [&str; 7] = [
+    "prefill_tokens",
+    "utilisation",
+    "mean_load_skew",
+    "max_load_skew",
+    "load_skew_over_time",
+    "preemptions",
+    "reasons",
+];
+
+/// Restricts to the measured requests (the records left after the warm-up's, which arrived up
+/// to `from`) what the replicas' counters gave `summary` for the whole run and the records
+/// can give for them: the cache hit ratio (their cached share of prompt tokens), the requests
+/// per replica, and the goodput and output rate over the time from `from` to the run's end;
+/// `all_output` is the whole run's output tokens.
+fn measured_only(summary: &mut PolicyResult, outcome: &Outcome, from: Nanos, all_output: u64) {
+    let records = &outcome.records;
+    let prompt: u64 = records.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    let cached: u64 = records.iter().map(|r| u64::from(r.cached_tokens)).sum();
+    summary.cache_hit_ratio = round(cached as f64 / prompt.max(1) as f64, 4);
+    let mut assigned = vec![0u64; outcome.replicas.len()];
+    for r in records {
+        if let Some(n) = assigned.get_mut(r.replica as usize) {
+            *n += 1;
+        }
+    }
+    summary.assignment_gap =
+        assigned.iter().max().unwrap_or(&0) - assigned.iter().min().unwrap_or(&0);
+    summary.assigned = assigned;
+    let end = outcome.end.as_secs_f64();
+    let measured = outcome.end.saturating_since(from).as_secs_f64();
+    if measured > 0.0 {
+        let stretch = end / measured;
+        let output: u64 = records.iter().map(|r| u64::from(r.output_tokens)).sum();
+        let share = output as f64 / all_output.max(1) as f64;
+        summary.goodput = round(summary.goodput * stretch, 4);
+        summary.output_tokens_per_tick = round(summary.output_tokens_per_tick * stretch * share, 3);
+    }
 }
 
 fn round(x: f64, d: i32) -> f64 {
