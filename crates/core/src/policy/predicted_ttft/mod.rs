@@ -35,19 +35,21 @@
 //! load-reading policy (a slow-starting endpoint's prediction is divided by its factor).
 
 pub mod calibration;
+mod prediction;
 mod queue;
 mod sessions;
 mod slots;
 
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};
 use crate::fasthash::IntMap;
-use crate::index::{as_reported, IndexSpec, Overlaps, TreeKey};
-use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route, Usage};
+use crate::index::{IndexSpec, TreeKey};
+use crate::{Decision, EndpointId, Event, LoadConfig, LoadView, Nanos, Reason, Route};
 use calibration::{Calibration, Coefficients};
+use prediction::{Observed, Pending, Prediction, Scrape};
 use queue::Queue;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use sessions::{Held, Sessions};
+use sessions::Sessions;
 
 const DOC: PolicyDoc = PolicyDoc {
     name: "predicted_ttft",
@@ -202,64 +204,6 @@ impl Params for Config {
     }
 }
 
-/// One dispatch awaiting its first token and usage.
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    /// Prefill tokens queued ahead of it when it was sent.
-    ahead: f64,
-    /// Its own predicted uncached tokens.
-    own: f64,
-    /// Decoding sequences beside it when it was sent.
-    decodes: f64,
-    /// The endpoint's [`Queue::sent`] before it.
-    sent_before: f64,
-    /// Its estimated prompt tokens before scaling.
-    estimate: u32,
-    /// Seconds left of the iteration in progress when it was sent ([`Cadence`]), plus its
-    /// predicted wait for a batch slot.
-    remaining: f64,
-    /// Time to first token, once it came.
-    ttft: Option<Nanos>,
-    /// Whether the calibration has seen it.
-    calibrated: bool,
-}
-
-/// What the endpoint's view at a pick says: the engine's fresh scrape, its KV block size when
-/// reported. A dispatch has no view.
-#[derive(Clone, Copy, Debug, Default)]
-struct Observed {
-    scrape: Option<Scrape>,
-    block_size: Option<u32>,
-}
-
-/// A fresh scrape of the engine, and this router's dispatches there since it.
-#[derive(Clone, Copy, Debug)]
-struct Scrape {
-    running: u32,
-    waiting: u32,
-    at: Nanos,
-    own_since: u32,
-}
-
-/// One endpoint's prediction for one request.
-#[derive(Clone, Copy, Debug)]
-struct Prediction {
-    /// Seconds to the first token.
-    ttft: f64,
-    /// The request's own uncached tokens there.
-    own: f64,
-    /// Uncached tokens queued ahead of it.
-    ahead: f64,
-    /// Sequences decoding beside it.
-    decodes: f64,
-    /// Seconds left of the iteration in progress there, plus the wait for a batch slot.
-    remaining: f64,
-    /// [`Queue::externality`] there now.
-    externality: f64,
-    /// What it holds of the prompt.
-    held: Held,
-}
-
 /// The predicted-TTFT policy. See the module documentation.
 #[derive(Debug)]
 pub struct PredictedTtft {
@@ -306,132 +250,6 @@ impl PredictedTtft {
 
     fn prompt_tokens(&self, estimate: u32) -> f64 {
         (f64::from(estimate) * self.token_ratio).max(1.0)
-    }
-
-    /// Prompt tokens `endpoint` will have cached for this prompt when it is admitted: what the
-    /// index knows is cached, plus the prefix an earlier dispatch there is still prefilling.
-    /// First come, first served puts that dispatch's chunks ahead of this one, and the engine
-    /// finds them cached as they are scheduled (vLLM v1 caches a block when it allocates its
-    /// slots; `kvgate sim`'s engine model does the same), even in the iteration that admits
-    /// this one.
-    ///
-    /// The count is what the engine will report ([`as_reported`]), in whole blocks once it
-    /// reports its block size (vLLM's `cache_config_info`): an append of a few dozen tokens
-    /// to a long context is then predicted with the up-to-a-block it recomputes.
-    fn cached(
-        overlaps: &Overlaps,
-        endpoint: EndpointId,
-        prompt: f64,
-        block_size: Option<u32>,
-    ) -> (f64, Held) {
-        let o = overlaps.of(endpoint);
-        let tokens = |units| f64::from(overlaps.tokens(units, prompt as u32));
-        let known = tokens(o.total());
-        let in_flight = (tokens(o.pending) - known).max(0.0);
-        let held = Held {
-            endpoint,
-            computed: known,
-            prefilling: if in_flight > 0.0 {
-                known + in_flight
-            } else {
-                0.0
-            },
-        };
-        (as_reported(known + in_flight, prompt, block_size), held)
-    }
-
-    /// The prediction for one endpoint, `remaining` seconds of its iteration in progress
-    /// ahead (a dispatch passes its pick's phase and slot wait); a fresh scrape adds the wait
-    /// for a batch slot.
-    fn predict(
-        &mut self,
-        endpoint: EndpointId,
-        overlaps: &Overlaps,
-        prompt: f64,
-        observed: Observed,
-        remaining: f64,
-        now: Nanos,
-    ) -> Prediction {
-        let c = self.calibration.coefficients(endpoint.0, now);
-        let q = self.queues.entry(endpoint).or_default();
-        let decodes = match observed.scrape {
-            Some(s) => f64::from(q.decoding.max(s.running)),
-            None => q.decodes.max(f64::from(q.decoding)),
-        };
-        q.decodes = decodes;
-        let slot = observed.scrape.map_or(0.0, |s| {
-            q.slots.observe(s.running, s.waiting, s.at);
-            let occupancy = s.running.saturating_add(s.waiting);
-            q.slots.wait(occupancy.saturating_add(s.own_since))
-        });
-        let remaining = remaining + slot;
-        // A dispatch, which has no view, uses the size its pick saw.
-        q.block_size = observed.block_size.or(q.block_size);
-        let ahead = q.ahead(now, c.seconds_per_token(decodes));
-        let (cached, held) = Self::cached(overlaps, endpoint, prompt, q.block_size);
-        let own = (prompt - cached).max(1.0);
-        Prediction {
-            ttft: remaining + c.predict(ahead + own, decodes),
-            own,
-            ahead,
-            decodes,
-            remaining,
-            externality: q.externality(now, ahead * c.seconds_per_token(decodes)),
-            held,
-        }
-    }
-
-    /// Teaches the calibration one first token, once: with the engine's own count of the
-    /// request's uncached tokens when usage reported its cached tokens, else with the predicted
-    /// count. The engine's prompt count is taken with its cached count, not the router's
-    /// estimate: on a long prompt that is mostly cached, the uncached tokens are a small
-    /// difference of two large numbers, and a 3% error in a 3,000-token estimate is most of a
-    /// 150-token remainder.
-    fn settle(&mut self, request: u64, endpoint: EndpointId, at: Nanos, usage: Option<&Usage>) {
-        let Some(p) = self.pending.get(&(request, endpoint)).copied() else {
-            return;
-        };
-        let (Some(ttft), false) = (p.ttft, p.calibrated) else {
-            return;
-        };
-        let own = usage
-            .and_then(|u| Some((u.prompt_tokens, u.cached_tokens?)))
-            .map_or(p.own, |(prompt, cached)| {
-                let prompt = if prompt > 0 {
-                    f64::from(prompt)
-                } else {
-                    self.prompt_tokens(p.estimate)
-                };
-                (prompt - f64::from(cached)).max(1.0)
-            });
-        let ttft = (ttft.as_secs_f64() - p.remaining).max(0.0);
-        self.calibration
-            .observe(endpoint.0, at, p.ahead + own, p.decodes, ttft);
-        if let Some(p) = self.pending.get_mut(&(request, endpoint)) {
-            p.calibrated = true;
-        }
-    }
-
-    /// The dispatch without a first token ended at `now`: its work leaves the queue.
-    fn unqueue(&mut self, endpoint: EndpointId, own: f64, now: Nanos) {
-        if let Some(q) = self.queues.get_mut(&endpoint) {
-            q.pending = (q.pending - own).max(0.0);
-            q.backlog = q.backlog.min(q.pending);
-            q.waiting = q.waiting.saturating_sub(1);
-            if q.waiting == 0 {
-                q.busy.set(false, now);
-            }
-        }
-    }
-
-    fn finish(&mut self, request: u64, endpoint: EndpointId, now: Nanos) {
-        if let Some(p) = self.pending.remove(&(request, endpoint)) {
-            if p.ttft.is_none() {
-                self.unqueue(endpoint, p.own, now);
-            } else if let Some(q) = self.queues.get_mut(&endpoint) {
-                q.decoding = q.decoding.saturating_sub(1);
-            }
-        }
     }
 }
 
