@@ -1,7 +1,8 @@
 use super::*;
 use crate::dist::{Arrivals, Lengths};
-use crate::model::{Batching, CostModel, TICK_NANOS};
+use crate::model::{Batching, CostModel, EngineConfig, TICK_NANOS};
 use crate::workload::{OpenLoop, OpenLoopConfig, PrefixGroups};
+use kvgate_core::PolicyConfig;
 use rand::SeedableRng;
 
 fn engine() -> EngineConfig {
