@@ -89,6 +89,14 @@ fn bad_settings_are_reported() {
         assert!(run("random", &options(1, &[("burstiness", bad)])).is_err());
         assert!(run("shared-prefix", &options(1, &[("warmup_rate", bad)])).is_err());
     }
+    // A warm-up's unique token ids must not run into the measured run's: 500,000 prompts of up
+    // to 1,536 unique tokens would, and so would 5,000,000 of shared-prefix's 128-token questions.
+    let long = [("warmup_requests", "500000"), ("rates", "10")];
+    assert!(run("random", &options(1, &long)).is_err());
+    let many = [("warmup_requests", "5000000"), ("rates", "10")];
+    assert!(run("shared-prefix", &options(1, &many)).is_err());
+    let measured = [("warmup_requests", "10"), ("requests", "500000")];
+    assert!(run("random", &options(1, &measured)).is_err());
     assert!(run("nope", &options(1, &[])).is_err());
     let unknown_policy = Options {
         policies: vec!["best_policy".into()],

@@ -47,6 +47,37 @@ pub(super) const DEFAULT_POLICIES: [&str; 6] = [
     "kv_cost",
 ];
 
+/// Where a warmed run's measured requests start their unique token ids: the warm-up's start at
+/// 0, and ids wrap at 2^30 ([`crate::workload::UniqueTokens`]), so each half holds one of them.
+const MEASURED_IDS_FROM: u32 = 1 << 29;
+
+/// Refuses a warm-up whose unique token ids, or the measured run's after it, could run past
+/// their half of the id space into the other's: a measured question would then find part of
+/// itself cached from the warm-up. Bounded by the longest prompt's unique part per request.
+fn check_unique_ids(
+    prompt: Lengths,
+    groups: Option<PrefixGroups>,
+    warmup_requests: u64,
+    requests: u64,
+) -> Result<(), Error> {
+    let shared = groups.map_or(0, |g| (f64::from(prompt.max) * g.share).floor() as u32);
+    let per_request = u64::from(prompt.max.saturating_sub(shared) + 1);
+    let room = u64::from(MEASURED_IDS_FROM);
+    for (key, n) in [("warmup_requests", warmup_requests), ("requests", requests)] {
+        if n.saturating_mul(per_request) > room {
+            return Err(Error::BadSetting {
+                key: key.into(),
+                why: format!(
+                    "{n} requests of up to {per_request} unique tokens each need more than the \
+                     {room} token ids a warmed run gives each part; ask for at most {}",
+                    room / per_request
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConfig, Error> {
     let replicas = p.u64("replicas", 4)?.max(1) as usize;
     let speeds = p.list_f64("speeds", speeds)?;
@@ -346,12 +377,8 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
             let requests = p.u64("requests", 6_000)?;
             let warmup_requests = p.u64("warmup_requests", 0)?;
             let warmup_rate = p.positive_f64("warmup_rate", rates[0])?;
-            // The warm-up's questions take unique token ids below the measured run's.
-            if warmup_requests > 1_000_000 {
-                return Err(Error::BadSetting {
-                    key: "warmup_requests".into(),
-                    why: format!("{warmup_requests} is more than 1000000"),
-                });
+            if warmup_requests > 0 {
+                check_unique_ids(prompt, groups, warmup_requests, requests)?;
             }
             let make = move |rate: f64| -> Box<dyn Workload> {
                 let open = |rate: f64, requests: u64| {
@@ -371,7 +398,7 @@ pub(super) fn run(name: &'static str, options: &Options) -> Result<Report, Error
                 }
                 Box::new(Warmed::new(
                     Box::new(open(warmup_rate, warmup_requests)),
-                    Box::new(open(rate, requests).with_unique_from(1 << 29)),
+                    Box::new(open(rate, requests).with_unique_from(MEASURED_IDS_FROM)),
                 ))
             };
             let exp = Experiment {
