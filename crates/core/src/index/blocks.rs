@@ -15,7 +15,7 @@
 use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -128,6 +128,8 @@ pub struct BlockIndex {
     unplaced: u64,
     /// Entries (block, tier) held per endpoint: what bounds an event-fed index's memory.
     held: HashMap<EndpointId, usize>,
+    /// Endpoints whose engine reported removing blocks since it joined or last cleared all.
+    evicted: BTreeSet<EndpointId>,
 }
 
 impl BlockIndex {
@@ -140,6 +142,7 @@ impl BlockIndex {
             external: HashMap::new(),
             unplaced: 0,
             held: HashMap::new(),
+            evicted: BTreeSet::new(),
         }
     }
 
@@ -286,6 +289,8 @@ impl BlockIndex {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
             unit: Unit::Blocks(u32::try_from(self.block_size).unwrap_or(u32::MAX)),
             endpoints,
+            shared: 0,
+            evicted: self.evicted.iter().copied().collect(),
             block_hashes: Vec::new(),
             engine: Vec::new(),
             tail: Default::default(),
@@ -323,6 +328,7 @@ impl BlockIndex {
                 block_hashes: ext,
                 tier,
             } => {
+                self.evicted.insert(endpoint);
                 for h in ext {
                     if let Some(local) = self.external.get(&(endpoint, *h)).copied() {
                         self.release(local, endpoint, Some(*tier));
@@ -389,6 +395,7 @@ impl PrefixIndex for BlockIndex {
         });
         self.external.retain(|(e, _), _| *e != endpoint);
         self.held.remove(&endpoint);
+        self.evicted.remove(&endpoint);
     }
 
     fn evict(&mut self, now: Nanos) {
@@ -471,11 +478,14 @@ mod tests {
             idx.overlaps_of(&hashes, Nanos(1)).of(EndpointId(1)).total(),
             1
         );
+        assert_eq!(idx.overlaps_of(&hashes, Nanos(1)).evicted, [EndpointId(1)]);
         idx.apply(EndpointId(1), &KvEvent::AllBlocksCleared, Nanos(2));
         assert_eq!(
             idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(1)).total(),
             0
         );
+        // A cleared cache starts empty: nothing in it has been evicted yet.
+        assert!(idx.overlaps_of(&hashes, Nanos(2)).evicted.is_empty());
         assert_eq!(
             idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(2)).total(),
             1

@@ -261,6 +261,14 @@ impl EngineCaches {
             total: n,
             unit: Unit::Tokens,
             endpoints: Vec::with_capacity(ids.len()),
+            shared: approx.tokens(approx.shared, n),
+            evicted: {
+                let mut e = approx.evicted.clone();
+                e.extend(&exact.evicted);
+                e.sort_unstable();
+                e.dedup();
+                e
+            },
             block_hashes: approx.block_hashes.clone(),
             engine: Vec::new(),
             tail: Default::default(),

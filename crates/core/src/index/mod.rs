@@ -131,6 +131,16 @@ pub struct Overlaps {
     pub unit: Unit,
     /// Per endpoint, sorted by endpoint id.
     pub endpoints: Vec<Overlap>,
+    /// Leading units of the prompt that other prompts in the index share with it where the
+    /// most of them part ways ([`RadixTree::match_shared`](radix::RadixTree::match_shared)):
+    /// a system prompt many requests follow, as against a conversation's own history. 0 when
+    /// the index cannot tell (a block index keeps no order among prompts).
+    pub shared: u32,
+    /// Endpoints whose entries the index has had to evict since they joined (their mirrored
+    /// cache ran out of room, or usage showed the engine evicted): from then on a copy there
+    /// displaces something. Empty when the index cannot tell.
+    #[serde(skip)]
+    pub evicted: Vec<EndpointId>,
     /// The prompt's chained block hashes, when an index mirroring engines cut them for the
     /// lookup: the dispatch that follows reuses them instead of hashing the prompt again.
     #[serde(skip)]

@@ -16,7 +16,7 @@
 use super::{Overlap, Overlaps, PrefixIndex, PrefixKey, Unit};
 use crate::{EndpointId, Nanos};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::fmt;
 use std::mem::size_of;
 
@@ -79,6 +79,9 @@ pub struct RadixTree<K> {
     bounds: HashMap<EndpointId, usize>,
     stored: usize,
     max_size: usize,
+    /// Endpoints whose entries had to go since they joined, for want of room under their
+    /// bound or because usage showed the engine evicted them ([`Self::evict_older`]).
+    evicted: BTreeSet<EndpointId>,
 }
 
 impl<K: Symbol> RadixTree<K> {
@@ -92,6 +95,7 @@ impl<K: Symbol> RadixTree<K> {
             bounds: HashMap::new(),
             stored: 0,
             max_size: max_size.max(1),
+            evicted: BTreeSet::new(),
         }
     }
 
@@ -142,35 +146,70 @@ impl<K: Symbol> RadixTree<K> {
     /// [`Self::match_prefix`] with, per endpoint, when its deepest matched node was last sent
     /// there.
     pub fn match_touched(&self, scope: u64, key: &[K]) -> Vec<(EndpointId, u32, Nanos)> {
+        self.match_shared(scope, key).0
+    }
+
+    /// [`Self::match_touched`], and how many leading symbols of `key` it shares with other
+    /// stored keys at the point where the most of them part ways with it (the deeper of
+    /// equals): the end of a system prompt that many questions follow, not a conversation's
+    /// history, which each turn extends, nor the few branches an agent's fan-out left in it.
+    /// The query counts as one way on where it leaves the tree or ends inside it; a stored key
+    /// that the query merely extends counts for nothing. 0 when no stored key parts ways with
+    /// it. It says what other prompts begin with, whichever endpoints they were sent to.
+    pub fn match_shared(&self, scope: u64, key: &[K]) -> (Vec<(EndpointId, u32, Nanos)>, u32) {
         let Some(&root) = self.roots.get(&scope) else {
-            return Vec::new();
+            return (Vec::new(), 0);
         };
+        let at = |pos: usize| u32::try_from(pos).unwrap_or(u32::MAX);
         let mut out: Vec<(EndpointId, u32, Nanos)> = Vec::new();
+        // The branching point with the most ways on, the deeper of equals: (ways, depth).
+        let mut best = (1usize, 0usize);
+        let mut branch = |ways: usize, depth: usize| {
+            if ways >= 2 && (ways, depth) >= best {
+                best = (ways, depth);
+            }
+        };
         let (mut node, mut pos) = (root, 0usize);
-        while pos < key.len() {
-            let Some(c) = self.nodes[node as usize].child(key[pos]) else {
+        loop {
+            let here = &self.nodes[node as usize];
+            let ways = here.children.len();
+            if pos == key.len() {
+                // Stored keys go on past this one: it is one more way on.
+                if ways > 0 {
+                    branch(ways + 1, pos);
+                }
+                break;
+            }
+            let Some(c) = here.child(key[pos]) else {
+                if ways > 0 {
+                    branch(ways + 1, pos);
+                }
                 break;
             };
+            if pos > 0 {
+                branch(ways, pos);
+            }
             let edge = &self.nodes[c as usize].edge;
             let common = lcp(edge, &key[pos..]);
-            let matched = u32::try_from(pos + common).unwrap_or(u32::MAX);
+            let matched = at(pos + common);
             let first = out.is_empty();
-            for &(t, at) in &self.nodes[c as usize].tenants {
+            for &(t, touched) in &self.nodes[c as usize].tenants {
                 match out.binary_search_by_key(&t, |&(e, _, _)| e) {
-                    Ok(k) => out[k] = (t, matched, at),
+                    Ok(k) => out[k] = (t, matched, touched),
                     Err(k) => {
                         debug_assert!(first, "a deeper node has a tenant its parent lacks");
-                        out.insert(k, (t, matched, at));
+                        out.insert(k, (t, matched, touched));
                     }
                 }
             }
             if common < edge.len() {
+                branch(2, pos + common);
                 break;
             }
             pos += common;
             node = c;
         }
-        out
+        (out, at(best.1))
     }
 
     /// Records that `endpoint` was sent `key` (in `scope`) at `now`, then enforces the bound.
@@ -208,6 +247,7 @@ impl<K: Symbol> RadixTree<K> {
         }
         let bound = self.bound_of(endpoint);
         if self.size_of(endpoint) > bound {
+            self.evicted.insert(endpoint);
             self.evict_endpoint_to(endpoint, bound - bound / 10);
         }
     }
@@ -221,6 +261,7 @@ impl<K: Symbol> RadixTree<K> {
     /// evicted a prefix last used then has evicted too (recency only grows towards the root,
     /// so this removes a suffix of the endpoint's LRU order).
     pub fn evict_older(&mut self, endpoint: EndpointId, at: Nanos) {
+        self.evicted.insert(endpoint);
         self.evict_lru(endpoint, |_, oldest| oldest <= at);
     }
 
@@ -261,6 +302,7 @@ impl<K: Symbol> RadixTree<K> {
         let max = max.max(1);
         self.bounds.insert(endpoint, max);
         if self.size_of(endpoint) > max {
+            self.evicted.insert(endpoint);
             self.evict_endpoint_to(endpoint, max - max / 10);
         }
     }
@@ -378,8 +420,8 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
         let Some(symbols) = K::of(key) else {
             return Overlaps::default();
         };
-        let endpoints = self
-            .match_touched(key.scope, symbols)
+        let (matched, shared) = self.match_shared(key.scope, symbols);
+        let endpoints = matched
             .into_iter()
             .map(|(endpoint, device, touched)| Overlap {
                 endpoint,
@@ -394,6 +436,8 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             total: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
             unit: K::UNIT,
             endpoints,
+            shared,
+            evicted: self.evicted.iter().copied().collect(),
             block_hashes: Vec::new(),
             engine: Vec::new(),
             tail: Default::default(),
@@ -409,6 +453,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
     fn remove_endpoint(&mut self, endpoint: EndpointId) {
         self.evict_endpoint_to(endpoint, 0);
         self.bounds.remove(&endpoint);
+        self.evicted.remove(&endpoint);
     }
 
     fn evict(&mut self, _now: Nanos) {
@@ -420,6 +465,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             .map(|(e, _, bound)| (e, bound))
             .collect();
         for (e, bound) in over {
+            self.evicted.insert(e);
             self.evict_endpoint_to(e, bound);
         }
     }

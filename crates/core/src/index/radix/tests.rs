@@ -128,3 +128,108 @@ fn evicting_older_entries_drops_an_lru_suffix_and_keeps_shared_recent_prefixes()
     assert!(tree.size_of(e) <= 10);
     assert_eq!(tree.bound_of(e), 10);
 }
+
+/// The definition of [`RadixTree::match_shared`]'s count, by brute force: at each depth `p`
+/// of the query, the distinct ways on among stored keys that begin with its first `p`
+/// symbols, the query's own way (or its end) included; the depth with the most, the deeper
+/// of equals, when there are at least two.
+fn naive_shared(keys: &[Vec<u8>], q: &[u8]) -> u32 {
+    let mut best = (1usize, 0usize);
+    for p in 1..=q.len() {
+        let along: Vec<&Vec<u8>> = keys
+            .iter()
+            .filter(|s| s.len() >= p && s[..p] == q[..p])
+            .collect();
+        if along.is_empty() {
+            break;
+        }
+        let mut ways: std::collections::BTreeSet<Option<u8>> = along
+            .iter()
+            .filter(|s| s.len() > p)
+            .map(|s| Some(s[p]))
+            .collect();
+        ways.insert(q.get(p).copied());
+        if ways.len() >= 2 && (ways.len(), p) >= best {
+            best = (ways.len(), p);
+        }
+    }
+    best.1 as u32
+}
+
+proptest! {
+    /// The tree's shared count is the brute-force one, whichever endpoints the keys went to.
+    #[test]
+    fn shared_equals_the_most_branched_point(inserted in strings(), queries in prop::collection::vec(prop::collection::vec(b'a'..b'd', 0..24), 1..10)) {
+        let mut tree = RadixTree::<u8>::new(usize::MAX);
+        for (i, (t, s)) in inserted.iter().enumerate() {
+            tree.insert_key(1, s, EndpointId(*t), Nanos(i as u64));
+        }
+        let keys: Vec<Vec<u8>> = inserted.iter().map(|(_, s)| s.clone()).collect();
+        for q in queries.iter().chain(keys.iter()) {
+            let (matched, shared) = tree.match_shared(1, q);
+            prop_assert_eq!(shared, naive_shared(&keys, q), "query {:?}", q);
+            let plain: Vec<(EndpointId, u32)> = matched.into_iter().map(|(e, m, _)| (e, m)).collect();
+            prop_assert_eq!(plain, tree.match_prefix(1, q));
+        }
+    }
+}
+
+#[test]
+fn a_system_prompt_many_questions_follow_is_shared_and_a_conversation_is_not() {
+    let mut tree = RadixTree::<u8>::new(1 << 20);
+    let system = "You are a helpful assistant. ";
+    for (i, q) in ["apples?", "bananas?", "cherries?"].iter().enumerate() {
+        tree.insert_key(
+            0,
+            format!("{system}{q}").as_bytes(),
+            EndpointId(i as u32 % 2),
+            Nanos(1),
+        );
+    }
+    let (_, shared) = tree.match_shared(0, format!("{system}dates?").as_bytes());
+    assert_eq!(shared as usize, system.len());
+    // "bread?" parts ways with "bananas?" one byte deeper: two ways there against three at
+    // the end of the system prompt.
+    let (_, shared) = tree.match_shared(0, format!("{system}bread?").as_bytes());
+    assert_eq!(shared as usize, system.len());
+    // A conversation's next turn extends its last one: nothing beyond the system prompt is
+    // shared, however long the history.
+    let turn1 = format!("{system}apples?");
+    let turn2 = format!("{turn1} A language. <user> and cargo?");
+    tree.insert_key(0, turn2.as_bytes(), EndpointId(0), Nanos(2));
+    let turn3 = format!("{turn2} A build tool. <user> thanks");
+    let (matched, shared) = tree.match_shared(0, turn3.as_bytes());
+    assert_eq!(matched[0], (EndpointId(0), turn2.len() as u32, Nanos(2)));
+    assert_eq!(shared as usize, system.len());
+    assert_eq!(tree.match_shared(0, b"unrelated").1, 0);
+}
+
+#[test]
+fn an_endpoint_that_had_to_evict_is_listed_until_it_leaves() {
+    let mut tree = RadixTree::<u8>::new(16);
+    let key = |text: &'static [u8]| PrefixKey {
+        scope: 0,
+        text: Some(text),
+        tokens: None,
+    };
+    tree.insert_key(0, b"0123456789", EndpointId(0), Nanos(1));
+    tree.insert_key(0, b"abcdef", EndpointId(1), Nanos(1));
+    assert!(tree.overlaps(&key(b"0123"), Nanos(2)).evicted.is_empty());
+    // Past the bound: endpoint 0's cache has no room left.
+    tree.insert_key(0, b"ABCDEFGHIJ", EndpointId(0), Nanos(3));
+    assert_eq!(
+        tree.overlaps(&key(b"0123"), Nanos(4)).evicted,
+        [EndpointId(0)]
+    );
+    // A miss the engine reported is an eviction too.
+    tree.evict_older(EndpointId(1), Nanos(1));
+    assert_eq!(
+        tree.overlaps(&key(b"0123"), Nanos(5)).evicted,
+        [EndpointId(0), EndpointId(1)]
+    );
+    tree.remove_endpoint(EndpointId(0));
+    assert_eq!(
+        tree.overlaps(&key(b"0123"), Nanos(6)).evicted,
+        [EndpointId(1)]
+    );
+}

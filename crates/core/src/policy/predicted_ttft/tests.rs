@@ -207,6 +207,7 @@ fn a_sibling_that_missed_an_in_flight_prefix_does_not_make_the_index_forget_what
 fn burst_homes(replicate: bool, session: bool, calls: u64) -> Vec<EndpointId> {
     let config = Config {
         replicate_shared_prefixes: replicate,
+        second_copies: false,
         ..Config::default()
     };
     let mut r = Routing::new(&PolicyConfig::PredictedTtft(config), 1);
@@ -404,7 +405,16 @@ fn a_text_index_learns_how_the_engine_counts_a_new_turn_and_keeps_what_it_holds(
 #[test]
 fn a_cached_replica_whose_batch_slots_are_all_taken_loses_to_a_recompute() {
     let pick_when = |waiting: u32| {
-        let mut r = routing(2);
+        // Without the second copy, which would place the shared prompt on the idle replica
+        // before the slots fill.
+        let config = Config {
+            second_copies: false,
+            ..Config::default()
+        };
+        let mut r = Routing::new(&PolicyConfig::PredictedTtft(config), 1);
+        for i in 0..2 {
+            r.router_mut().add(EndpointView::new(EndpointId(i)));
+        }
         let home = EndpointId(0);
         let only_home = |v: &EndpointView| v.id == home;
         // One long conversation at home: 4,000 shared tokens, each turn decodes for 6 s.
@@ -453,4 +463,85 @@ fn a_cached_replica_whose_batch_slots_are_all_taken_loses_to_a_recompute() {
     // 30 queued for a slot: the 31st arrival waits for 31 of 128 sequences decoding 6 s each
     // (about 1.5 s), longer than recomputing 4,200 tokens elsewhere.
     assert_eq!(pick_when(30), EndpointId(1));
+}
+
+/// Where a request of a 2,000-token prompt that other questions share goes, when only replica
+/// 0 has computed it and 1,500 tokens of another prompt are queued there; replica 1 is idle.
+/// `setup` runs on the routing first; the request names session `s` when `session`.
+fn second_copy_pick(
+    second_copies: bool,
+    session: bool,
+    setup: impl FnOnce(&mut Routing),
+) -> EndpointId {
+    let config = Config {
+        second_copies,
+        ..Config::default()
+    };
+    let mut r = Routing::new(&PolicyConfig::PredictedTtft(config), 1);
+    for i in 0..2 {
+        r.router_mut().add(EndpointView::new(EndpointId(i)));
+    }
+    let only = |e: u32| move |v: &EndpointView| v.id == EndpointId(e);
+    for (k, at) in [(1, 0), (2, 1)] {
+        let asked = request(k, 2_000, 2_100);
+        let at = Nanos::from_secs(at);
+        r.route(&asked, at, &only(0));
+        let cached = if k == 1 { 0 } else { 2_000 };
+        serve(
+            &mut r,
+            &asked,
+            EndpointId(0),
+            at,
+            Nanos::from_millis(300),
+            cached,
+        );
+    }
+    setup(&mut r);
+    r.route(&request(3, 0, 1_500), Nanos::from_secs(3), &only(0));
+    let mut question = request(4, 2_000, 2_100);
+    if session {
+        question = question.with_session("s");
+    }
+    r.route(&question, Nanos::from_secs(3), &accept_all)
+        .endpoint()
+        .unwrap()
+}
+
+#[test]
+fn a_shared_prompt_on_one_replica_gets_a_second_copy_where_no_prefill_waits() {
+    // Queueing behind 1,500 tokens at home is predicted faster than recomputing 2,000.
+    assert_eq!(second_copy_pick(false, false, |_| {}), EndpointId(0));
+    assert_eq!(second_copy_pick(true, false, |_| {}), EndpointId(1));
+    // A session's first request may make the copy too.
+    assert_eq!(second_copy_pick(true, true, |_| {}), EndpointId(1));
+}
+
+#[test]
+fn no_second_copy_once_a_cache_evicts_or_for_a_session_under_way() {
+    // Replica 1's engine reports a miss on a prefix it was sent: its cache evicts.
+    let evicting = |r: &mut Routing| {
+        let only = |v: &EndpointView| v.id == EndpointId(1);
+        for (k, at, cached) in [(20, 2_000, 0), (21, 2_500, 0)] {
+            let other = Request::from_tokens(k, (0..1_000).map(|i| 700_000 + i).collect());
+            let at = Nanos::from_millis(at);
+            r.route(&other, at, &only);
+            serve(
+                r,
+                &other,
+                EndpointId(1),
+                at,
+                Nanos::from_millis(100),
+                cached,
+            );
+        }
+    };
+    assert_eq!(second_copy_pick(true, false, evicting), EndpointId(0));
+    // A session whose last request went to replica 0 keeps its history there.
+    let under_way = |r: &mut Routing| {
+        let earlier = request(30, 2_000, 2_050).with_session("s");
+        r.route(&earlier, Nanos::from_secs(2), &|v: &EndpointView| {
+            v.id == EndpointId(0)
+        });
+    };
+    assert_eq!(second_copy_pick(true, true, under_way), EndpointId(0));
 }
