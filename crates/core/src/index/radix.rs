@@ -42,6 +42,13 @@ impl Symbol for u32 {
     }
 }
 
+/// Ways on a point needs before [`RadixTree::match_shared`] counts it shared: the query and
+/// two other prompts. One other prompt may be this one's own earlier version: a client that
+/// edits or extends its last message, or retries with a changed tail, parts ways with its
+/// previous request just before that message's end (kvgate's text key ends every message with
+/// a newline), which says nothing of other requests.
+pub const MIN_WAYS: usize = 3;
+
 type NodeId = u32;
 const NONE: NodeId = u32::MAX;
 
@@ -154,8 +161,9 @@ impl<K: Symbol> RadixTree<K> {
     /// equals): the end of a system prompt that many questions follow, not a conversation's
     /// history, which each turn extends, nor the few branches an agent's fan-out left in it.
     /// The query counts as one way on where it leaves the tree or ends inside it; a stored key
-    /// that the query merely extends counts for nothing. 0 when no stored key parts ways with
-    /// it. It says what other prompts begin with, whichever endpoints they were sent to.
+    /// that the query merely extends counts for nothing. A point needs [`MIN_WAYS`]; 0 when
+    /// none has them. It says what other prompts begin with, whichever endpoints they were
+    /// sent to.
     pub fn match_shared(&self, scope: u64, key: &[K]) -> (Vec<(EndpointId, u32, Nanos)>, u32) {
         let Some(&root) = self.roots.get(&scope) else {
             return (Vec::new(), 0);
@@ -163,9 +171,9 @@ impl<K: Symbol> RadixTree<K> {
         let at = |pos: usize| u32::try_from(pos).unwrap_or(u32::MAX);
         let mut out: Vec<(EndpointId, u32, Nanos)> = Vec::new();
         // The branching point with the most ways on, the deeper of equals: (ways, depth).
-        let mut best = (1usize, 0usize);
+        let mut best = (2usize, 0usize);
         let mut branch = |ways: usize, depth: usize| {
-            if ways >= 2 && (ways, depth) >= best {
+            if ways >= MIN_WAYS && (ways, depth) >= best {
                 best = (ways, depth);
             }
         };

@@ -132,9 +132,9 @@ fn evicting_older_entries_drops_an_lru_suffix_and_keeps_shared_recent_prefixes()
 /// The definition of [`RadixTree::match_shared`]'s count, by brute force: at each depth `p`
 /// of the query, the distinct ways on among stored keys that begin with its first `p`
 /// symbols, the query's own way (or its end) included; the depth with the most, the deeper
-/// of equals, when there are at least two.
+/// of equals, when there are at least [`MIN_WAYS`].
 fn naive_shared(keys: &[Vec<u8>], q: &[u8]) -> u32 {
-    let mut best = (1usize, 0usize);
+    let mut best = (2usize, 0usize);
     for p in 1..=q.len() {
         let along: Vec<&Vec<u8>> = keys
             .iter()
@@ -149,7 +149,7 @@ fn naive_shared(keys: &[Vec<u8>], q: &[u8]) -> u32 {
             .map(|s| Some(s[p]))
             .collect();
         ways.insert(q.get(p).copied());
-        if ways.len() >= 2 && (ways.len(), p) >= best {
+        if ways.len() >= MIN_WAYS && (ways.len(), p) >= best {
             best = (ways.len(), p);
         }
     }
@@ -200,6 +200,10 @@ fn a_system_prompt_many_questions_follow_is_shared_and_a_conversation_is_not() {
     let turn3 = format!("{turn2} A build tool. <user> thanks");
     let (matched, shared) = tree.match_shared(0, turn3.as_bytes());
     assert_eq!(matched[0], (EndpointId(0), turn2.len() as u32, Nanos(2)));
+    assert_eq!(shared as usize, system.len());
+    // A client extending its own last message parts ways with its previous request there:
+    // two ways, not a prefix other requests share.
+    let (_, shared) = tree.match_shared(0, format!("{system}apples? and pears").as_bytes());
     assert_eq!(shared as usize, system.len());
     assert_eq!(tree.match_shared(0, b"unrelated").1, 0);
 }
