@@ -432,6 +432,14 @@ fn displaced_sessions_with(
     use crate::model::CostModel;
     use crate::workload::{Agentic, AgenticConfig};
     let mut config = fleet("predicted_ttft", 4, &[]);
+    // Without the second copy: these tests measure re-homing by the sessions the lost replica
+    // held, and with it this fixture's ~50 sessions start elsewhere more often (5 homed on
+    // replica 3 at the loss, against 11), too few to measure by.
+    config.policy = serde_json::from_value(serde_json::json!({
+        "name": "predicted_ttft",
+        "second_copies": false,
+    }))
+    .unwrap();
     for r in &mut config.replicas {
         r.engine = EngineConfig {
             max_num_seqs: 64,
@@ -652,3 +660,4 @@ fn assert_all_but_the_last_piece_cached(continued: &[Resumption], piece: u32) {
         );
     }
 }
+
