@@ -660,4 +660,3 @@ fn assert_all_but_the_last_piece_cached(continued: &[Resumption], piece: u32) {
         );
     }
 }
-
