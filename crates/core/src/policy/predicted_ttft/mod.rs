@@ -267,23 +267,17 @@ impl PredictedTtft {
     }
 
     /// The shared prefix this request may take to a second replica ([`second_copy`]): only
-    /// while no replica's cache has had to evict (a copy then displaces nothing), and only for
-    /// a request that names no session or starts one (a session's later requests stay with
-    /// their history).
+    /// while no replica's cache has had to evict (a copy then displaces nothing). The caller
+    /// asks only for a request that names no session or starts one (a session's later
+    /// requests stay with their history).
     fn second_copy(
         &self,
         query: &Query<'_>,
         predictions: &[Option<Prediction>],
         prompt: f64,
-        now: Nanos,
     ) -> Option<SoleHolder> {
         let overlaps = query.overlaps;
         if !self.config.second_copies || !overlaps.evicted.is_empty() {
-            return None;
-        }
-        let started =
-            Sessions::key(query.request).is_some_and(|k| self.sessions.home(k, now).is_some());
-        if started {
             return None;
         }
         let shared = f64::from(overlaps.tokens(overlaps.shared, prompt as u32));
@@ -337,15 +331,19 @@ impl Policy for PredictedTtft {
         // token pushed work off the slow replicas past the point where their spare capacity was
         // worth it (the sim's heterogeneous sweep, 5 seeds: 19.5 -> 20.3 req/s).
         let pooled = self.calibration.fleet(now);
+        let key = Sessions::key(query.request);
+        let home = key.and_then(|k| self.sessions.home(k, now));
         let replicable = if self.config.replicate_shared_prefixes {
-            let key = Sessions::key(query.request);
-            let home = key.and_then(|k| self.sessions.home(k, now));
             let held = predictions.iter().flatten().map(|p| p.held);
             sessions::replicable(held, home, key.is_some())
         } else {
             0.0
         };
-        let second = self.second_copy(query, &predictions, prompt, now);
+        let second = if home.is_none() {
+            self.second_copy(query, &predictions, prompt)
+        } else {
+            None
+        };
         let picked = view.argmin_by(rng, |i| {
             predictions[i].map_or(f64::INFINITY, |p| {
                 let seconds_per_token = pooled.seconds_per_token(p.decodes);
