@@ -6,7 +6,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{client, engine, gateway, get_text, metric, Pki};
+use support::{client, engine, gateway, get_text, metric, wait_for, Pki};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -209,7 +209,14 @@ async fn header_limits_http2_and_the_admin_listener() {
         200
     );
 
-    // HTTP/2 with prior knowledge, as gRPC-style and h2c clients speak it.
+    // HTTP/2 with prior knowledge, as gRPC-style and h2c clients speak it. The model list
+    // comes from the engine's first scrape, which a loaded machine may not have finished yet
+    // (`/ready` is optimistic: configured endpoints count as healthy until a scrape fails).
+    let models = format!("{}/v1/models", g.url);
+    wait_for(&models, "the engine's model in /v1/models", |t| {
+        t.contains("test-model")
+    })
+    .await;
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
