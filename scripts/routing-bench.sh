@@ -7,7 +7,7 @@
 #
 #   scripts/routing-bench.sh SCENARIO [--policies a,b,...] [--sweep A:B:STEP] [--duration S]
 #                            [--out DIR] [--seed N] [--kill-at S] [--no-kill] [--engines N]
-#                            [--config FILE] [--restart-after S]
+#                            [--config FILE] [--restart-after S] [--after-random RATE:S]
 #
 # SCENARIO: fanout (3 shared 4,000-token prompts in bursts of 16 calls; rates in bursts/s),
 # fanout-long (the same over an 8,000-token parent context, SLO 3 s; the sim's
@@ -32,6 +32,9 @@
 # without the kill, over the same windows (the P95 a fleet of three gets at that load).
 # --restart-after S starts the killed engine again S seconds after the kill, at the same address
 # with an empty cache (a crashed engine brought back by its supervisor).
+# --after-random RATE:S first sends S seconds of the random workload at RATE req/s through each
+# fresh gateway, unmeasured (DIR/SCENARIO-POLICY.before.txt): engines and index full of one-off
+# prompts, as after other traffic, before the sweep.
 # --config gives every gateway a configuration file (`kvgate serve --config`; the engines are
 # added to its endpoints), e.g. to compare a setting.
 # A policy named sglang:POLICY, vllm-router:POLICY or litellm:STRATEGY runs that project's own
@@ -55,6 +58,7 @@ duration=
 kill_at=
 kill=1
 restart_after=
+after_random=
 engines=4
 config=()
 while [[ $# -gt 0 ]]; do
@@ -69,13 +73,20 @@ while [[ $# -gt 0 ]]; do
     --engines) engines="$2"; shift 2 ;;
     --config) config=(--config "$2"); shift 2 ;;
     --restart-after) restart_after="$2"; shift 2 ;;
+    --after-random) after_random="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
 
 [[ $engines =~ ^[1-4]$ ]] || { echo "--engines takes 1 to 4" >&2; exit 2; }
+[[ -z $after_random || $after_random =~ ^[0-9.]+:[0-9]+$ ]] ||
+    { echo "--after-random takes RATE:SECONDS, e.g. 15:120" >&2; exit 2; }
+[[ -z $after_random || $scenario != replica-loss ]] ||
+    { echo "--after-random does not apply to replica-loss (a fresh fleet per rate)" >&2; exit 2; }
 scales=(1 1 1 1)
 kv_blocks=16384
+random_workload=(--workload random --random-input-len 1024 --random-output-len 128
+    --random-range-ratio 0.5)
 slo_ms=1000
 case "$scenario" in
 fanout)
@@ -121,8 +132,7 @@ shared-prefix)
 random)
     # No prefix to share (ShareGPT-like lengths drawn uniformly): 1,024 tokens in and 128 out,
     # each +-50%; rates in req/s. Locality is worth nothing; only balance counts.
-    workload=(--workload random --random-input-len 1024 --random-output-len 128
-        --random-range-ratio 0.5)
+    workload=("${random_workload[@]}")
     sweep=${sweep:-14:23:3}
     duration=${duration:-60}
     ;;
@@ -230,6 +240,12 @@ for policy in "${names[@]}"; do
     if [[ "$scenario" != replica-loss ]]; then
         fleet_and_gateway "$policy"
         echo "== $scenario: $policy (gateway $gateway)"
+        if [[ -n $after_random ]]; then
+            "$kvgate" bench --url "$gateway" "${random_workload[@]}" --rate "${after_random%:*}" \
+                --duration "${after_random#*:}" "${bench_flags[@]}" >"$out/$scenario-$policy.before.txt"
+            echo "after the random workload at ${after_random%:*} req/s for ${after_random#*:} s:"
+            tail -n 2 "$out/$scenario-$policy.before.txt"
+        fi
         "$kvgate" bench --url "$gateway" "${workload[@]}" --sweep "$sweep" --duration "$duration" \
             "${bench_flags[@]}" --json "$out/$scenario-$policy.json" \
             --records "$out/$scenario-$policy.jsonl" \
