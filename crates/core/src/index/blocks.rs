@@ -146,6 +146,12 @@ impl BlockIndex {
         }
     }
 
+    /// The endpoints whose engine reported removing blocks since it joined or last cleared
+    /// all, in id order.
+    pub fn evicted(&self) -> impl Iterator<Item = EndpointId> + '_ {
+        self.evicted.iter().copied()
+    }
+
     /// Whether this router's dispatches feed the index (entries expire after the TTL), rather
     /// than engine KV events.
     pub fn is_approximate(&self) -> bool {
@@ -290,7 +296,7 @@ impl BlockIndex {
             unit: Unit::Blocks(u32::try_from(self.block_size).unwrap_or(u32::MAX)),
             endpoints,
             shared: 0,
-            evicted: self.evicted.iter().copied().collect(),
+            evicted: !self.evicted.is_empty(),
             block_hashes: Vec::new(),
             engine: Vec::new(),
             tail: Default::default(),
@@ -478,14 +484,16 @@ mod tests {
             idx.overlaps_of(&hashes, Nanos(1)).of(EndpointId(1)).total(),
             1
         );
-        assert_eq!(idx.overlaps_of(&hashes, Nanos(1)).evicted, [EndpointId(1)]);
+        assert!(idx.overlaps_of(&hashes, Nanos(1)).evicted);
+        assert_eq!(idx.evicted().collect::<Vec<_>>(), [EndpointId(1)]);
         idx.apply(EndpointId(1), &KvEvent::AllBlocksCleared, Nanos(2));
         assert_eq!(
             idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(1)).total(),
             0
         );
         // A cleared cache starts empty: nothing in it has been evicted yet.
-        assert!(idx.overlaps_of(&hashes, Nanos(2)).evicted.is_empty());
+        assert!(!idx.overlaps_of(&hashes, Nanos(2)).evicted);
+        assert_eq!(idx.evicted().count(), 0);
         assert_eq!(
             idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(2)).total(),
             1

@@ -262,13 +262,7 @@ impl EngineCaches {
             unit: Unit::Tokens,
             endpoints: Vec::with_capacity(ids.len()),
             shared: approx.tokens(approx.shared, n),
-            evicted: {
-                let mut e = approx.evicted.clone();
-                e.extend(&exact.evicted);
-                e.sort_unstable();
-                e.dedup();
-                e
-            },
+            evicted: approx.evicted || exact.evicted,
             block_hashes: approx.block_hashes.clone(),
             engine: Vec::new(),
             tail: Default::default(),

@@ -136,11 +136,12 @@ pub struct Overlaps {
     /// a system prompt many requests follow, as against a conversation's own history. 0 when
     /// the index cannot tell (a block index keeps no order among prompts).
     pub shared: u32,
-    /// Endpoints whose entries the index has had to evict since they joined (their mirrored
-    /// cache ran out of room, or usage showed the engine evicted): from then on a copy there
-    /// displaces something. Empty when the index cannot tell.
+    /// Whether some endpoint's entries the index has had to evict since it joined (its
+    /// mirrored cache ran out of room, or usage showed the engine evicted): from then on a copy
+    /// displaces something. False when the index cannot tell. A flag, not the list, since a
+    /// lookup runs on every pick; the indexes list the endpoints (`RadixTree::evicted`).
     #[serde(skip)]
-    pub evicted: Vec<EndpointId>,
+    pub evicted: bool,
     /// The prompt's chained block hashes, when an index mirroring engines cut them for the
     /// lookup: the dispatch that follows reuses them instead of hashing the prompt again.
     #[serde(skip)]

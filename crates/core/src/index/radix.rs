@@ -315,6 +315,11 @@ impl<K: Symbol> RadixTree<K> {
         }
     }
 
+    /// The endpoints whose entries had to go since they joined, in id order.
+    pub fn evicted(&self) -> impl Iterator<Item = EndpointId> + '_ {
+        self.evicted.iter().copied()
+    }
+
     /// The bound of `endpoint`'s stored size.
     pub fn bound_of(&self, endpoint: EndpointId) -> usize {
         self.bounds.get(&endpoint).copied().unwrap_or(self.max_size)
@@ -445,7 +450,7 @@ impl<K: Symbol> PrefixIndex for RadixTree<K> {
             unit: K::UNIT,
             endpoints,
             shared,
-            evicted: self.evicted.iter().copied().collect(),
+            evicted: !self.evicted.is_empty(),
             block_hashes: Vec::new(),
             engine: Vec::new(),
             tail: Default::default(),

@@ -277,7 +277,7 @@ impl PredictedTtft {
         prompt: f64,
     ) -> Option<SoleHolder> {
         let overlaps = query.overlaps;
-        if !self.config.second_copies || !overlaps.evicted.is_empty() {
+        if !self.config.second_copies || overlaps.evicted {
             return None;
         }
         let shared = f64::from(overlaps.tokens(overlaps.shared, prompt as u32));
