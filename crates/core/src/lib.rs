@@ -23,6 +23,7 @@
 
 pub mod cadence;
 pub mod decision;
+pub mod dispatch;
 pub mod fasthash;
 pub mod fleet;
 pub mod hashring;

@@ -300,8 +300,12 @@ impl Router {
     }
 }
 
-/// A router and the prefix cache its policy asked for, owned together: the single-threaded
-/// driver every simulator scenario uses. Each method forwards one event to both.
+/// A router and the prefix cache its policy asked for, owned together, with no eligibility
+/// rules beyond the caller's `accept` predicate: the harness of the policy tests, the pick
+/// benchmark and the simulator's policy labs. The fleet simulator and the gateway drive the
+/// full [`crate::dispatch`] core instead; both share this type's cache steps
+/// ([`crate::dispatch::record_dispatch`], [`crate::dispatch::correct`],
+/// [`crate::dispatch::record_kv_batch`]).
 #[derive(Debug)]
 pub struct Routing {
     router: Router,
@@ -309,9 +313,6 @@ pub struct Routing {
     /// What the cache predicted for each dispatch awaiting usage.
     predictions: IntMap<(u64, EndpointId), Prediction>,
 }
-
-/// Tokens of slack before a predicted hit counts as missed: one KV block of the usual size.
-pub const PREDICTION_SLACK_TOKENS: u32 = 16;
 
 impl Routing {
     /// A router for `config` seeded by `seed`, with the index its policy asks for.
@@ -334,10 +335,10 @@ impl Routing {
     /// event to the policy.
     pub fn kv_batch(&mut self, endpoint: EndpointId, seq: u64, events: &[KvEvent], now: Nanos) {
         if let Some(cache) = &mut self.cache {
-            cache.kv_batch(endpoint, seq, events, now);
+            crate::dispatch::record_kv_batch(cache, endpoint, seq, events, now);
         }
         for event in events {
-            self.kv_event(endpoint, event, now);
+            self.router.kv_event(endpoint, event, now);
         }
     }
 
@@ -370,9 +371,8 @@ impl Routing {
             .unwrap_or_default();
         let decision = self.router.pick(request, &overlaps, now, accept);
         if let (Some(cache), Some(endpoint)) = (&mut self.cache, decision.endpoint()) {
-            let prediction = cache.prediction(request, endpoint, &overlaps);
+            let prediction = crate::dispatch::record_dispatch(cache, request, endpoint, &overlaps, now);
             self.predictions.insert((request.id, endpoint), prediction);
-            cache.dispatched(request, endpoint, now, &overlaps);
         }
         decision
     }
@@ -419,12 +419,10 @@ impl Routing {
 
     /// See [`Router::usage`]; the cache also learns whether its prediction held.
     pub fn usage(&mut self, request: u64, endpoint: EndpointId, now: Nanos, usage: Usage) {
-        if let (Some(cache), Some(p), Some(cached)) = (
-            &mut self.cache,
-            self.predictions.get(&(request, endpoint)),
-            usage.cached_tokens,
-        ) {
-            cache.correct(p, (usage.prompt_tokens, cached), PREDICTION_SLACK_TOKENS);
+        if let (Some(cache), Some(p)) = (&mut self.cache, self.predictions.get(&(request, endpoint)))
+        {
+            let block = self.router.view(endpoint).and_then(|v| v.observation?.block_size);
+            crate::dispatch::correct(cache, usage, p, block);
         }
         self.router.usage(request, endpoint, now, usage);
     }

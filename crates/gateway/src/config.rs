@@ -439,7 +439,9 @@ impl Config {
         }
         crate::model_names::check(self)?;
         self.kv_events.validate()?;
-        self.spillover.validate()?;
+        self.spillover
+            .validate()
+            .map_err(|(field, why)| invalid(field, why))?;
         self.cluster.validate()?;
         self.discovery.validate()?;
         if self.retry.max_attempts == 0 {

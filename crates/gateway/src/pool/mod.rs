@@ -1,7 +1,9 @@
-//! The pool: every endpoint's state, the core [`Router`] (policy, ledger, random source), the
-//! retry budget and the hedging delay behind one lock; the prefix cache behind its own
-//! read-write lock; and a snapshot of the endpoints published lock-free for everything that only
-//! reads (readiness, `/v1/models`, the admin API's status, gauges, metric labels).
+//! The pool: kvgate-core's [`DispatchCore`] (router, eligibility rules, retry budget, hedging
+//! delay) behind one lock, the prefix cache behind its own read-write lock, what the gateway
+//! keeps of each endpoint besides (URL, key, headers, in-flight counter), and a snapshot of
+//! the endpoints published lock-free for everything that only reads (readiness,
+//! `/v1/models`, the admin API's status, gauges, metric labels). The simulator's fleet drives
+//! the same core through [`kvgate_core::dispatch::Dispatcher`], in the same order.
 //!
 //! The lock is held for a pick and for event updates only, never across an `.await` and never
 //! for index work: a prompt is looked up in the prefix cache (up to megabytes of text) under
@@ -9,18 +11,17 @@
 //! lock after; periodic eviction also runs under the cache's lock. A streaming request takes the
 //! pool's lock three times: to pick, at its first token, at its end.
 //!
-//! Eligibility lives here, outside the policy: a member is offered to the policy only if its
-//! health checks pass (the router's view), no Retry-After window or open breaker holds it
-//! back, it serves the requested model, and this request has not tried it yet.
+//! Eligibility lives in the dispatch core, outside the policy: a member is offered to the
+//! policy only if its health checks pass, no Retry-After window or open breaker holds it back,
+//! it serves the requested model, it is within its deployment limits, and this request has not
+//! tried it yet.
 
 mod cadence;
 mod endpoint;
-mod limits;
 mod outcome;
 mod peer;
 mod snapshot;
 mod target;
-mod tiers;
 
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
@@ -34,77 +35,57 @@ use crate::metrics::{self, Metrics, PickLabels};
 use crate::observe::decisions::{DecisionRecord, DecisionRing, PickScene};
 use arc_swap::ArcSwap;
 use endpoint::{About, Endpoint, EndpointInfo};
-use kvgate_core::index::{IndexSpec, Overlaps, PrefixCache, TreeKey};
+use kvgate_core::dispatch::{self, DispatchConfig, DispatchCore, Picked};
+use kvgate_core::index::{Overlaps, PrefixCache};
 use kvgate_core::policy::EndpointModel;
-use kvgate_core::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget};
-use kvgate_core::{
-    EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Reason, Rejection, Request, Router,
-};
+use kvgate_core::resilience::{Attempts, Next};
+use kvgate_core::{EndpointId, Nanos, Observation, PolicyConfig, Reason, Rejection, Request};
 use rand::RngCore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-/// The prefix cache for `policy`: its own index, or, for a policy that consults none, one
-/// mirroring the engines, so every request's cached tokens are predicted and scored
-/// (`kvgate_cache_prediction_total`) whatever the policy.
-///
-/// Every cache also takes the engines' KV events, laid over its index for endpoints that
-/// publish them (inert for those that do not).
-fn cache_for(policy: &PolicyConfig, max_event_entries: usize) -> PrefixCache {
-    let spec = policy.index().unwrap_or(IndexSpec::Radix {
-        key: TreeKey::Auto,
-        max_size: 67_108_864,
-        eviction_interval: Nanos::from_secs(60),
-        share_across_tenants: false,
-        mirror_engines: true,
-    });
-    PrefixCache::new(&spec).with_engine_events(max_event_entries)
-}
-
 /// Everything under the pool's lock.
 #[derive(Debug)]
 struct Core {
-    router: Router,
-    /// Sorted by id, the same members as the router's views.
+    dispatch: DispatchCore,
+    /// Sorted by id, the same members as the dispatch core's.
     endpoints: Vec<Endpoint>,
     next_id: u32,
-    budget: RetryBudget,
-    hedge: HedgeDelay,
-    breaker: BreakerConfig,
-    spillover: crate::endpoint_config::SpilloverConfig,
-    pins: tiers::SessionPins,
 }
 
 impl Core {
-    fn endpoint(&mut self, id: EndpointId) -> Option<&mut Endpoint> {
-        let i = self
-            .endpoints
-            .binary_search_by_key(&id, |e| e.info.id)
-            .ok()?;
+    fn endpoint(&self, id: EndpointId) -> Option<&Endpoint> {
+        let i = self.endpoints.binary_search_by_key(&id, |e| e.id).ok()?;
+        Some(&self.endpoints[i])
+    }
+
+    fn endpoint_mut(&mut self, id: EndpointId) -> Option<&mut Endpoint> {
+        let i = self.endpoints.binary_search_by_key(&id, |e| e.id).ok()?;
         Some(&mut self.endpoints[i])
     }
 
     /// Copies the router's in-flight count of `id` into the published counter.
-    fn sync_inflight(&mut self, id: EndpointId) {
-        let inflight = self.router.view(id).map_or(0, |v| v.own_inflight);
+    fn sync_inflight(&self, id: EndpointId) {
+        let inflight = self
+            .dispatch
+            .router()
+            .view(id)
+            .map_or(0, |v| v.own_inflight);
         if let Some(e) = self.endpoint(id) {
-            e.info.inflight.store(inflight, Ordering::Relaxed);
+            e.inflight.store(inflight, Ordering::Relaxed);
         }
     }
+}
 
-    /// Sets `id`'s health-check state through `edit`; tells the router when it changed.
-    fn set_checks(&mut self, id: EndpointId, edit: impl FnOnce(&mut EndpointInfo)) -> bool {
-        let Some(e) = self.endpoint(id) else {
-            return false;
-        };
-        let before = e.info.checked_health();
-        edit(&mut e.info);
-        let after = e.info.checked_health();
-        if before != after {
-            self.router.set_health(id, after);
-        }
-        before != after
+/// The dispatch core's parameters from the gateway's configuration.
+fn dispatch_config(config: &crate::Config) -> DispatchConfig {
+    DispatchConfig {
+        retry_budget: config.retry.budget.clone(),
+        hedge: config.hedge.clone(),
+        breaker: config.breaker.clone(),
+        spillover: config.spillover.clone(),
+        charge: config.tenancy.charge,
     }
 }
 
@@ -130,21 +111,14 @@ impl Pool {
     /// A pool with no endpoints.
     pub fn new(config: &crate::Config, clock: Clock, metrics: Arc<Metrics>, seed: u64) -> Self {
         let core = Core {
-            router: Router::new(&config.policy, seed),
+            dispatch: DispatchCore::new(&dispatch_config(config), &config.policy, seed),
             endpoints: Vec::new(),
             next_id: 0,
-            budget: RetryBudget::new(config.retry.budget.clone()),
-            hedge: HedgeDelay::new(config.hedge.clone()),
-            breaker: config.breaker.clone(),
-            spillover: config.spillover.clone(),
-            pins: tiers::SessionPins::default(),
         };
+        let max_event_entries = config.kv_events.max_entries_per_endpoint;
         let pool = Pool {
-            cache: RwLock::new(cache_for(
-                &config.policy,
-                config.kv_events.max_entries_per_endpoint,
-            )),
-            max_event_entries: config.kv_events.max_entries_per_endpoint,
+            cache: RwLock::new(dispatch::cache_for(&config.policy, max_event_entries)),
+            max_event_entries,
             snapshot: ArcSwap::default(),
             core: Mutex::new(core),
             clock,
@@ -171,10 +145,31 @@ impl Pool {
     }
 
     fn publish(&self, core: &Core) {
+        let endpoints = core
+            .endpoints
+            .iter()
+            .zip(core.dispatch.members())
+            .map(|(e, status)| {
+                debug_assert_eq!(e.id, status.id);
+                EndpointInfo {
+                    about: e.about.clone(),
+                    status: status.clone(),
+                    inflight: e.inflight.clone(),
+                    cadence: e.cadence.clone(),
+                }
+            })
+            .collect();
         self.snapshot.store(Arc::new(Snapshot {
-            policy: core.router.policy_name(),
-            endpoints: core.endpoints.iter().map(|e| e.info.clone()).collect(),
+            policy: core.dispatch.router().policy_name(),
+            endpoints,
         }));
+    }
+
+    /// Publishes when `changed`.
+    fn publish_if(&self, core: &Core, changed: bool) {
+        if changed {
+            self.publish(core);
+        }
     }
 
     /// The clock.
@@ -191,11 +186,11 @@ impl Pool {
     pub fn set_policy(&self, policy: &PolicyConfig) {
         {
             let mut core = self.lock();
-            core.router.set_policy(policy);
+            core.dispatch.router_mut().set_policy(policy);
             self.publish(&core);
         }
         let mut cache = self.cache_mut();
-        let mut fresh = cache_for(policy, self.max_event_entries);
+        let mut fresh = dispatch::cache_for(policy, self.max_event_entries);
         fresh.carry_engine_events(&mut cache);
         *cache = fresh;
     }
@@ -209,13 +204,9 @@ impl Pool {
         let label = metrics::endpoint(&config.display_name());
         self.metrics.breaker.get_or_create(&label).set(0);
         self.metrics.endpoint_up.get_or_create(&label).set(1);
-        core.router.add(EndpointView {
-            weight: config.weight,
-            joined_at: now,
-            ..EndpointView::new(id)
-        });
-        let breaker = core.breaker.clone();
-        core.endpoints.push(Endpoint::new(id, config, breaker, now));
+        let endpoint = Endpoint::new(id, config);
+        core.dispatch.add(id, &endpoint.spec(), now);
+        core.endpoints.push(endpoint);
         self.publish(&core);
         id
     }
@@ -224,13 +215,13 @@ impl Pool {
     pub fn remove(&self, id: EndpointId) -> bool {
         {
             let mut core = self.lock();
-            let Ok(i) = core.endpoints.binary_search_by_key(&id, |e| e.info.id) else {
+            let Ok(i) = core.endpoints.binary_search_by_key(&id, |e| e.id) else {
                 return false;
             };
             let gone = core.endpoints.remove(i);
-            core.router.remove(id);
+            core.dispatch.remove(id);
             self.publish(&core);
-            let label = metrics::endpoint(&gone.info.about.name);
+            let label = metrics::endpoint(&gone.about.name);
             self.metrics.endpoint_up.remove(&label);
             self.metrics.breaker.remove(&label);
             self.metrics.inflight.remove(&label);
@@ -242,45 +233,38 @@ impl Pool {
     /// Stops (or resumes) sending new requests to an endpoint.
     pub fn set_draining(&self, id: EndpointId, draining: bool) -> bool {
         let mut core = self.lock();
-        if core.endpoint(id).is_none() {
+        if core.dispatch.set_draining(id, draining).is_none() {
             return false;
         }
-        core.set_checks(id, |e| e.draining = draining);
         self.publish(&core);
         true
     }
 
-    /// Applies a reloaded configuration to an endpoint (weight, model, labels, key).
+    /// Applies a reloaded configuration to an endpoint (weight, model, labels, key, limits).
     pub fn update(&self, id: EndpointId, config: EndpointConfig) {
         let now = self.clock.now();
         let mut core = self.lock();
-        let weight = config.weight;
-        if let Some(e) = core.endpoint(id) {
-            // Changed limits start afresh (their windows and in-flight count included).
-            if e.info.about.config.limits != config.limits {
-                e.limits = config
-                    .limits
-                    .as_ref()
-                    .map(|l| limits::DeploymentLimits::new(l, now));
-            }
-            let models = match &config.model {
-                Some(m) => vec![m.clone()],
-                None => e.info.about.models.clone(),
-            };
-            e.info.about = Arc::new(About::new(config, models));
-        }
-        core.router.set_weight(id, weight);
+        let Some(e) = core.endpoint_mut(id) else {
+            return;
+        };
+        let models = match &config.model {
+            Some(m) => vec![m.clone()],
+            None => e.about.models.clone(),
+        };
+        e.about = Arc::new(About::new(config, models));
+        let spec = e.spec();
+        core.dispatch.update(id, &spec, now);
         self.publish(&core);
     }
 
     /// Replaces the spillover thresholds (a reloaded file).
     pub fn set_spillover(&self, spillover: crate::endpoint_config::SpilloverConfig) {
-        self.lock().spillover = spillover;
+        self.lock().dispatch.set_spillover(spillover);
     }
 
     /// The spillover thresholds in force.
     pub fn spillover(&self) -> crate::endpoint_config::SpilloverConfig {
-        self.lock().spillover.clone()
+        self.lock().dispatch.spillover().clone()
     }
 
     /// What the prefix cache holds of `request`.
@@ -296,7 +280,7 @@ impl Pool {
     }
 
     /// Chooses an endpoint for an attempt of `request` and records the dispatch (ledger,
-    /// breaker ticket, [`kvgate_core::Event::Dispatched`]) in the same critical section; then,
+    /// breaker ticket, limits, the policy's `Dispatched`) in the same critical section; then,
     /// outside it, tells the prefix cache. Endpoints in `tried` are refused, except that a
     /// retry falls back to them when nothing else can take it.
     pub fn pick(
@@ -307,156 +291,112 @@ impl Pool {
     ) -> Result<Target, Rejection> {
         let now = self.clock.now();
         let overlaps = self.lookup(request, now);
-        let target = {
+        let mut target = {
             let mut guard = self.lock();
             let core = &mut *guard;
-            if attempt == Attempt::First {
-                core.budget.request(now);
-            }
             let started = Instant::now();
             for e in &core.endpoints {
-                core.router.set_cadence(e.info.id, e.info.cadence.get());
+                core.dispatch
+                    .router_mut()
+                    .set_cadence(e.id, e.cadence.get());
             }
-            let model = request.model.as_deref();
-            // Deployments at one of their own rate limits sit this request out.
-            let charge = kvgate_core::tenancy::ChargeModel::default().estimate(request);
-            let at_limit: Vec<EndpointId> = core
-                .endpoints
-                .iter_mut()
-                .filter_map(|e| {
-                    let admits = e.limits.as_mut()?.admits(now, &charge);
-                    (!admits).then_some(e.info.id)
-                })
-                .collect();
-            let endpoints = &core.endpoints;
-            // Preference order: endpoints not tried and not cooling down after a failure, then
-            // not tried, then (a retry with nothing else) any.
-            let accept = |v: &EndpointView, fresh: bool, cool: bool| {
-                endpoints
-                    .binary_search_by_key(&v.id, |e| e.info.id)
-                    .is_ok_and(|k| {
-                        let e = &endpoints[k].info;
-                        !e.held_back(now) && e.about.serves(model) && !(cool && now < e.cool_until)
-                    })
-                    && !(fresh && tried.contains(&v.id))
-                    && !at_limit.contains(&v.id)
-            };
-            let overlaps = &overlaps;
-            let passes: &[(bool, bool)] = match attempt {
-                Attempt::Retry => &[(true, true), (true, false), (false, false)],
-                _ => &[(true, true), (true, false)],
-            };
-            let pin_ttl = Nanos::from_secs(core.spillover.session_pin_secs);
-            let session = request.session.as_deref();
-            let placed = tiers::place(
-                tiers::Scene {
-                    router: &mut core.router,
-                    spillover: &core.spillover,
-                    endpoints,
-                    request,
-                    overlaps,
-                    now,
-                    pinned: core.pins.get(session, now, pin_ttl),
-                },
-                passes,
-                &accept,
-            );
+            let picked = core.dispatch.pick(request, &overlaps, tried, attempt, now);
             self.metrics
                 .decision
                 .observe(started.elapsed().as_secs_f64());
-            let tiers::Placement {
-                route,
-                pass,
-                spilled: spill_reason,
-            } = placed?;
-            let tier_of = |v: &EndpointView| tiers::tier_of(endpoints, v);
-            core.router.commit(request, route.endpoint, overlaps, now);
-            core.pins
-                .placed(session, (pass.2, spill_reason), now, pin_ttl);
-            let scene = PickScene {
-                request,
-                attempt: attempt.label(),
-                policy: core.router.policy_name(),
-                views: core.router.views(),
-                overlaps,
-                scores: core.router.last_scores(),
-            };
-            let record = Arc::new(DecisionRecord::new(
-                &scene,
-                (route.endpoint, &route.reason),
-                |v| tier_of(v) == pass.2 && accept(v, pass.0, pass.1),
-                |id| {
-                    endpoints
-                        .binary_search_by_key(&id, |e| e.info.id)
-                        .map_or_else(|_| Arc::from("?"), |k| endpoints[k].info.about.name.clone())
-                },
-            ));
-            core.sync_inflight(route.endpoint);
-            let Some(e) = core.endpoint(route.endpoint) else {
-                return Err(Rejection::NoRoutableEndpoint);
-            };
-            // The predicate let only endpoints whose breaker admits traffic through.
-            let ticket = e.breaker.acquire(now).unwrap_or_default();
-            if let Some(limits) = &mut e.limits {
-                limits.dispatched(request.id, now, charge);
-            }
-            let changed = e.sync_breaker();
-            let about = e.info.about.clone();
-            let target = Target {
-                ticket,
-                id: route.endpoint,
-                name: e.info.about.name.clone(),
-                base: e.info.about.base.clone(),
-                cadence: e.info.cadence.clone(),
-                reason: route.reason.label(),
-                decision: record,
-                authorization: e.info.about.authorization.clone(),
-                hedge_after: if attempt == Attempt::First {
-                    core.hedge.delay().map(|n| Duration::from_nanos(n.0))
-                } else {
-                    None
-                },
-                prediction: None,
-                predicted_ttft: match route.reason {
-                    Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
-                    _ => None,
-                },
-                headers: about.headers.clone(),
-                send_model: about.rename(model),
-                tier: about.config.tier,
-                spilled: spill_reason,
-                price: about.config.price,
-                prompt_cache_key: about.config.prompt_cache_key,
-            };
-            self.metrics
-                .picks
-                .get_or_create(&PickLabels {
-                    policy: core.router.policy_name(),
-                    reason: target.reason,
-                })
-                .inc();
-            if target.tier > 0 {
-                let reason = target.spilled.unwrap_or("unavailable");
-                self.metrics
-                    .spillover
-                    .get_or_create(&metrics::ReasonLabel { reason })
-                    .inc();
-            }
-            if changed {
-                self.publish(core);
-            }
+            let picked = picked?;
+            core.sync_inflight(picked.route.endpoint);
+            let target = self.target(core, request, attempt, &overlaps, &picked)?;
+            self.count_pick(core.dispatch.router().policy_name(), &target);
+            self.publish_if(core, picked.changed);
             target
         };
         self.decisions.push(target.decision.clone());
-        let mut target = target;
-        let mut cache = self.cache_mut();
-        target.prediction = Some(cache.prediction(request, target.id, &overlaps));
-        cache.dispatched(request, target.id, now, &overlaps);
-        drop(cache);
+        target.prediction = Some(dispatch::record_dispatch(
+            &mut self.cache_mut(),
+            request,
+            target.id,
+            &overlaps,
+            now,
+        ));
         if let Some(outbox) = self.outbox.get() {
             outbox.dispatched(target.base.clone(), request);
         }
         Ok(target)
+    }
+
+    /// What an attempt needs of its pick, with the record of why it went there.
+    fn target(
+        &self,
+        core: &Core,
+        request: &Request,
+        attempt: Attempt,
+        overlaps: &Overlaps,
+        picked: &Picked,
+    ) -> Result<Target, Rejection> {
+        let route = &picked.route;
+        let router = core.dispatch.router();
+        let scene = PickScene {
+            request,
+            attempt: attempt.label(),
+            policy: router.policy_name(),
+            views: router.views(),
+            overlaps,
+            scores: router.last_scores(),
+        };
+        let record = Arc::new(DecisionRecord::new(
+            &scene,
+            (route.endpoint, &route.reason),
+            |v| picked.eligible.binary_search(&v.id).is_ok(),
+            |id| {
+                core.endpoint(id)
+                    .map_or_else(|| Arc::from("?"), |e| e.about.name.clone())
+            },
+        ));
+        let e = core
+            .endpoint(route.endpoint)
+            .ok_or(Rejection::NoRoutableEndpoint)?;
+        let about = &e.about;
+        Ok(Target {
+            ticket: picked.ticket,
+            id: route.endpoint,
+            name: about.name.clone(),
+            base: about.base.clone(),
+            cadence: e.cadence.clone(),
+            reason: route.reason.label(),
+            decision: record,
+            authorization: about.authorization.clone(),
+            hedge_after: picked.hedge_after.map(|n| Duration::from_nanos(n.0)),
+            prediction: None,
+            predicted_ttft: match route.reason {
+                Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
+                _ => None,
+            },
+            headers: about.headers.clone(),
+            send_model: about.rename(request.model.as_deref()),
+            tier: picked.tier,
+            spilled: picked.spilled,
+            price: about.config.price,
+            prompt_cache_key: about.config.prompt_cache_key,
+        })
+    }
+
+    /// Counts a pick by policy and reason, and a spill by its reason.
+    fn count_pick(&self, policy: &'static str, target: &Target) {
+        self.metrics
+            .picks
+            .get_or_create(&PickLabels {
+                policy,
+                reason: target.reason,
+            })
+            .inc();
+        if target.tier > 0 {
+            let reason = target.spilled.unwrap_or("unavailable");
+            self.metrics
+                .spillover
+                .get_or_create(&metrics::ReasonLabel { reason })
+                .inc();
+        }
     }
 
     /// Up to `limit` recent decision records, newest first; only `request`'s when given.
@@ -468,40 +408,29 @@ impl Pool {
     /// shared by every request, so this takes the lock; failures are the rare path).
     pub fn next_after_failure(&self, attempts: &mut Attempts, rng: &mut dyn RngCore) -> Next {
         let now = self.clock.now();
-        attempts.failed(now, &mut self.lock().budget, rng)
+        self.lock().dispatch.next_after_failure(attempts, now, rng)
     }
 
     /// Gives back a retry withdrawn at `withdrawn_at` that was never sent.
     pub fn refund_retry(&self, withdrawn_at: Nanos) {
-        self.lock().budget.refund(withdrawn_at);
+        self.lock().dispatch.refund_retry(withdrawn_at);
     }
 
     /// A uniformly random duration in `[0, max)`, for phases.
     pub fn jitter(&self, max: Duration) -> Duration {
         use rand::Rng;
         let max = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
-        Duration::from_nanos(self.lock().router.rng().random_range(0..max))
+        Duration::from_nanos(self.lock().dispatch.router_mut().rng().random_range(0..max))
     }
 
     /// A scrape of `endpoint` sent at `sent_at` returned `observation` (`None` when the engine
     /// answered without metrics kvgate reads). The endpoint is healthy again.
     pub fn observed(&self, endpoint: EndpointId, observation: Option<Observation>, sent_at: Nanos) {
-        let mut core = self.lock();
-        core.set_checks(endpoint, |e| e.healthy = true);
-        let Some(e) = core.endpoint(endpoint) else {
-            return;
-        };
-        e.scrape_failures = 0;
-        e.served_since_scrape = false;
-        if let Some(obs) = observation {
-            e.info.observation = Some(obs);
-            if obs.waiting > 0 && obs.running > 0 {
-                e.info.slots = Some(e.info.slots.map_or(obs.running, |s| s.max(obs.running)));
-            }
-            core.router.observed(endpoint, obs, sent_at);
+        {
+            let mut core = self.lock();
+            core.dispatch.observed(endpoint, observation, sent_at);
+            self.publish(&core);
         }
-        self.publish(&core);
-        drop(core);
         if let Some(tokens) = observation.and_then(|o| o.capacity_tokens()) {
             self.cache_mut().set_capacity(endpoint, tokens);
         }
@@ -517,7 +446,7 @@ impl Pool {
             return false;
         }
         let mut core = self.lock();
-        let Some(e) = core.endpoint(endpoint) else {
+        let Some(e) = core.endpoint_mut(endpoint) else {
             return false;
         };
         let restarted = e
@@ -525,7 +454,7 @@ impl Pool {
             .replace(run)
             .is_some_and(|before| run.restarted_since(&before));
         if restarted {
-            e.info.slots = None;
+            core.dispatch.engine_restarted(endpoint);
             self.publish(&core);
             drop(core);
             self.cache_mut().endpoint_restarted(endpoint);
@@ -533,25 +462,12 @@ impl Pool {
         restarted
     }
 
-    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy. A failed scrape
-    /// does not count while the endpoint answered requests since the previous scrape: an engine
-    /// too busy to answer `/metrics` in time is not a dead engine, and taking the last endpoint
-    /// out of a pool for it would turn load into errors. Whether this failure made it
-    /// unhealthy.
+    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy (see
+    /// [`DispatchCore::scrape_failed`]). Whether this failure made it unhealthy.
     pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) -> bool {
         let mut core = self.lock();
-        let Some(e) = core.endpoint(endpoint) else {
-            return false;
-        };
-        if std::mem::take(&mut e.served_since_scrape) {
-            return false;
-        }
-        e.scrape_failures += 1;
-        let down = e.scrape_failures >= threshold;
-        let went_down = down && core.set_checks(endpoint, |e| e.healthy = false);
-        if went_down {
-            self.publish(&core);
-        }
+        let went_down = core.dispatch.scrape_failed(endpoint, threshold);
+        self.publish_if(&core, went_down);
         went_down
     }
 
@@ -560,30 +476,28 @@ impl Pool {
     /// still answers.
     pub fn reported_health(&self, endpoint: EndpointId, up: bool) {
         let mut core = self.lock();
-        if core.set_checks(endpoint, |e| e.reports_down = !up) {
-            self.publish(&core);
-        }
+        let changed = core.dispatch.reported_health(endpoint, up);
+        self.publish_if(&core, changed);
     }
 
     /// Records the models an endpoint reported.
     pub fn set_models(&self, endpoint: EndpointId, models: Vec<String>) {
         let mut core = self.lock();
-        if let Some(e) = core.endpoint(endpoint) {
-            if e.info.about.config.model.is_none() {
-                e.info.about = Arc::new(About::new(e.info.about.config.clone(), models));
-                self.publish(&core);
-            }
+        let Some(e) = core.endpoint_mut(endpoint) else {
+            return;
+        };
+        if e.about.config.model.is_none() {
+            e.about = Arc::new(About::new(e.about.config.clone(), models));
+            let serving = e.about.serving.clone();
+            core.dispatch.set_serving(endpoint, serving);
+            self.publish(&core);
         }
     }
 
     /// Periodic upkeep: the policy's, then the prefix cache's (eviction) under its own lock.
     pub fn maintain(&self) {
         let now = self.clock.now();
-        let models = {
-            let mut core = self.lock();
-            core.router.maintain(now);
-            core.router.models(now)
-        };
+        let models = { self.lock().dispatch.maintain(now) };
         let snapshot = self.snapshot.load();
         for &(id, m) in &models {
             let Some(e) = snapshot.get(id) else { continue };
@@ -606,5 +520,7 @@ impl Pool {
     }
 }
 
+#[cfg(test)]
+mod replay_tests;
 #[cfg(test)]
 mod tests;

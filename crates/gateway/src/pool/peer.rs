@@ -8,9 +8,9 @@
 //! by the peer's own ids, which collide with local ones.
 
 use super::Pool;
-use kvgate_core::decision::FailureKind;
+use kvgate_core::dispatch;
 use kvgate_core::index::Prediction;
-use kvgate_core::{EndpointId, Nanos, Request, Usage};
+use kvgate_core::{EndpointId, Nanos, Request};
 use std::sync::Arc;
 
 impl Pool {
@@ -53,23 +53,27 @@ impl Pool {
         let overlaps = self.lookup(request, now);
         {
             let mut core = self.lock();
-            core.router.view(endpoint)?;
-            core.router.commit(request, endpoint, &overlaps, now);
+            if !core
+                .dispatch
+                .peer_dispatched(request, endpoint, &overlaps, now)
+            {
+                return None;
+            }
             core.sync_inflight(endpoint);
         }
         let mut cache = self.cache_mut();
-        let prediction = cache.prediction(request, endpoint, &overlaps);
-        cache.dispatched(request, endpoint, now, &overlaps);
-        Some(prediction)
+        Some(dispatch::record_dispatch(
+            &mut cache, request, endpoint, &overlaps, now,
+        ))
     }
 
     /// A peer's request on `endpoint` had its first bytes after `ttft` (a first token, which
     /// the policy learns the endpoint's speed from, when `stream`).
     pub fn peer_first_token(&self, request: u64, endpoint: EndpointId, ttft: Nanos, stream: bool) {
         let now = self.clock.now();
-        if stream {
-            self.lock().router.first_token(request, endpoint, now, ttft);
-        }
+        self.lock()
+            .dispatch
+            .peer_first_token((request, endpoint), ttft, stream, now);
         self.cache_mut().first_token(request, endpoint, now);
     }
 
@@ -85,20 +89,7 @@ impl Pool {
         let now = self.clock.now();
         {
             let mut core = self.lock();
-            match end {
-                PeerEnd::Completed {
-                    latency,
-                    output_tokens,
-                    usage,
-                } => {
-                    if let Some(usage) = usage {
-                        core.router.usage(request, endpoint, now, usage);
-                    }
-                    core.router
-                        .completed(request, endpoint, now, latency, output_tokens);
-                }
-                PeerEnd::Failed(kind) => core.router.failed(request, endpoint, now, kind),
-            }
+            core.dispatch.peer_ended((request, endpoint), end, now);
             core.sync_inflight(endpoint);
         }
         let mut cache = self.cache_mut();
@@ -121,17 +112,4 @@ impl Pool {
 }
 
 /// How a peer's request ended.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum PeerEnd {
-    /// It completed.
-    Completed {
-        /// Dispatch to end.
-        latency: Nanos,
-        /// Output tokens streamed.
-        output_tokens: u32,
-        /// The engine's usage, when the answer carried one.
-        usage: Option<Usage>,
-    },
-    /// It failed (or its client went away).
-    Failed(FailureKind),
-}
+pub use kvgate_core::dispatch::End as PeerEnd;

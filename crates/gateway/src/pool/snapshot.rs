@@ -87,6 +87,11 @@ impl Pool {
         self.snapshot.load().get(id).map(|e| e.about.base.clone())
     }
 
+    /// The iteration clock of an endpoint still in the pool, which its streams tick.
+    pub fn cadence_of(&self, id: EndpointId) -> Option<Arc<super::CadenceCell>> {
+        self.snapshot.load().get(id).map(|e| e.cadence.clone())
+    }
+
     /// Where an endpoint still in the pool publishes KV events, if configured.
     pub fn kv_events_of(&self, id: EndpointId) -> Option<String> {
         self.snapshot.load().get(id)?.about.config.kv_events.clone()
@@ -139,10 +144,7 @@ impl Pool {
     /// Kubernetes Service together.
     pub fn any_healthy(&self) -> bool {
         let snapshot = self.snapshot.load();
-        snapshot
-            .endpoints
-            .iter()
-            .any(EndpointInfo::passes_health_checks)
+        snapshot.endpoints.iter().any(|e| e.passes_health_checks())
     }
 
     /// The endpoints where a request this gateway sent (or a peer shared) awaits its first
@@ -150,10 +152,10 @@ impl Pool {
     /// (`crate::resume`).
     pub fn awaiting_first_token(&self) -> Vec<EndpointId> {
         let core = self.lock();
-        let router = &core.router;
+        let router = core.dispatch.router();
         core.endpoints
             .iter()
-            .map(|e| e.info.id)
+            .map(|e| e.id)
             .filter(|&id| router.awaiting_first_token(id) > 0)
             .collect()
     }
@@ -162,7 +164,8 @@ impl Pool {
     /// hosted API, or an engine not yet scraped.
     pub fn without_engine_metrics(&self) -> Vec<EndpointId> {
         let core = self.lock();
-        core.router
+        core.dispatch
+            .router()
             .views()
             .iter()
             .filter(|v| v.observation.is_none())
@@ -172,7 +175,7 @@ impl Pool {
 
     /// How many of this gateway's requests to `endpoint` await their first token.
     pub fn awaiting_first_token_at(&self, endpoint: EndpointId) -> u32 {
-        self.lock().router.awaiting_first_token(endpoint)
+        self.lock().dispatch.router().awaiting_first_token(endpoint)
     }
 
     /// How long until an endpoint serving `model`, now kept out only by a Retry-After window or

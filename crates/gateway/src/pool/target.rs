@@ -49,28 +49,4 @@ pub struct Target {
     pub prompt_cache_key: bool,
 }
 
-/// Which attempt of a request a pick is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attempt {
-    /// The first: counts towards the retry budget's request total and arms the hedge.
-    First,
-    /// A retry: prefers endpoints not tried yet, else takes any.
-    Retry,
-    /// A hedge: only an endpoint not tried yet.
-    Hedge,
-    /// A stream's continuation after it broke (`crate::resume`): only an endpoint not tried
-    /// yet; outside the retry budget (a continuation replaces work lost, it adds none).
-    Resume,
-}
-
-impl Attempt {
-    /// `first`, `retry` or `hedge`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Attempt::First => "first",
-            Attempt::Retry => "retry",
-            Attempt::Hedge => "hedge",
-            Attempt::Resume => "resume",
-        }
-    }
-}
+pub use kvgate_core::dispatch::Attempt;

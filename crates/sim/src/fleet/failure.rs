@@ -32,7 +32,7 @@ impl Sim<'_> {
         }
         self.open[i] = 0;
         for r in &mut self.routers {
-            r.remove(endpoint);
+            r.remove(endpoint, now);
         }
         for (id, prompt, max_output, output) in lost {
             self.out.in_flight -= 1;

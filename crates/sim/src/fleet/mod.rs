@@ -6,7 +6,9 @@
 //! every `scrape_interval` (all routers at the same instants, or staggered evenly across the
 //! interval), its own dispatches, and whatever its policy learns from the events the gateway
 //! would send it (`Dispatched`, `FirstToken`, `Completed`, and optionally engine KV events).
-//! Each router is a [`Routing`], the same router and prefix cache the gateway drives. Arrivals
+//! Each router is a [`Dispatcher`]: the dispatch core and prefix cache the gateway's pool
+//! drives, fed the same events in the same order (a differential test in the gateway replays
+//! one trace through both and compares their decisions). Arrivals
 //! are dealt to routers in turn.
 //!
 //! Time is [`Nanos`]. The cost of the loop is O(log events) per event: an iteration, an arrival,
@@ -24,9 +26,8 @@ pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, Resumption, SkewStats}
 
 use crate::model::{EngineModel, Iteration, SeqEvent, SeqRequest};
 use crate::workload::{Spec, UniqueTokens, Workload};
-use kvgate_core::{
-    Decision, EndpointId, EndpointView, Nanos, Observation, Reason, Request, Routing, Usage,
-};
+use kvgate_core::dispatch::{Attempt, DispatchConfig, Dispatcher, MemberSpec};
+use kvgate_core::{EndpointId, Nanos, Observation, Reason, Request, Usage};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -70,7 +71,22 @@ pub fn run(
     workload_rng: &mut ChaCha8Rng,
     seed: u64,
 ) -> Outcome {
-    Sim::new(config, seed).run(workload, workload_rng)
+    Sim::new(config, seed).run_keeping(workload, workload_rng).0
+}
+
+/// [`run`], recording everything the first router is fed and decides
+/// ([`kvgate_core::dispatch::trace`]): the gateway's tests replay that trace through its pool.
+pub fn run_recorded(
+    config: &FleetConfig,
+    workload: &mut dyn Workload,
+    workload_rng: &mut ChaCha8Rng,
+    seed: u64,
+) -> (Outcome, kvgate_core::dispatch::trace::Trace) {
+    let mut sim = Sim::new(config, seed);
+    let entries = config.kv_events.then(|| engine_event_entries(config));
+    sim.routers[0].record(&config.policy, router_seed(seed, 0), entries);
+    let (outcome, trace) = sim.run_keeping(workload, workload_rng);
+    (outcome, trace.expect("the first router records"))
 }
 
 struct Sim<'c> {
@@ -79,7 +95,7 @@ struct Sim<'c> {
     queue: BinaryHeap<Reverse<(Nanos, Kind, u64, u64)>>,
     seq: u64,
     replicas: Vec<Replica>,
-    routers: Vec<Routing>,
+    routers: Vec<Dispatcher>,
     specs: Vec<Option<Spec>>,
     free_specs: Vec<usize>,
     open_pending: bool,
@@ -99,6 +115,17 @@ struct Sim<'c> {
     last_turn: std::collections::HashMap<u64, rehome::LastTurn>,
     /// Warm-ups by request id, and what each warms.
     warmups: std::collections::HashMap<u64, rehome::Warmup>,
+}
+
+/// Router `r`'s random seed in a fleet seeded by `seed`.
+fn router_seed(seed: u64, r: usize) -> u64 {
+    seed ^ (0x726f_7574_6572 + r as u64)
+}
+
+/// How many KV-event entries a router keeps per endpoint: the largest engine's blocks.
+fn engine_event_entries(config: &FleetConfig) -> usize {
+    let blocks = config.replicas.iter().map(|r| r.engine.kv_blocks);
+    blocks.max().unwrap_or(0)
 }
 
 fn align(t: Nanos, quantum: u64) -> Nanos {
@@ -132,18 +159,21 @@ impl<'c> Sim<'c> {
             .collect();
         let routers = (0..config.routers.max(1))
             .map(|r| {
-                let mut routing =
-                    Routing::new(&config.policy, seed ^ (0x726f_7574_6572 + r as u64));
+                let mut routing = Dispatcher::new(
+                    &DispatchConfig::default(),
+                    &config.policy,
+                    router_seed(seed, r),
+                );
                 if config.kv_events {
-                    let blocks = config.replicas.iter().map(|r| r.engine.kv_blocks);
-                    routing = routing.with_engine_events(blocks.max().unwrap_or(0));
+                    routing = routing.with_engine_events(engine_event_entries(config));
                 }
                 // The operator knows each replica's relative speed: it is the static weight.
                 for (i, rc) in config.replicas.iter().enumerate() {
-                    routing.router_mut().add(EndpointView {
+                    let spec = MemberSpec {
                         weight: if rc.speed > 0.0 { rc.speed } else { 1.0 },
-                        ..EndpointView::new(EndpointId(i as u32))
-                    });
+                        ..MemberSpec::default()
+                    };
+                    routing.add(EndpointId(i as u32), &spec, Nanos::ZERO);
                 }
                 routing
             })
@@ -197,7 +227,11 @@ impl<'c> Sim<'c> {
         self.open_pending || self.follow_ups_pending > 0 || self.out.in_flight > 0
     }
 
-    fn run(mut self, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) -> Outcome {
+    fn run_keeping(
+        mut self,
+        workload: &mut dyn Workload,
+        rng: &mut ChaCha8Rng,
+    ) -> (Outcome, Option<kvgate_core::dispatch::trace::Trace>) {
         if let Some(spec) = workload.next_open(rng) {
             self.open_pending = true;
             self.push_spec(spec, true);
@@ -267,7 +301,8 @@ impl<'c> Sim<'c> {
             o.preemptions = s.preemptions;
         }
         self.forget_warmups();
-        self.out
+        let trace = self.routers.first_mut().and_then(Dispatcher::take_trace);
+        (self.out, trace)
     }
 
     fn scrape(&mut self, router: usize) {
@@ -379,11 +414,21 @@ impl<'c> Sim<'c> {
                 self.scrape(router_index);
             }
             let mut request = request_of(&rec, id, prompt, self.config.session_names);
-            let accept = |v: &EndpointView| !is_closed(v.id.0 as usize);
-            let decision = self.routers[router_index].route(&request, now, &accept);
-            let route = match decision {
-                Decision::Route(route) => route,
-                Decision::Reject(_) => {
+            // Replicas this request already broke on are tried ones: a continuation goes
+            // elsewhere, as the gateway's resume does.
+            let tried: Vec<EndpointId> = (0..closed.len())
+                .filter(|&i| is_closed(i))
+                .map(|i| EndpointId(i as u32))
+                .collect();
+            let attempt = if tried.is_empty() {
+                Attempt::First
+            } else {
+                Attempt::Resume
+            };
+            let picked = self.routers[router_index].pick(&request, &tried, attempt, now);
+            let route = match picked {
+                Ok(picked) => picked.route,
+                Err(_) => {
                     self.out.rejected += 1;
                     self.out.records[id as usize].failed = true;
                     return;
@@ -552,8 +597,7 @@ impl<'c> Sim<'c> {
                     *streams = streams.saturating_sub(1);
                     let router = &mut self.routers[from];
                     let e2e = now - dispatched;
-                    router.usage(id, endpoint, now, usage);
-                    router.completed(id, endpoint, now, e2e, output_tokens);
+                    router.completed((id, endpoint), now, (e2e, output_tokens), Some(usage));
                     let output = output_tokens;
                     let news = share::News::Done {
                         id,

@@ -149,7 +149,7 @@ impl Sim<'_> {
                 Some(a) => Some(a.replica as usize),
                 None => None,
             };
-            let router = self.routers[rec.router as usize].router();
+            let router = self.routers[rec.router as usize].core().router();
             let closed: Vec<bool> = (0..self.replicas.len())
                 .map(|i| {
                     let awaiting = router.awaiting_first_token(kvgate_core::EndpointId(i as u32));
@@ -238,7 +238,7 @@ impl Sim<'_> {
 /// after it lie within what the replica already held (another session's system prompt, a
 /// shared document) until the first that reaches past it.
 fn cached(
-    routing: &kvgate_core::Routing,
+    routing: &kvgate_core::dispatch::Dispatcher,
     head: &kvgate_core::Request,
     replica: usize,
     now: kvgate_core::Nanos,

@@ -1,7 +1,7 @@
 //! Routers sharing what they do, as gateway replicas would over a message bus (`kvgate serve
 //! --cluster`): each router's dispatches, first tokens and completions reach every other
 //! router [`super::FleetConfig::share`] later, and each applies them as its own
-//! ([`kvgate_core::Routing::peer_dispatched`]), so replicas see each other's in-flight load and
+//! ([`kvgate_core::dispatch::Dispatcher::peer_dispatched`]), so replicas see each other's in-flight load and
 //! prefix placements instead of only their own share of the traffic.
 
 use super::{Kind, Sim};
@@ -61,7 +61,7 @@ impl Sim<'_> {
                 router.peer_dispatched(&request, endpoint, now);
             }
             News::FirstToken { id, endpoint, ttft } if alive(endpoint) => {
-                router.first_token(id, endpoint, now, ttft);
+                router.peer_first_token(id, endpoint, now, ttft);
             }
             News::Done {
                 id,
@@ -70,8 +70,12 @@ impl Sim<'_> {
                 e2e,
                 output,
             } if alive(endpoint) => {
-                router.usage(id, endpoint, now, usage);
-                router.completed(id, endpoint, now, e2e, output);
+                let end = kvgate_core::dispatch::End::Completed {
+                    latency: e2e,
+                    output_tokens: output,
+                    usage: Some(usage),
+                };
+                router.peer_ended((id, endpoint), end, now);
             }
             _ => {}
         }

@@ -175,7 +175,7 @@ fn the_kv_gauge_counts_what_the_kv_signal_says() {
         engine.step().unwrap();
         engine.step().unwrap();
         sim.scrape(0);
-        let usage = sim.routers[0].router().views()[0]
+        let usage = sim.routers[0].core().router().views()[0]
             .observation
             .unwrap()
             .kv_usage;
@@ -659,4 +659,66 @@ fn assert_all_but_the_last_piece_cached(continued: &[Resumption], piece: u32) {
             c.prompt_tokens
         );
     }
+}
+
+/// The recorded trace the gateway's pool replays (`test-data/dispatch/trace.json`): two routers
+/// sharing their news, engine KV events, staggered scrapes, and a replica lost mid-run whose
+/// streams continue elsewhere, so the first router sees picks, first tokens, usage, failures,
+/// resumptions, KV batches and peer news. This test keeps the file equal to what the simulator
+/// records today; `KVGATE_BLESS=1` rewrites it after an intended change.
+#[test]
+fn the_recorded_dispatch_trace_is_what_the_fleet_records() {
+    let mut config = fleet("predicted_ttft", 3, &[1.0, 1.0, 0.5]);
+    config.routers = 2;
+    config.share = Some(Nanos::from_millis(2));
+    config.kv_events = true;
+    config.scrape_interval = Nanos::from_millis(20);
+    config.staggered = true;
+    config.maintain_interval = Nanos::from_millis(500);
+    config.failures = vec![Failure {
+        replica: 2,
+        at: Nanos::from_millis(1_500),
+    }];
+    let mut open = open_config(160, 0.1, 3);
+    open.prompt = Lengths::fixed(96);
+    open.output = Lengths::fixed(24);
+    let mut workload = OpenLoop::new(open);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (outcome, trace) = run_recorded(&config, &mut workload, &mut rng, 5);
+    let count = |name: &str| {
+        trace
+            .events
+            .iter()
+            .filter(|s| serde_json::to_value(&s.event).unwrap()["event"].as_str() == Some(name))
+            .count()
+    };
+    for kind in [
+        "pick",
+        "first_token",
+        "completed",
+        "failed",
+        "kv_batch",
+        "peer_dispatched",
+        "peer_completed",
+        "scrape",
+        "tokens",
+        "leave",
+    ] {
+        assert!(count(kind) > 0, "the trace has no {kind}");
+    }
+    assert!(outcome.records.iter().all(|r| r.finished.is_some()));
+    let json = serde_json::to_string(&trace).unwrap() + "\n";
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../test-data/dispatch/trace.json"
+    );
+    if std::env::var_os("KVGATE_BLESS").is_some() {
+        std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+        std::fs::write(path, &json).unwrap();
+    }
+    let recorded = std::fs::read_to_string(path).expect("run with KVGATE_BLESS=1 to record it");
+    assert!(
+        recorded == json,
+        "the fleet's trace changed; rerun with KVGATE_BLESS=1 if that is intended"
+    );
 }

@@ -6,16 +6,93 @@
 //! say it would answer late; it is kept as the fallback should no later tier take the request.
 //! Only the final choice is recorded as a dispatch.
 
-use super::endpoint::Endpoint;
-use crate::endpoint_config::SpilloverConfig;
-use kvgate_core::index::Overlaps;
-use kvgate_core::{Decision, EndpointView, Nanos, Rejection, Request, Route, Router};
+use super::member::Member;
+use crate::index::Overlaps;
+use crate::{Decision, EndpointView, Nanos, Reason, Rejection, Request, Route, Router};
+use serde::{Deserialize, Serialize};
 
-/// What a placement needs from the pool.
+/// When a tier that could take a request passes it to the next tier anyway (Azure OpenAI's
+/// spillover from provisioned to pay-as-you-go capacity): the self-hosted tier is up but would
+/// answer late. Off unless a threshold is set; the last tier never spills.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpilloverConfig {
+    /// Spill when the policy predicts a time to first token above this (policies that
+    /// predict one: `predicted_ttft`).
+    pub ttft_ms: Option<f64>,
+    /// Spill when the chosen endpoint's queue would hold at least this many requests
+    /// (see [`Self::reason`]).
+    pub queue: Option<u32>,
+    /// A session's requests go first to the tier that served its previous one, for this many
+    /// seconds after it (0: off), so a conversation spilled to a hosted provider keeps that
+    /// provider's prompt cache, and one on the self-hosted tier stays there, unless that tier
+    /// fails, is out, or spills again.
+    pub session_pin_secs: u64,
+}
+
+impl Default for SpilloverConfig {
+    fn default() -> Self {
+        SpilloverConfig {
+            ttft_ms: None,
+            queue: None,
+            session_pin_secs: 300,
+        }
+    }
+}
+
+impl SpilloverConfig {
+    /// Why `route` (to the endpoint seen as `view`) should go to the next tier instead, if it
+    /// should.
+    ///
+    /// The queue is the larger of two estimates: the scraped queue plus this router's
+    /// dispatches since the scrape once it shows one (a scrape is stale by up to its
+    /// interval, so what was sent since counts on top), and this router's requests in flight
+    /// there beyond the engine's `slots`, learned from scrapes that showed it full (exact when
+    /// this router is the engine's only client, and not a scrape interval late).
+    pub fn reason(
+        &self,
+        route: &Route,
+        view: Option<&EndpointView>,
+        slots: Option<u32>,
+    ) -> Option<&'static str> {
+        if let (Some(limit), Reason::PredictedTtft { ttft_ms, .. }) = (self.ttft_ms, &route.reason)
+        {
+            if *ttft_ms > limit {
+                return Some("ttft");
+            }
+        }
+        let waiting = view.and_then(|v| {
+            let o = v.observation?;
+            let scraped = match o.waiting {
+                0 => 0,
+                w => w.saturating_add(v.own_since_observation),
+            };
+            let own = slots.map_or(0, |s| v.own_inflight.saturating_sub(s));
+            Some(scraped.max(own))
+        });
+        match (self.queue, waiting) {
+            (Some(limit), Some(waiting)) if waiting >= limit => Some("queue"),
+            _ => None,
+        }
+    }
+
+    /// Checks the thresholds; the error names the field and what is wrong.
+    pub fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.ttft_ms.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+            return Err(("spillover.ttft_ms", "must be positive"));
+        }
+        if self.queue == Some(0) {
+            return Err(("spillover.queue", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// What a placement needs from the dispatch core.
 pub(super) struct Scene<'a> {
     pub(super) router: &'a mut Router,
     pub(super) spillover: &'a SpilloverConfig,
-    pub(super) endpoints: &'a [Endpoint],
+    pub(super) members: &'a [Member],
     pub(super) request: &'a Request,
     pub(super) overlaps: &'a Overlaps,
     pub(super) now: Nanos,
@@ -88,19 +165,19 @@ pub(super) struct Placement {
 }
 
 /// The tier of the endpoint `v` (`u32::MAX` for one no longer in the pool).
-pub(super) fn tier_of(endpoints: &[Endpoint], v: &EndpointView) -> u32 {
+pub(super) fn tier_of(endpoints: &[Member], v: &EndpointView) -> u32 {
     endpoints
-        .binary_search_by_key(&v.id, |e| e.info.id)
-        .map_or(u32::MAX, |k| endpoints[k].info.about.config.tier)
+        .binary_search_by_key(&v.id, |e| e.status.id)
+        .map_or(u32::MAX, |k| endpoints[k].status.tier)
 }
 
 /// The priority tiers of the endpoints serving `model`, highest priority (lowest number)
 /// first; `[0]` when none does (the pick then rejects as before).
-fn tiers_serving(endpoints: &[Endpoint], model: Option<&str>) -> Vec<u32> {
+fn tiers_serving(endpoints: &[Member], model: Option<&str>) -> Vec<u32> {
     let mut tiers: Vec<u32> = endpoints
         .iter()
-        .filter(|e| e.info.about.serves(model))
-        .map(|e| e.info.about.config.tier)
+        .filter(|e| e.status.serving.serves(model))
+        .map(|e| e.status.tier)
         .collect();
     tiers.sort_unstable();
     tiers.dedup();
@@ -110,7 +187,7 @@ fn tiers_serving(endpoints: &[Endpoint], model: Option<&str>) -> Vec<u32> {
     tiers
 }
 
-/// Chooses across `passes` and tiers; `accept(view, fresh, cool)` is the pool's eligibility.
+/// Chooses across `passes` and tiers; `accept(view, fresh, cool)` is the core's eligibility.
 pub(super) fn place(
     scene: Scene<'_>,
     passes: &[(bool, bool)],
@@ -119,7 +196,7 @@ pub(super) fn place(
     let Scene {
         router,
         spillover,
-        endpoints,
+        members: endpoints,
         request,
         overlaps,
         now,
@@ -146,9 +223,9 @@ pub(super) fn place(
                 }
             };
             let slots = endpoints
-                .binary_search_by_key(&route.endpoint, |e| e.info.id)
+                .binary_search_by_key(&route.endpoint, |e| e.status.id)
                 .ok()
-                .and_then(|k| endpoints[k].info.slots);
+                .and_then(|k| endpoints[k].status.slots);
             let reason = (k + 1 < tiers.len())
                 .then(|| spillover.reason(&route, router.view(route.endpoint), slots))
                 .flatten();

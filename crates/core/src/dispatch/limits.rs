@@ -2,24 +2,25 @@
 //! minute, concurrency), as a hosted provider enforces them on its account: an endpoint over
 //! any of them is left out of the pick, so the next endpoint of its tier, or the next tier,
 //! takes the request, as LiteLLM routes around a deployment at its RPM/TPM. Charged at dispatch
-//! from the request's estimate (kvgate-core's `ChargeModel`) and corrected from the engine's
+//! from the request's estimate ([`crate::tenancy::ChargeModel`]) and corrected from the engine's
 //! usage when the attempt ends; an attempt that fails before its first token gives its tokens
 //! back (a provider does not bill it) but not its request.
 
-use kvgate_core::tenancy::{Charge, LimitsConfig, RateLimiter, TokenWeights};
-use kvgate_core::{Nanos, Usage};
+use crate::tenancy::{Charge, LimitsConfig, RateLimiter, TokenWeights};
+use crate::{Nanos, Usage};
 use std::collections::HashMap;
 
 /// See the module documentation.
 #[derive(Debug)]
-pub(crate) struct DeploymentLimits {
+pub struct DeploymentLimits {
     limiter: RateLimiter,
     /// What each attempt in flight here was charged, by request id.
     charged: HashMap<u64, Charge>,
 }
 
 impl DeploymentLimits {
-    pub(crate) fn new(config: &LimitsConfig, now: Nanos) -> Self {
+    /// Limits as configured, full at `now`.
+    pub fn new(config: &LimitsConfig, now: Nanos) -> Self {
         DeploymentLimits {
             limiter: RateLimiter::new(config, TokenWeights::default(), now),
             charged: HashMap::new(),
@@ -27,18 +28,18 @@ impl DeploymentLimits {
     }
 
     /// Whether `charge` fits every limit now.
-    pub(crate) fn admits(&mut self, now: Nanos, charge: &Charge) -> bool {
+    pub fn admits(&mut self, now: Nanos, charge: &Charge) -> bool {
         self.limiter.check(now, charge).is_ok()
     }
 
     /// Request `id` was sent here with `charge`.
-    pub(crate) fn dispatched(&mut self, id: u64, now: Nanos, charge: Charge) {
+    pub fn dispatched(&mut self, id: u64, now: Nanos, charge: Charge) {
         self.limiter.commit(now, &charge);
         self.charged.insert(id, charge);
     }
 
     /// Request `id`'s attempt here ended; `usage` when it was answered.
-    pub(crate) fn ended(&mut self, id: u64, now: Nanos, usage: Option<&Usage>) {
+    pub fn ended(&mut self, id: u64, now: Nanos, usage: Option<&Usage>) {
         if let Some(estimated) = self.charged.remove(&id) {
             let actual = usage.map(Charge::from_usage).unwrap_or_default();
             self.limiter.settle(now, &estimated, &actual);
