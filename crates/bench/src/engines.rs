@@ -45,7 +45,7 @@ impl EngineLoad {
             samples: spreads.len(),
             mean_inflight: spreads.iter().map(|s| s.0).sum::<f64>() / n,
             herding_mean: h.iter().sum::<f64>() / n,
-            herding_p95: crate::stats::percentile(&h, 0.95),
+            herding_p95: kvgate_core::stats::percentile(&h, 0.95).unwrap_or(f64::NAN),
         })
     }
 }
