@@ -47,7 +47,12 @@ pub struct BenchArgs {
 
     /// With `--from-records`: report only the requests sent in `[FROM, TO)` seconds into the
     /// run (repeatable: one report per window, target and rate, each naming its window).
-    #[arg(long = "window", value_name = "FROM:TO", requires = "from_records")]
+    #[arg(
+        long = "window",
+        value_name = "FROM:TO",
+        requires = "from_records",
+        allow_hyphen_values = true
+    )]
     pub windows: Vec<String>,
 
     /// The engines behind a target, `URL,URL,...`; repeat once per target in `--url` order.
