@@ -2,7 +2,7 @@
 //! engine's `/metrics` gives its requests running plus waiting (vLLM's
 //! `vllm:num_requests_running` and `vllm:num_requests_waiting`), and each sample's spread,
 //! the busiest engine's count minus the mean, measures herding: routers that see stale or
-//! partial load pile requests onto the same engine while others idle (seed section 7).
+//! partial load pile requests onto the same engine while others idle.
 
 use serde::Serialize;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! The batching demo (DOMAIN.md §7.2): the same arrivals through static batching, continuous
+//! The batching demo: the same arrivals through static batching, continuous
 //! batching and chunked prefill, tick by tick, on one replica with 3 slots.
 //!
 //! Work is counted in whole units as in the reference: a prompt is 1 to 3 chunks (a chunk is
