@@ -95,21 +95,25 @@ for row in "${names[@]}"; do
     wait "$bench" || true
     metrics_after=""
     [[ "$row" != gateway-sigterm ]] && metrics_after=$(http GET "$gateway/metrics")
-    python3 - "$row" "$out/$row.records.jsonl" "$(python3 -c "print($fault_at - $launched)")" "$unavailable" \
-        <(printf '%s' "$metrics_before") <(printf '%s' "$metrics_after") >>"$summary" <<'PY'
+    # TTFT P95 before and during the fault, by kvgate's own percentile: the bench re-reads its
+    # records, split at the fault.
+    offset=$(python3 -c "print($fault_at - $launched)")
+    "$KVGATE" bench --from-records "$out/$row.records.jsonl" --window="0:$offset" \
+        --window="$offset:1e9" --quiet --json "$out/$row.windows.json"
+    python3 - "$row" "$out/$row.records.jsonl" "$offset" "$unavailable" \
+        <(printf '%s' "$metrics_before") <(printf '%s' "$metrics_after") "$out/$row.windows.json" \
+        >>"$summary" <<'PY'
 import json, sys
-row, records_path, offset, unavailable, before_path, after_path = sys.argv[1:7]
+row, records_path, offset, unavailable, before_path, after_path, windows_path = sys.argv[1:8]
 offset = float(offset)
 records = [json.loads(l) for l in open(records_path)]
 
-def p95(values):
-    values = sorted(values)
-    if not values:
-        return None
-    k = (len(values) - 1) * 0.95
-    lo = int(k)
-    hi = min(lo + 1, len(values) - 1)
-    return round(values[lo] + (values[hi] - values[lo]) * (k - lo), 1)
+def p95(lo):
+    """TTFT P95 of the successful requests sent in the window starting at `lo` (null if none)."""
+    for r in json.load(open(windows_path))["results"]:
+        if r["window_s"][0] == lo and r["ttft_ms"]["p95"] is not None:
+            return round(r["ttft_ms"]["p95"], 1)
+    return None
 
 def counters(path):
     out = {}
@@ -126,7 +130,6 @@ def counters(path):
             pass
     return out
 
-early = [r for r in records if r["sent_s"] < offset]
 late = [r for r in records if r["sent_s"] >= offset]
 # Failures count over the whole run: nothing fails before the fault unless something is wrong.
 failed_before = [r for r in records if r["error"] and r["ttft_ms"] is None]
@@ -146,8 +149,8 @@ print(json.dumps({
     "failed_after_first_token": len(failed_after),
     "failed_before_kinds": sorted({r["error"] for r in failed_before}),
     "retry_amplification": amplification,
-    "ttft_p95_before_ms": p95([r["ttft_ms"] for r in early if r["ttft_ms"] is not None]),
-    "ttft_p95_during_ms": p95([r["ttft_ms"] for r in late if r["ttft_ms"] is not None]),
+    "ttft_p95_before_ms": p95(0.0),
+    "ttft_p95_during_ms": p95(offset),
     "unavailable_answer": unavailable.strip() or None,
 }))
 PY

@@ -102,9 +102,10 @@ print(f"\n{'gateway':<14} {'requests':>8} {'hit ratio':>9} {'TTFT p50':>9} {'p95
 for name, r in zip(names, d["results"]):
     t = r["ttft_ms"]
     hit = r.get("cache_hit_ratio")
+    att = "-" if r["slo_attainment"] is None else f"{100 * r['slo_attainment']:.1f}"
     print(f"{name:<14} {r['completed']:>8} {hit if hit is None else round(hit, 3)!s:>9} "
           f"{t['p50'] or float('nan'):>9.0f} {t['p95'] or float('nan'):>7.0f} {t['p99'] or float('nan'):>7.0f} "
-          f"{100 * r['slo_attainment']:>6.1f}")
+          f"{att:>6}")
 EOF
 for pair in "events $events_url" "approximate $approx_url"; do
     set -- $pair

@@ -282,18 +282,25 @@ print(' '.join(f'{a+i*s:g}' for i in range(n+1)))" "$from" "$to" "$step"); do
 done
 
 if [[ "$scenario" == replica-loss ]]; then
-    python3 - "$out" "$slo_ms" "$kill_at" "$kill" "$engines" "${names[@]}" <<'EOF'
-import glob, json, re, statistics, sys
-out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[6:]
+    python3 - "$out" "$slo_ms" "$kill_at" "$kill" "$engines" "$kvgate" "${names[@]}" <<'EOF'
+import glob, json, re, statistics, subprocess, sys
+out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[7:]
+kvgate = sys.argv[6]
 what = (f"engine {sys.argv[5]} killed {kill_at:g} s into each rate" if sys.argv[4] == "1"
         else f"{sys.argv[5]} engines, none killed (windows split at {kill_at:g} s)")
 
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+def summarise(records_path, *flags):
+    """The bench's reports of a records file (kvgate's percentile, attainment and capacity)."""
+    json_path = records_path + ".summary.json"
+    subprocess.run([kvgate, "bench", "--from-records", records_path, "--slo-ttft-ms", str(slo_ms),
+                    "--capacity-attainment", "0.95", "--quiet", "--json", json_path, *flags],
+                   check=True)
+    return json.load(open(json_path))
 
-def p95(xs):
-    return pct(xs, 0.95)
+def window_p95(path, lo, hi):
+    """TTFT P95 of the requests sent in [lo, hi) s (successful ones; None without any)."""
+    results = summarise(path, f"--window={lo}:{hi}")["results"]
+    return results[0]["ttft_ms"]["p95"] if results else None
 
 def displaced(recs):
     """The first turn after the kill, within 30 s, of each session whose last turn before it
@@ -312,13 +319,19 @@ def displaced(recs):
             first.setdefault(s, x)
     return [first[s] for s, e in last.items() if e in lost and s in first]
 
-def recomputes(recs):
+def recomputes(path, recs):
     turns = displaced(recs)
-    ttft = [x["ttft_ms"] for x in turns if x["ttft_ms"] is not None]
-    cached = [x["cached_tokens"] / x["prompt_tokens"] for x in turns if x["prompt_tokens"]]
-    if not ttft or not cached:
+    cached = [x["cached_tokens"] / x["prompt_tokens"] for x in turns
+              if x["prompt_tokens"] and x.get("cached_tokens") is not None]
+    if not turns or not cached:
         return "displaced n/a"
-    return (f"displaced {len(turns)}: {pct(ttft, 0.5):.0f}/{p95(ttft):.0f} ms, "
+    turns_path = path[:-6] + ".displaced.jsonl"
+    with open(turns_path, "w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in turns)
+    ttft = summarise(turns_path)["results"][0]["ttft_ms"]
+    if ttft["p50"] is None:
+        return "displaced n/a"
+    return (f"displaced {len(turns)}: {ttft['p50']:.0f}/{ttft['p95']:.0f} ms, "
             f"{100 * statistics.median(cached):.0f}% cached")
 
 print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
@@ -328,22 +341,31 @@ print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
          " killed engine): how many, TTFT P50/P95, median share of the prompt cached"
          if sys.argv[4] == "1" else ""))
 for name in names:
-    cap, rows = None, []
+    rows = []
     files = glob.glob(f"{out}/replica-loss-{name}-*.json")
-    for f in sorted(files, key=lambda f: float(re.search(r"-([0-9.]+)\.json$", f).group(1))):
+    files = [f for f in files if re.search(r"-[0-9.]+\.json$", f)]
+    files.sort(key=lambda f: float(re.search(r"-([0-9.]+)\.json$", f).group(1)))
+    for f in files:
         r = json.load(open(f))["results"][0]
-        recs = [json.loads(l) for l in open(f[:-5] + ".jsonl")]
+        path = f[:-5] + ".jsonl"
+        recs = [json.loads(l) for l in open(path)]
         before_token = sum(1 for x in recs if x["error"] and x["ttft_ms"] is None)
         after_token = sum(1 for x in recs if x["error"] and x["ttft_ms"] is not None)
-        def window(lo, hi):
-            return p95([x["ttft_ms"] for x in recs if x["ttft_ms"] is not None and lo <= x["sent_s"] < hi])
-        pre, post = window(kill_at - 30, kill_at), window(kill_at, kill_at + 30)
-        if r["slo_attainment"] >= 0.95:
-            cap = r["offered_rate"]
+        pre, post = window_p95(path, kill_at - 30, kill_at), window_p95(path, kill_at, kill_at + 30)
         ratio = f"{post / pre:.2f}x" if pre and post else "n/a"
-        row = (f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} {100 * r['slo_attainment']:.1f}% "
+        att = r["slo_attainment"]
+        row = (f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} "
+               + ("-" if att is None else f"{100 * att:.1f}%") + " "
                f"{before_token}/{after_token} {pre or float('nan'):.0f}/{post or float('nan'):.0f} ({ratio})")
-        rows.append(row + (f"; {recomputes(recs)}" if sys.argv[4] == "1" else ""))
+        rows.append(row + (f"; {recomputes(path, recs)}" if sys.argv[4] == "1" else ""))
+    # Capacity over the rates' separate runs: the bench's, over all their records at once.
+    cap = None
+    if files:
+        every = f"{out}/replica-loss-{name}.all.jsonl"
+        with open(every, "w") as dst:
+            for f in files:
+                dst.write(open(f[:-5] + ".jsonl").read())
+        cap = summarise(every)["capacity"][0]["rate"]
     print(f"{name:<20} capacity {cap!s:>5} | " + " | ".join(rows))
 EOF
     exit 0
@@ -360,7 +382,8 @@ for name in names:
     rows = []
     for r in d["results"]:
         hit = r.get("cache_hit_ratio")
-        rows.append(f"{r['offered_rate']:>5g} {r['achieved_rate']:>6.1f} {100*r['slo_attainment']:>5.1f} "
+        att = r["slo_attainment"]
+        rows.append(f"{r['offered_rate']:>5g} {r['achieved_rate']:>6.1f} {'-' if att is None else f'{100 * att:.1f}':>5} "
                     f"{r['ttft_ms']['p95'] or float('nan'):>7.0f} {hit if hit is None else round(hit, 3)!s:>5}")
     print(f"{name:<20} {cap!s:>9} " + " | ".join(rows))
 EOF

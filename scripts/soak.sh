@@ -109,26 +109,25 @@ wait "$bench" || true
 kill "$faulter" 2>/dev/null || true
 
 status=0
-python3 - "$samples" "$out/records.jsonl" "$out/samples-full.jsonl" "$duration" <<'PY' || status=$?
-import json, statistics, sys
+python3 - "$samples" "$out/records.jsonl" "$out/samples-full.jsonl" "$duration" "$KVGATE" "$out/windows.json" <<'PY' || status=$?
+import json, statistics, subprocess, sys
 samples_path, records_path, full_path, duration = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+kvgate, windows_path = sys.argv[5], sys.argv[6]
 samples = [json.loads(l) for l in open(samples_path) if l.strip()]
 records = [json.loads(l) for l in open(records_path) if l.strip()]
-def p95(v):
-    v = sorted(v)
-    if not v:
-        return None
-    k = (len(v) - 1) * 0.95
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return round(v[lo] + (v[hi] - v[lo]) * (k - lo), 1)
+# Each sample's 10 s window before it, summarised by the bench itself (kvgate's percentile).
+flags = [f"--window={s['t_s'] - 10}:{s['t_s']}" for s in samples]
+windows = {}
+if flags:
+    subprocess.run([kvgate, "bench", "--from-records", records_path, *flags, "--quiet",
+                    "--json", windows_path], check=True)
+    windows = {r["window_s"][1]: r for r in json.load(open(windows_path))["results"]}
 with open(full_path, "w") as out:
     for s in samples:
-        window = [r for r in records if s["t_s"] - 10 <= r["sent_s"] < s["t_s"]]
-        s["ttft_p95_ms"] = p95([r["ttft_ms"] for r in window if r["ttft_ms"] is not None])
-        s["errors_per_10s"] = sum(1 for r in window if r["error"])
-        if s["ttft_p95_ms"] is None:
-            del s["ttft_p95_ms"]
+        w = windows.get(s["t_s"])
+        if w is not None and w["ttft_ms"]["p95"] is not None:
+            s["ttft_p95_ms"] = round(w["ttft_ms"]["p95"], 1)
+        s["errors_per_10s"] = w["failed"] if w is not None else 0
         out.write(json.dumps(s) + "\n")
 warmup = max(60.0, duration * 0.1)
 def level(key, lo, hi):

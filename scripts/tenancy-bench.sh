@@ -174,7 +174,7 @@ fanout() {
         python3 - "$out/fanout-$serialize.json" "$serialize" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))["results"][0]
-print(f"| {sys.argv[2]} | {r['cache_hit_ratio']:.3f} | {r['ttft_ms']['p50']:.0f} ms | {r['ttft_ms']['p95']:.0f} ms | {r['slo_attainment']:.3f} | {r['failed']} |")
+print(f"| {sys.argv[2]} | {r['cache_hit_ratio']:.3f} | {r['ttft_ms']['p50']:.0f} ms | {r['ttft_ms']['p95']:.0f} ms | {'-' if r['slo_attainment'] is None else format(r['slo_attainment'], '.3f')} | {r['failed']} |")
 EOF
         kill "${pids[-1]}"
         wait "${pids[-1]}" 2>/dev/null || true

@@ -30,8 +30,30 @@ pub struct BenchArgs {
     /// receives the same requests at the same scheduled times, interleaved in one run.
     /// `[LABEL=]URL,URL,...` makes one target of several gateway replicas: each request goes
     /// to one of them drawn at random, as a client-side or L4 balancer would send it.
-    #[arg(long = "url", alias = "base-url", required = true, value_name = "URL")]
+    #[arg(
+        long = "url",
+        alias = "base-url",
+        required_unless_present = "from_records",
+        value_name = "URL"
+    )]
     pub urls: Vec<String>,
+
+    /// Send nothing: summarise the requests of a `--records` file instead, by the same
+    /// definitions and SLO flags (one report per target and offered rate in it, and their
+    /// capacity). Scripts pick records (a window around a fault, displaced sessions' turns)
+    /// and leave the percentiles, attainment and capacity to this.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["urls", "sweep"])]
+    pub from_records: Option<PathBuf>,
+
+    /// With `--from-records`: report only the requests sent in `[FROM, TO)` seconds into the
+    /// run (repeatable: one report per window, target and rate, each naming its window).
+    #[arg(
+        long = "window",
+        value_name = "FROM:TO",
+        requires = "from_records",
+        allow_hyphen_values = true
+    )]
+    pub windows: Vec<String>,
 
     /// The engines behind a target, `URL,URL,...`; repeat once per target in `--url` order.
     /// Their requests running plus waiting are sampled every 100 ms and reported as herding

@@ -101,8 +101,9 @@ pub struct Record {
     pub output_tokens: u64,
     /// Prompt tokens from usage (0 when absent).
     pub prompt_tokens: u64,
-    /// Cached prompt tokens from usage (0 when absent).
-    pub cached_tokens: u64,
+    /// Cached prompt tokens from usage; `None` when the server did not report them (vLLM omits
+    /// `prompt_tokens_details` without prefix caching): unknown, not 0.
+    pub cached_tokens: Option<u64>,
     /// The failure, if any.
     pub error: Option<ErrorKind>,
     /// The request's session (the body's `user`), if it had one.
@@ -338,7 +339,7 @@ struct Meter {
     itl_ms: Vec<f32>,
     usage_output: Option<u64>,
     prompt_tokens: u64,
-    cached_tokens: u64,
+    cached_tokens: Option<u64>,
     done: bool,
     failed: bool,
     endpoint: Option<String>,
@@ -369,10 +370,7 @@ impl Meter {
         if let Some(u) = chunk.usage {
             self.prompt_tokens = u.prompt_tokens;
             self.usage_output = u.completion_tokens.or(self.usage_output);
-            self.cached_tokens = u
-                .prompt_tokens_details
-                .and_then(|d| d.cached_tokens)
-                .unwrap_or(0);
+            self.cached_tokens = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
         }
     }
 
@@ -555,7 +553,7 @@ mod tests {
         assert_eq!(m.itl_ms.len(), 1);
         assert_eq!(
             (m.usage_output, m.prompt_tokens, m.cached_tokens),
-            (Some(2), 10, 4)
+            (Some(2), 10, Some(4))
         );
     }
 

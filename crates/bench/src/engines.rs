@@ -2,7 +2,7 @@
 //! engine's `/metrics` gives its requests running plus waiting (vLLM's
 //! `vllm:num_requests_running` and `vllm:num_requests_waiting`), and each sample's spread,
 //! the busiest engine's count minus the mean, measures herding: routers that see stale or
-//! partial load pile requests onto the same engine while others idle (seed section 7).
+//! partial load pile requests onto the same engine while others idle.
 
 use serde::Serialize;
 use std::sync::{Arc, Mutex};
@@ -45,7 +45,7 @@ impl EngineLoad {
             samples: spreads.len(),
             mean_inflight: spreads.iter().map(|s| s.0).sum::<f64>() / n,
             herding_mean: h.iter().sum::<f64>() / n,
-            herding_p95: crate::stats::percentile(&h, 0.95),
+            herding_p95: kvgate_core::stats::percentile(&h, 0.95).unwrap_or(f64::NAN),
         })
     }
 }

@@ -1,9 +1,9 @@
 //! `kvgate bench`: an open-loop load generator for OpenAI-compatible LLM endpoints.
 //!
 //! Requests leave at times drawn from an arrival process (Poisson or gamma, optionally ramped),
-//! never waiting for responses (DOMAIN.md §14: closed loops hide overload). Each request is
-//! measured on the client (TTFT, TPOT, ITL, E2E, tokens, cached tokens, errors, send lag) and the
-//! run is summarised per target (and per rate in a sweep) as a table, JSON and a plot.
+//! never waiting for responses (closed loops hide overload). Each request is measured on the
+//! client (TTFT, TPOT, ITL, E2E, tokens, cached tokens, errors, send lag) and the run is
+//! summarised per target (and per rate in a sweep) as a table, JSON and a plot.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kvgate_bench::BenchError> {
@@ -15,7 +15,7 @@
 //! }
 //! let cli = Cli::parse_from(["bench", "--url", "http://127.0.0.1:8080", "--rate", "20"]);
 //! let outcome = kvgate_bench::run(&cli.bench).await?;
-//! println!("goodput {}", outcome.results[0].goodput);
+//! println!("goodput {:?}", outcome.results[0].goodput);
 //! # Ok(()) }
 //! ```
 
@@ -27,6 +27,7 @@ mod error;
 pub mod plot;
 pub mod records;
 pub mod report;
+mod resummarise;
 pub mod runner;
 pub mod sessions;
 pub mod stats;
@@ -73,7 +74,7 @@ pub struct BenchOutcome {
 
 fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     let bad = |m: &str| Err(BenchError::Config(m.to_owned()));
-    if args.urls.is_empty() {
+    if args.urls.is_empty() && args.from_records.is_none() {
         return bad("at least one --url is required");
     }
     if args.engines.len() > args.urls.len() {
@@ -313,10 +314,41 @@ impl Run<'_> {
     }
 }
 
+/// Prints the table (unless `--quiet`) and writes the JSON and plot files asked for.
+fn emit(args: &BenchArgs, outcome: &BenchOutcome) -> Result<(), BenchError> {
+    if !args.quiet {
+        let rate_unit = match args.workload.as_str() {
+            "agentic" => "sessions/s",
+            "fanout" => "bursts/s",
+            _ => "req/s",
+        };
+        let table = report::table(&outcome.results, &outcome.capacity, &outcome.slo, rate_unit);
+        print!("{table}");
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(outcome).map_err(BenchError::Json)?;
+        std::fs::write(path, text + "\n").map_err(|source| BenchError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    if let Some(path) = &args.plot {
+        let sweep = args.sweep.is_some() || args.from_records.is_some();
+        plot::draw(path, &outcome.results, sweep)?;
+    }
+    Ok(())
+}
+
 /// Runs the benchmark described by `args`: every target, every rate; prints the table to
-/// stdout and writes the JSON and plot files when asked.
+/// stdout and writes the JSON and plot files when asked. With `--from-records` it sends
+/// nothing and summarises the file's requests instead.
 pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
     validate(args)?;
+    if let Some(path) = &args.from_records {
+        let outcome = resummarise::outcome(args, path)?;
+        emit(args, &outcome)?;
+        return Ok(outcome);
+    }
     let plan = plan(args)?;
     let rates: Vec<Option<f64>> = match (&args.sweep, args.ramp_up_start_rps) {
         (Some(spec), _) => sweep::parse(spec)?.into_iter().map(Some).collect(),
@@ -490,14 +522,6 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
     } else {
         Vec::new()
     };
-    if !args.quiet {
-        let rate_unit = match args.workload.as_str() {
-            "agentic" => "sessions/s",
-            "fanout" => "bursts/s",
-            _ => "req/s",
-        };
-        print!("{}", report::table(&results, &capacity, &slo, rate_unit));
-    }
     let outcome = BenchOutcome {
         results,
         capacity,
@@ -506,16 +530,7 @@ pub async fn run(args: &BenchArgs) -> Result<BenchOutcome, BenchError> {
         workload: args.workload.clone(),
         seed: args.seed,
     };
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&outcome).map_err(BenchError::Json)?;
-        std::fs::write(path, text + "\n").map_err(|source| BenchError::Io {
-            path: path.clone(),
-            source,
-        })?;
-    }
-    if let Some(path) = &args.plot {
-        plot::draw(path, &outcome.results, args.sweep.is_some())?;
-    }
+    emit(args, &outcome)?;
     Ok(outcome)
 }
 

@@ -17,7 +17,7 @@ use plotters::style::{register_font, FontFamily, FontStyle};
 
 use crate::error::BenchError;
 use crate::report::TargetReport;
-use crate::stats::percentile;
+use kvgate_core::stats::percentile;
 
 const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -184,7 +184,7 @@ fn draw_on<DB: DrawingBackend>(
             &targets,
             text,
             "goodput (req/s) vs offered rate",
-            |r| r.goodput,
+            |r| r.goodput.unwrap_or(f64::NAN),
         )?;
         rate_curve(
             &upper[1],
@@ -296,9 +296,7 @@ fn cdf<DB: DrawingBackend>(
     // Clip the x axis at the largest P99.5 so one straggler does not flatten every curve.
     let x_max = results
         .iter()
-        .map(|r| samples(r))
-        .filter(|s| !s.is_empty())
-        .map(|s| percentile(s, 0.995))
+        .filter_map(|r| percentile(samples(r), 0.995))
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.05;

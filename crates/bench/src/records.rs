@@ -5,20 +5,21 @@
 //! One line per request and target, in report order (rate, then target, then scheduled time):
 //! `{"target", "offered_rate", "scheduled_s", "sent_s", "lag_ms", "ttft_ms", "tpot_ms",
 //! "e2e_ms", "itl_ms", "output_tokens", "prompt_tokens", "cached_tokens", "error", "session",
-//! "endpoint"}`. `tpot_ms` is (E2E - TTFT) / (output tokens - 1) (DOMAIN.md §2), `null` when
-//! undefined; `error` is the error kind's JSON key or `null`; `session` is the request's session
-//! (the body's `user`: the agentic and tenants workloads) and `endpoint` the one a kvgate
-//! gateway named in `x-kvgate-endpoint`, each `null` when there is none. With both, a run
+//! "endpoint"}`. `tpot_ms` is (E2E - TTFT) / (output tokens - 1), `null` when undefined;
+//! `cached_tokens` is `null` when the server did not report it; `error` is the error kind's JSON
+//! key or `null`; `session` is the request's session (the body's `user`: the agentic and tenants
+//! workloads) and `endpoint` the one a kvgate gateway named in `x-kvgate-endpoint`, each `null`
+//! when there is none. With both, a run
 //! through the gateway can be cut by session and endpoint (say, the first turn of each session
 //! whose last turn went to an engine that was then killed).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::client::Record;
+use crate::client::{ErrorKind, Record};
 use crate::error::BenchError;
 
 /// One JSON line.
@@ -35,10 +36,78 @@ struct Line<'a> {
     itl_ms: &'a [f32],
     output_tokens: u64,
     prompt_tokens: u64,
-    cached_tokens: u64,
+    cached_tokens: Option<u64>,
     error: Option<&'static str>,
     session: Option<&'a str>,
     endpoint: Option<&'a str>,
+}
+
+/// One JSON line read back (`tpot_ms` is derived, so it is not read).
+#[derive(Debug, Deserialize)]
+struct OwnedLine {
+    target: String,
+    offered_rate: Option<f64>,
+    scheduled_s: f64,
+    sent_s: f64,
+    lag_ms: f64,
+    ttft_ms: Option<f64>,
+    e2e_ms: f64,
+    #[serde(default)]
+    itl_ms: Vec<f32>,
+    output_tokens: u64,
+    prompt_tokens: u64,
+    cached_tokens: Option<u64>,
+    error: Option<String>,
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
+}
+
+/// One record read back with its target and offered rate.
+pub type Labelled = (String, Option<f64>, Record);
+
+/// Reads a records file back (blank lines skipped).
+pub fn read(path: &Path) -> Result<Vec<Labelled>, BenchError> {
+    let io = |source| BenchError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |why: String| BenchError::Config(format!("{}:{}: {why}", path.display(), i + 1));
+        let l: OwnedLine = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let error = match l.error.as_deref() {
+            None => None,
+            Some(name) => Some(
+                ErrorKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == name)
+                    .ok_or_else(|| bad(format!("unknown error kind {name:?}")))?,
+            ),
+        };
+        let record = Record {
+            scheduled_s: l.scheduled_s,
+            sent_s: l.sent_s,
+            lag_ms: l.lag_ms,
+            ttft_ms: l.ttft_ms,
+            e2e_ms: l.e2e_ms,
+            itl_ms: l.itl_ms,
+            output_tokens: l.output_tokens,
+            prompt_tokens: l.prompt_tokens,
+            cached_tokens: l.cached_tokens,
+            error,
+            session: l.session,
+            endpoint: l.endpoint,
+        };
+        out.push((l.target, l.offered_rate, record));
+    }
+    Ok(out)
 }
 
 /// Writes records to a JSON-lines file as each rate finishes.
@@ -108,7 +177,6 @@ impl RecordsFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::ErrorKind;
 
     #[test]
     fn one_json_line_per_record() {
@@ -124,7 +192,7 @@ mod tests {
             itl_ms: vec![15.0, 15.0],
             output_tokens: 3,
             prompt_tokens: 100,
-            cached_tokens: 64,
+            cached_tokens: Some(64),
             error: None,
             session: Some("s7".into()),
             endpoint: Some("engine-1".into()),
@@ -137,6 +205,12 @@ mod tests {
         file.write("http://a", Some(5.0), &[ok, failed]).unwrap();
         file.finish().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!((back[0].0.as_str(), back[0].1), ("http://a", Some(5.0)));
+        assert_eq!(back[0].2.tpot_ms(), Some(15.0));
+        assert_eq!(back[0].2.cached_tokens, Some(64));
+        assert_eq!(back[1].2.error, Some(ErrorKind::Timeout));
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

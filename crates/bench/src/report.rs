@@ -1,20 +1,22 @@
 //! Per-target reports: latency summaries, SLO attainment, goodput, cache hit ratio, errors; the
 //! readable table and the JSON document.
 //!
-//! Definitions (DOMAIN.md §2, §14):
+//! Definitions (the SLO, attainment and goodput are kvgate's one definition,
+//! [`kvgate_core::stats`], the same the simulator reports):
 //! - a request is *good* when it succeeded, its TTFT is within `--slo-ttft-ms` and its TPOT is
 //!   within `--slo-tpot-ms` (an unset SLO always holds; TPOT is undefined, hence met, for a
 //!   single output token);
-//! - `slo_attainment` = good / issued requests (failures count against it);
+//! - `slo_attainment` = good / issued requests (failures count against it; null with none);
 //! - `duration_s` runs from the start of the schedule to the last response's end;
 //!   `achieved_rate` = successful requests / `duration_s`, `goodput` = good requests /
-//!   `duration_s` (vLLM's definitions);
+//!   `duration_s` (vLLM's definitions; goodput is null over an empty run);
 //! - `send_rate` = (issued - 1) / (last send - first send): what actually left the client;
 //! - `send_gap_cv` = standard deviation / mean of the gaps between consecutive actual sends:
 //!   1 for Poisson arrivals, 1/sqrt(B) for gamma arrivals with `--burstiness B`, so it shows
 //!   whether the client kept the arrival process's shape, not only its mean rate;
-//! - `cache_hit_ratio` = cached prompt tokens / prompt tokens over successful requests, from
-//!   `usage.prompt_tokens_details.cached_tokens` (null when the server reports no usage);
+//! - `cache_hit_ratio` = cached prompt tokens / prompt tokens over the successful requests whose
+//!   usage reported `prompt_tokens_details.cached_tokens`; it and `cached_tokens` are null when
+//!   none did (an engine without prefix caching omits it: that is unknown, not 0);
 //! - `send_lag_ms` = actual minus scheduled send time. A large lag means the client, not the
 //!   server, limited the rate, and the run is not a valid open-loop measurement.
 
@@ -22,6 +24,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+
+use kvgate_core::stats::{self, Attainment};
 
 use crate::client::{ErrorKind, Record};
 use crate::stats::Summary;
@@ -39,21 +43,13 @@ pub struct Slo {
 }
 
 impl Slo {
-    /// Whether `r` met the objective.
+    /// Whether `r` succeeded and met the objective.
     pub fn met(&self, r: &Record) -> bool {
-        if r.error.is_some() {
-            return false;
-        }
-        let ttft_ok = match (self.ttft_ms, r.ttft_ms) {
-            (None, _) => true,
-            (Some(limit), Some(t)) => t <= limit,
-            (Some(_), None) => false,
+        let bounds = stats::Slo {
+            ttft: self.ttft_ms,
+            tpot: self.tpot_ms,
         };
-        let tpot_ok = match (self.tpot_ms, r.tpot_ms()) {
-            (Some(limit), Some(t)) => t <= limit,
-            _ => true,
-        };
-        ttft_ok && tpot_ok
+        r.error.is_none() && bounds.met(r.ttft_ms, r.tpot_ms())
     }
 }
 
@@ -64,6 +60,10 @@ pub struct TargetReport {
     pub target: String,
     /// Offered rate per target (requests or sessions per second; `null` for a ramp).
     pub offered_rate: Option<f64>,
+    /// The send-time window `[from, to)` in seconds this report is restricted to
+    /// (`--from-records` with `--window`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<[f64; 2]>,
     /// Requests issued.
     pub requests: u64,
     /// Requests that succeeded.
@@ -78,16 +78,17 @@ pub struct TargetReport {
     pub send_gap_cv: Option<f64>,
     /// Successful requests per second.
     pub achieved_rate: f64,
-    /// SLO-meeting requests per second.
-    pub goodput: f64,
-    /// Share of issued requests that met the SLO.
-    pub slo_attainment: f64,
-    /// Cached prompt tokens / prompt tokens.
+    /// SLO-meeting requests per second (`null` over an empty run).
+    pub goodput: Option<f64>,
+    /// Share of issued requests that met the SLO (`null` when none was issued).
+    pub slo_attainment: Option<f64>,
+    /// Cached prompt tokens / prompt tokens over the requests that reported cached tokens.
     pub cache_hit_ratio: Option<f64>,
     /// Prompt tokens (usage) over successful requests.
     pub prompt_tokens: u64,
-    /// Cached prompt tokens (usage) over successful requests.
-    pub cached_tokens: u64,
+    /// Cached prompt tokens (usage) over the successful requests that reported them; `null`
+    /// when none did.
+    pub cached_tokens: Option<u64>,
     /// Output tokens over successful requests.
     pub output_tokens: u64,
     /// Output tokens per second.
@@ -107,6 +108,9 @@ pub struct TargetReport {
     /// The engines' load while it ran, when `--engines` named them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engines: Option<crate::engines::EngineLoad>,
+    /// Good and issued requests (for capacity; not serialised).
+    #[serde(skip)]
+    pub attainment: Attainment,
     /// Sorted TTFT samples of successful requests (for CDFs; not serialised).
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
@@ -126,7 +130,10 @@ impl TargetReport {
                 *errors.entry(e.name()).or_default() += 1;
             }
         }
-        let good = records.iter().filter(|r| slo.met(r)).count() as f64;
+        let mut attainment = Attainment::default();
+        for r in records {
+            attainment.add(slo.met(r));
+        }
         let duration_s = records
             .iter()
             .map(|r| r.sent_s + r.e2e_ms / 1e3)
@@ -150,7 +157,10 @@ impl TargetReport {
         };
         let send_gap_cv = gap_cv(records.iter().map(|r| r.sent_s).collect());
         let prompt_tokens: u64 = ok.iter().map(|r| r.prompt_tokens).sum();
-        let cached_tokens: u64 = ok.iter().map(|r| r.cached_tokens).sum();
+        let reported: Vec<&&Record> = ok.iter().filter(|r| r.cached_tokens.is_some()).collect();
+        let cached_tokens = (!reported.is_empty())
+            .then(|| reported.iter().filter_map(|r| r.cached_tokens).sum::<u64>());
+        let reported_prompt: u64 = reported.iter().map(|r| r.prompt_tokens).sum();
         let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
         let mut ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
         let mut tpot: Vec<f64> = ok.iter().filter_map(|r| r.tpot_ms()).collect();
@@ -165,6 +175,7 @@ impl TargetReport {
         Self {
             target: target.to_owned(),
             offered_rate,
+            window_s: None,
             requests: records.len() as u64,
             completed: ok.len() as u64,
             failed: (records.len() - ok.len()) as u64,
@@ -172,14 +183,11 @@ impl TargetReport {
             send_rate,
             send_gap_cv,
             achieved_rate: per_s(ok.len() as f64),
-            goodput: per_s(good),
-            slo_attainment: if records.is_empty() {
-                0.0
-            } else {
-                good / records.len() as f64
-            },
-            cache_hit_ratio: (prompt_tokens > 0)
-                .then(|| cached_tokens as f64 / prompt_tokens as f64),
+            goodput: attainment.goodput(duration_s),
+            slo_attainment: attainment.share(),
+            cache_hit_ratio: cached_tokens
+                .filter(|_| reported_prompt > 0)
+                .map(|c| c as f64 / reported_prompt as f64),
             prompt_tokens,
             cached_tokens,
             output_tokens,
@@ -191,6 +199,7 @@ impl TargetReport {
             send_lag_ms: Summary::of(&mut lag),
             errors,
             engines: None,
+            attainment,
             ttft_samples: ttft,
             e2e_samples: e2e,
         }
@@ -214,7 +223,8 @@ pub fn gap_cv(mut times: Vec<f64>) -> Option<f64> {
     Some(var.sqrt() / mean)
 }
 
-/// Capacity of one target in a sweep.
+/// Capacity of one target in a sweep: [`kvgate_core::stats::capacity`] over its rates, a rate
+/// passing when its SLO attainment reaches `--capacity-attainment`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Capacity {
     /// The target URL as given.
@@ -223,10 +233,18 @@ pub struct Capacity {
     pub rate: Option<f64>,
     /// The attainment threshold used.
     pub min_attainment: f64,
+    /// The lowest and highest rates swept (the capacity is below the lowest when `rate` is
+    /// null, and at least the highest when `saturated`).
+    pub lowest_rate_tried: Option<f64>,
+    /// See `lowest_rate_tried`.
+    pub highest_rate_tried: Option<f64>,
+    /// Whether the highest swept rate passed.
+    pub saturated: bool,
     /// Swept rates below `rate` whose attainment fell short, ascending: a cold start on the
     /// sweep's first rate, or a noisy step, that the largest passing rate steps over. Ranking
-    /// by the last rate before the first miss instead (as `kvgate sim` does) can reorder
-    /// targets that have any (docs/routing.md, "On the classic benchmarks").
+    /// by the last rate before the first miss instead (as `kvgate sim`'s failure-mode
+    /// scenarios do) can reorder targets that have any (docs/routing.md, "On the classic
+    /// benchmarks").
     pub missed_below: Vec<f64>,
 }
 
@@ -250,9 +268,13 @@ pub fn table(
     rate_unit: &str,
 ) -> String {
     let mut out = String::new();
+    let label = |r: &TargetReport| match r.window_s {
+        Some([a, b]) => format!("{} [{a}, {b}) s", r.target),
+        None => r.target.clone(),
+    };
     let name_w = results
         .iter()
-        .map(|r| r.target.len())
+        .map(|r| label(r).len())
         .max()
         .unwrap_or(6)
         .max(6);
@@ -269,14 +291,15 @@ pub fn table(
             .map_or("-".into(), |x| format!("{:.0}%", x * 100.0));
         let _ = writeln!(
             out,
-            "{:<name_w$} {:>7} {:>7} {:>5} {:>8.1} {:>8.1} {:>5.1}% | {:>7} {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>5} {:>6}",
-            r.target,
+            "{:<name_w$} {:>7} {:>7} {:>5} {:>8.1} {:>8} {:>6} | {:>7} {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>5} {:>6}",
+            label(r),
             rate,
             r.completed,
             r.failed,
             r.achieved_rate,
-            r.goodput,
-            r.slo_attainment * 100.0,
+            r.goodput.map_or("-".into(), |g| format!("{g:.1}")),
+            r.slo_attainment
+                .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
             fmt_ms(r.ttft_ms.p50),
             fmt_ms(r.ttft_ms.p95),
             fmt_ms(r.ttft_ms.p99),
@@ -307,9 +330,11 @@ pub fn table(
         }
     }
     for c in capacity {
-        let rate = c.rate.map_or("below the lowest swept rate".into(), |x| {
-            format!("{x} {rate_unit}")
-        });
+        let rate = match (c.rate, c.lowest_rate_tried) {
+            (Some(x), _) => format!("{x} {rate_unit}"),
+            (None, Some(low)) => format!("below the lowest swept rate, {low} {rate_unit}"),
+            (None, None) => "no rate swept".into(),
+        };
         let missed = if c.missed_below.is_empty() {
             String::new()
         } else {
@@ -356,7 +381,7 @@ mod tests {
             output_tokens: out,
             sent_s: sent,
             prompt_tokens: 100,
-            cached_tokens: 25,
+            cached_tokens: Some(25),
             ..Record::default()
         }
     }
@@ -380,9 +405,9 @@ mod tests {
         ];
         let r = TargetReport::new("a", Some(1.0), &records, &slo);
         assert_eq!((r.requests, r.completed, r.failed), (5, 4, 1));
-        assert_eq!(r.slo_attainment, 2.0 / 5.0);
+        assert_eq!(r.slo_attainment, Some(2.0 / 5.0));
         assert!((r.duration_s - 3.9).abs() < 1e-9);
-        assert!((r.goodput - 2.0 / 3.9).abs() < 1e-9);
+        assert!((r.goodput.unwrap() - 2.0 / 3.9).abs() < 1e-9);
         assert!((r.send_rate - 4.0 / 3.9).abs() < 1e-9);
         assert_eq!(r.cache_hit_ratio, Some(0.25));
         assert_eq!(r.errors["http_5xx"], 1);
@@ -398,6 +423,9 @@ mod tests {
             target: "http://a".into(),
             rate: Some(1.5),
             min_attainment: 0.95,
+            lowest_rate_tried: Some(0.5),
+            highest_rate_tried: Some(2.0),
+            saturated: false,
             missed_below: Vec::new(),
         };
         let text = table(

@@ -1,7 +1,7 @@
-//! Percentile summaries, by kvgate's one percentile definition
-//! ([`kvgate_core::stats::percentile`]: linear interpolation between the two nearest ranks,
-//! NumPy's default, which vLLM's benchmark reports use), the same the simulator reports. An empty
-//! sample has no percentiles; they serialise as JSON `null`.
+//! Percentile summaries, by kvgate's one definition ([`kvgate_core::stats::summary`]: linear
+//! interpolation between the two nearest ranks, NumPy's default, which vLLM's benchmark reports
+//! use), the same the simulator reports. An empty sample has no percentiles: they are NaN here,
+//! so the tables print "-", and serialise as JSON `null`.
 
 use serde::Serialize;
 
@@ -27,35 +27,18 @@ pub struct Summary {
 impl Summary {
     /// Summarises `values`, sorting them in place. NaNs are not expected (debug-asserted).
     pub fn of(values: &mut [f64]) -> Self {
-        debug_assert!(values.iter().all(|v| !v.is_nan()), "NaN sample");
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        if n == 0 {
-            return Self {
-                count: 0,
-                mean: f64::NAN,
-                p50: f64::NAN,
-                p90: f64::NAN,
-                p95: f64::NAN,
-                p99: f64::NAN,
-                max: f64::NAN,
-            };
-        }
+        let s = kvgate_core::stats::summary(values);
+        let nan = |x: Option<f64>| x.unwrap_or(f64::NAN);
         Self {
-            count: n,
-            mean: values.iter().sum::<f64>() / n as f64,
-            p50: percentile(values, 0.50),
-            p90: percentile(values, 0.90),
-            p95: percentile(values, 0.95),
-            p99: percentile(values, 0.99),
-            max: values[n - 1],
+            count: s.count,
+            mean: nan(s.mean),
+            p50: nan(s.p50),
+            p90: nan(s.p90),
+            p95: nan(s.p95),
+            p99: nan(s.p99),
+            max: nan(s.max),
         }
     }
-}
-
-/// The `q`-quantile (`0 <= q <= 1`) of ascending `sorted`; NaN (JSON `null`) when empty.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    kvgate_core::stats::percentile(sorted, q).unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]
@@ -76,16 +59,10 @@ mod tests {
     }
 
     #[test]
-    fn small_samples() {
-        assert_eq!(percentile(&[7.0], 0.99), 7.0);
-        assert_eq!(percentile(&[1.0, 3.0], 0.5), 2.0);
-        assert!(Summary::of(&mut []).p50.is_nan());
-    }
-
-    #[test]
     fn empty_summary_serialises_as_null() {
+        assert!(Summary::of(&mut []).p50.is_nan());
         let v = serde_json::to_value(Summary::of(&mut [])).unwrap();
-        assert!(v["p99"].is_null());
+        assert!(v["p99"].is_null() && v["mean"].is_null());
         assert_eq!(v["count"], 0);
     }
 }

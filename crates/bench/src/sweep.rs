@@ -1,10 +1,11 @@
 //! Rate sweeps: the list of offered rates and each target's capacity.
 //!
-//! Capacity is the largest swept rate at which a target's SLO attainment reached the threshold
-//! (`--capacity-attainment`, default 0.9), the definition of DOMAIN.md §14. It is the largest such
-//! rate, not the first failing one, so one noisy step below the knee does not hide a higher
-//! passing rate; the rates below it that missed are listed beside it, since a cold start on the
-//! sweep's first rate is one of them.
+//! Capacity is kvgate's one definition ([`kvgate_core::stats::capacity`]): the largest swept
+//! rate at which a target's SLO attainment reached the threshold (`--capacity-attainment`,
+//! default 0.9). It is the largest such rate, not the first failing one, so one noisy step below
+//! the knee does not hide a higher passing rate; the rates below it that missed are listed
+//! beside it, since a cold start on the sweep's first rate is one of them. When no rate passed
+//! it is null beside the lowest rate tried, never 0.
 
 use crate::error::BenchError;
 use crate::report::{Capacity, TargetReport};
@@ -35,46 +36,49 @@ pub fn parse(spec: &str) -> Result<Vec<f64>, BenchError> {
 
 /// The capacity of every target named in `results` (first-appearance order).
 pub fn capacity(results: &[TargetReport], min_attainment: f64) -> Vec<Capacity> {
-    let mut out: Vec<Capacity> = Vec::new();
+    let mut targets: Vec<&str> = Vec::new();
     for r in results {
-        let idx = match out.iter().position(|c| c.target == r.target) {
-            Some(i) => i,
-            None => {
-                out.push(Capacity {
-                    target: r.target.clone(),
-                    rate: None,
-                    min_attainment,
-                    missed_below: Vec::new(),
-                });
-                out.len() - 1
-            }
-        };
-        if r.slo_attainment >= min_attainment {
-            if let Some(rate) = r.offered_rate {
-                let c = &mut out[idx];
-                c.rate = Some(c.rate.map_or(rate, |x: f64| x.max(rate)));
-            }
+        if !targets.contains(&r.target.as_str()) {
+            targets.push(&r.target);
         }
     }
-    for c in &mut out {
-        let Some(capacity) = c.rate else { continue };
-        let mut missed: Vec<f64> = results
-            .iter()
-            .filter(|r| r.target == c.target && r.slo_attainment < min_attainment)
-            .filter_map(|r| r.offered_rate)
-            .filter(|&rate| rate < capacity)
-            .collect();
-        missed.sort_by(f64::total_cmp);
-        missed.dedup();
-        c.missed_below = missed;
-    }
-    out
+    targets
+        .into_iter()
+        .map(|target| {
+            let c = kvgate_core::stats::capacity(
+                results
+                    .iter()
+                    .filter(|r| r.target == target)
+                    .filter_map(|r| Some((r.offered_rate?, r.attainment.meets(min_attainment)))),
+            );
+            Capacity {
+                target: target.to_owned(),
+                rate: c.capacity,
+                min_attainment,
+                lowest_rate_tried: c.lowest_rate_tried,
+                highest_rate_tried: c.highest_rate_tried,
+                saturated: c.saturated,
+                missed_below: c.missed_below,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::Slo;
+    use kvgate_core::stats::Attainment;
+
+    /// A report whose attainment is `att` (over 100 requests).
+    fn at(target: &str, rate: f64, att: f64) -> TargetReport {
+        let mut r = TargetReport::new(target, Some(rate), &[], &Slo::default());
+        r.attainment = Attainment {
+            met: (att * 100.0).round() as u64,
+            issued: 100,
+        };
+        r
+    }
 
     #[test]
     fn parses_inclusive_ranges() {
@@ -88,11 +92,7 @@ mod tests {
 
     #[test]
     fn capacity_is_largest_passing_rate() {
-        let mk = |t: &str, rate: f64, att: f64| {
-            let mut r = TargetReport::new(t, Some(rate), &[], &Slo::default());
-            r.slo_attainment = att;
-            r
-        };
+        let mk = at;
         let results = vec![
             mk("a", 1.0, 1.0),
             mk("b", 1.0, 0.5),
@@ -105,16 +105,19 @@ mod tests {
         assert!(c[0].missed_below.is_empty());
         assert_eq!(c[1].target, "b");
         assert_eq!(c[1].rate, None);
+        assert_eq!(c[1].lowest_rate_tried, Some(1.0));
         assert!(c[1].missed_below.is_empty());
+        let json = serde_json::to_value(&c[1]).unwrap();
+        assert!(
+            json["rate"].is_null(),
+            "never reached is null, not 0: {json}"
+        );
+        assert_eq!(json["lowest_rate_tried"], 1.0);
     }
 
     #[test]
     fn misses_below_the_capacity_are_listed() {
-        let mk = |rate: f64, att: f64| {
-            let mut r = TargetReport::new("a", Some(rate), &[], &Slo::default());
-            r.slo_attainment = att;
-            r
-        };
+        let mk = |rate: f64, att: f64| at("a", rate, att);
         // A cold start missing the first rate, then passing up to 35, then the knee.
         let results = vec![
             mk(25.0, 0.76),

@@ -33,7 +33,7 @@ async fn ttft_and_tpot_follow_the_definitions() {
         ttft: Duration::from_millis(150),
         itl: Duration::from_millis(25),
         tokens: Some(7),
-        cached_tokens: 30,
+        cached_tokens: Some(30),
         ..ServerConfig::default()
     })
     .await;
@@ -135,7 +135,7 @@ async fn slow_server_does_not_lower_the_send_rate() {
 async fn json_and_plots_are_written_for_two_targets() {
     let a_srv = spawn(ServerConfig {
         tokens: Some(3),
-        cached_tokens: 5,
+        cached_tokens: Some(5),
         ..ServerConfig::default()
     })
     .await;
@@ -247,7 +247,11 @@ async fn sweep_finds_the_capacity() {
     let out = run(&a).await.unwrap();
     let rates: Vec<Option<f64>> = out.results.iter().map(|r| r.offered_rate).collect();
     assert_eq!(rates, [Some(25.0), Some(75.0), Some(125.0)]);
-    let att: Vec<f64> = out.results.iter().map(|r| r.slo_attainment).collect();
+    let att: Vec<f64> = out
+        .results
+        .iter()
+        .map(|r| r.slo_attainment.unwrap())
+        .collect();
     assert!(
         att[0] >= 0.9 && att[1] < 0.9 && att[2] < 0.9,
         "attainment {att:?}"
@@ -256,6 +260,8 @@ async fn sweep_finds_the_capacity() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["capacity"][0]["rate"], 25.0);
+    assert_eq!(v["capacity"][0]["lowest_rate_tried"], 25.0);
+    assert_eq!(v["capacity"][0]["highest_rate_tried"], 125.0);
     assert_eq!(v["results"].as_array().unwrap().len(), 3);
     assert!(std::fs::read_to_string(&plot)
         .unwrap()
@@ -291,7 +297,51 @@ async fn errors_are_counted_by_kind() {
     let out = run(&a).await.unwrap();
     assert_eq!(out.results[0].errors["http_5xx"], 5);
     assert_eq!(out.results[1].errors["connect"], 5);
-    assert_eq!(out.results[0].slo_attainment, 0.0);
+    assert_eq!(out.results[0].slo_attainment, Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreported_cached_tokens_stay_unknown() {
+    let server = spawn(ServerConfig {
+        tokens: Some(2),
+        cached_tokens: None,
+        ..ServerConfig::default()
+    })
+    .await;
+    let dir = temp_dir("uncached");
+    let (json, records) = (dir.join("out.json"), dir.join("r.jsonl"));
+    let url = server.url();
+    let a = args(&[
+        "--url",
+        &url,
+        "--rate",
+        "100",
+        "--num-requests",
+        "4",
+        "--model",
+        "m",
+        "--json",
+        json.to_str().unwrap(),
+        "--records",
+        records.to_str().unwrap(),
+    ]);
+    let out = run(&a).await.unwrap();
+    let r = &out.results[0];
+    assert_eq!(r.completed, 4);
+    assert!(r.prompt_tokens > 0);
+    assert_eq!((r.cached_tokens, r.cache_hit_ratio), (None, None));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = &v["results"][0];
+    assert!(
+        r["cached_tokens"].is_null() && r["cache_hit_ratio"].is_null(),
+        "{r}"
+    );
+    for line in std::fs::read_to_string(&records).unwrap().lines() {
+        let rec: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(rec["cached_tokens"].is_null(), "{rec}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +350,7 @@ async fn agentic_workload_and_non_streaming_run() {
         tokens: Some(4),
         // Above any prompt the workload can build: every prompt token is reported cached,
         // whichever turns the closed-loop sessions reach in time.
-        cached_tokens: u64::MAX,
+        cached_tokens: Some(u64::MAX),
         ..ServerConfig::default()
     })
     .await;
@@ -332,7 +382,7 @@ async fn agentic_workload_and_non_streaming_run() {
     assert_eq!(r.ttft_ms.p50, r.e2e_ms.p50);
     // The non-streaming body's usage is parsed: cached tokens equal prompt tokens exactly.
     assert!(r.prompt_tokens > 0);
-    assert_eq!(r.cached_tokens, r.prompt_tokens);
+    assert_eq!(r.cached_tokens, Some(r.prompt_tokens));
     assert_eq!(r.cache_hit_ratio, Some(1.0));
 }
 

@@ -1,6 +1,6 @@
-//! `kvgate bench` as a process against real `kvgate engine` processes (issue 5's acceptance
-//! tests): the arrival process, open-loop sending under a slow server, TTFT/TPOT as DOMAIN.md §2
-//! defines them, the JSON/records/plot files, and two targets side by side.
+//! `kvgate bench` as a process against real `kvgate engine` processes (its acceptance tests):
+//! the arrival process, open-loop sending under a slow server, TTFT/TPOT as the bench defines
+//! them, the JSON/records/plot files, and two targets side by side.
 //!
 //! Timing tolerances are one-sided where the physics allows (a real-time engine can only be
 //! slower than its cost model, never faster) and generous elsewhere, so a busy 2-core machine
@@ -411,7 +411,7 @@ fn ttft_and_tpot_follow_domain_definitions_in_real_time() {
             16.0,
             "--output-len with --ignore-eos"
         );
-        // DOMAIN.md §2: TPOT = time after the first token / (output tokens - 1).
+        // TPOT = time after the first token / (output tokens - 1).
         assert!((tpot - (e2e - ttft) / 15.0).abs() < 1e-9, "{rec}");
         // One chunk per token: 15 inter-token gaps that add up to nearly E2E - TTFT (the
         // usage chunk and [DONE] follow the last token at once).
@@ -559,4 +559,83 @@ fn two_targets_interleave_and_json_and_plots_are_written() {
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "PNG magic");
     let _ = std::fs::remove_file(svg);
     let _ = std::fs::remove_file(png);
+}
+
+/// `--from-records` rebuilds a run's reports from its records by the same definitions, and
+/// `--window` splits them by send time.
+#[test]
+fn records_resummarise_to_the_same_report() {
+    let _serial = serial();
+    let engine = spawn_engine(&["--time-scale", "0"]);
+    let run = run_bench(
+        "resummarise",
+        &[
+            "--url",
+            &engine.base,
+            "--sweep",
+            "50:100:50",
+            "--num-requests",
+            "40",
+            "--output-len",
+            "4",
+            "--ignore-eos",
+            "--slo-ttft-ms",
+            "1000",
+        ],
+    );
+    let records = temp_path("resummarise-records.jsonl");
+    let lines: Vec<String> = run.records.iter().map(Value::to_string).collect();
+    std::fs::write(&records, lines.join("\n") + "\n").unwrap();
+    let json = temp_path("resummarise-again.json");
+    let again = |extra: &[&str]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["bench", "--from-records"])
+            .arg(&records)
+            .args(["--slo-ttft-ms", "1000", "--quiet", "--json"])
+            .arg(&json)
+            .args(extra)
+            .output()
+            .expect("kvgate bench --from-records runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let whole = again(&[]);
+    let (before, after) = (&run.json["results"], &whole["results"]);
+    assert_eq!(after.as_array().unwrap().len(), 2, "{whole}");
+    for (b, a) in before
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(after.as_array().unwrap())
+    {
+        for key in ["offered_rate", "requests", "completed", "slo_attainment"] {
+            assert_eq!(a[key], b[key], "{key}");
+        }
+        for key in ["ttft_ms", "e2e_ms"] {
+            for p in ["p50", "p95", "max"] {
+                let (x, y) = (f(&a[key][p]), f(&b[key][p]));
+                assert!(
+                    (x - y).abs() <= 1e-6 * y.abs().max(1.0),
+                    "{key}.{p}: {x} vs {y}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        whole["capacity"][0]["rate"],
+        run.json["capacity"][0]["rate"]
+    );
+    assert_eq!(whole["capacity"][0]["lowest_rate_tried"], 50.0);
+    let split = again(&["--window", "0:0.2", "--window", "0.2:1e9"]);
+    let parts = split["results"].as_array().unwrap();
+    let sent: f64 = parts.iter().map(|r| f(&r["requests"])).sum();
+    assert_eq!(sent, 80.0, "every request in exactly one window: {split}");
+    assert!(parts.iter().all(|r| r["window_s"].is_array()));
+    assert!(split["capacity"].as_array().unwrap().is_empty());
+    let _ = std::fs::remove_file(records);
+    let _ = std::fs::remove_file(json);
 }

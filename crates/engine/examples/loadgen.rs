@@ -98,11 +98,11 @@ async fn worker(o: &Options, index: usize, deadline: Instant) -> Vec<Duration> {
     latencies
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+/// Percentile `q` in milliseconds of sorted latencies, by kvgate's one definition
+/// ([`kvgate_core::stats::percentile`]: NumPy's linear interpolation); NaN without samples.
+fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
+    let ms: Vec<f64> = sorted.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    kvgate_core::stats::percentile(&ms, q).unwrap_or(f64::NAN)
 }
 
 #[tokio::main]
@@ -130,8 +130,8 @@ async fn main() {
         latencies.len() as f64 / elapsed,
         o.connections,
         o.max_tokens,
-        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
-        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+        percentile_ms(&latencies, 0.5),
+        percentile_ms(&latencies, 0.99),
+        latencies.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
     );
 }

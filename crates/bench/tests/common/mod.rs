@@ -28,8 +28,9 @@ pub struct ServerConfig {
     pub itl: Duration,
     /// Output tokens; default: the request's max_tokens.
     pub tokens: Option<u32>,
-    /// cached_tokens reported (capped at prompt tokens).
-    pub cached_tokens: u64,
+    /// cached_tokens reported (capped at prompt tokens); `None` sends
+    /// `"prompt_tokens_details": null`, as vLLM does without prefix caching.
+    pub cached_tokens: Option<u64>,
     /// Status to answer with (200 = normal).
     pub status: u16,
     /// Requests served at once; the rest wait (None = unlimited).
@@ -42,7 +43,7 @@ impl Default for ServerConfig {
             ttft: Duration::ZERO,
             itl: Duration::ZERO,
             tokens: None,
-            cached_tokens: 0,
+            cached_tokens: Some(0),
             status: 200,
             concurrency: None,
         }
@@ -137,10 +138,16 @@ fn chunk(chat: bool, text: &str) -> String {
     }
 }
 
-fn usage(prompt: u64, completion: u32, cached: u64) -> String {
+/// The usage's `prompt_tokens_details` value.
+fn details(cached: Option<u64>) -> String {
+    cached.map_or("null".into(), |c| format!("{{\"cached_tokens\":{c}}}"))
+}
+
+fn usage(prompt: u64, completion: u32, cached: Option<u64>) -> String {
     format!(
-        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}}}\n\n",
-        prompt + u64::from(completion)
+        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{},\"prompt_tokens_details\":{}}}}}\n\n",
+        prompt + u64::from(completion),
+        details(cached)
     )
 }
 
@@ -187,7 +194,7 @@ async fn serve(state: Arc<ServerState>, body: axum::body::Bytes, chat: bool) -> 
             .split_whitespace()
             .count() as u64
     };
-    let cached = state.config.cached_tokens.min(prompt_tokens);
+    let cached = state.config.cached_tokens.map(|c| c.min(prompt_tokens));
     let cfg = state.config.clone();
     let slots = state.slots.clone();
     if !stream {
@@ -198,7 +205,8 @@ async fn serve(state: Arc<ServerState>, body: axum::body::Bytes, chat: bool) -> 
         tokio::time::sleep(cfg.ttft + cfg.itl * (tokens - 1)).await;
         let text = "x ".repeat(tokens as usize);
         let body = format!(
-            "{{\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"text\":\"{text}\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{tokens},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}}}"
+            "{{\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"text\":\"{text}\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{tokens},\"prompt_tokens_details\":{}}}}}",
+            details(cached)
         );
         drop(guard);
         return ([(header::CONTENT_TYPE, "application/json")], body).into_response();

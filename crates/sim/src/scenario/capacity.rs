@@ -1,12 +1,15 @@
-//! Capacity under an SLO (DOMAIN.md §14): sweep the open-loop arrival rate of one workload on
-//! one fleet, and report for each policy, and for the oracle router, the largest request rate
-//! whose TTFT P95 meets the SLO with fewer than 1% failed requests.
+//! Capacity under an SLO: sweep the open-loop arrival rate of one workload on one fleet, and
+//! report for each policy, and for the oracle router, the largest request rate whose TTFT P95
+//! meets the SLO with fewer than 1% failed requests.
 //!
-//! Capacity is interpolated: between the last passing rate and the first failing one, the rate
-//! where TTFT P95 crosses the SLO (linearly), or the last passing rate when errors failed it.
-//! Rates above the first failure are not consulted, so a lucky point past the knee cannot raise
-//! a capacity. `capacity` is in requests per second; the sweep's own unit (sessions or bursts
-//! per second) is `rate`.
+//! Unlike [`kvgate_core::stats::capacity`] (the highest passing swept rate, which the bench and
+//! the `sweep` scenario report), this capacity is interpolated: between the last passing rate
+//! and the first failing one, the rate where TTFT P95 crosses the SLO (linearly), or the last
+//! passing rate when errors failed it. Rates above the first failure are not consulted, so a
+//! lucky point past the knee cannot raise a capacity. It resolves policies whose knees fall
+//! between two swept rates, at the cost of that difference. `capacity` is in requests per
+//! second; the sweep's own unit (sessions or bursts per second) is `rate`. When the lowest rate
+//! fails, `capacity` is null and `lowest_rate_tried` is that rate (in the sweep's unit).
 
 use super::metrics::{summarise, PolicyResult, Slo, Window};
 use super::table::{num, pct, Table};
@@ -80,8 +83,11 @@ pub(super) struct Point {
 /// One row.
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct CapacityResult {
-    /// Requests per second at the SLO; 0 when the lowest rate fails.
-    pub capacity: f64,
+    /// Requests per second at the SLO; null when the lowest rate fails.
+    pub capacity: Option<f64>,
+    /// The lowest rate swept, when it failed (the capacity is below it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lowest_rate_tried: Option<f64>,
     /// Whether even the highest swept rate passed (the capacity is at least this).
     pub saturated: bool,
     /// This row's capacity over the oracle's.
@@ -179,9 +185,9 @@ pub(super) fn sweep(
             .unzip();
         let first_fail = points.iter().position(|p| !p.passed);
         let capacity = match first_fail {
-            None => points.last().map_or(0.0, |p| p.request_rate),
-            Some(0) => 0.0,
-            Some(f) => {
+            None => points.last().map(|p| p.request_rate),
+            Some(0) => None,
+            Some(f) => Some({
                 let (ok, bad) = (&points[f - 1], &points[f]);
                 let by_ttft = bad.error_rate < MAX_ERROR_RATE && bad.ttft_p95 > ok.ttft_p95;
                 if by_ttft {
@@ -190,11 +196,15 @@ pub(super) fn sweep(
                 } else {
                     ok.request_rate
                 }
-            }
+            }),
         };
         let at = first_fail.map_or(points.len() - 1, |f| f.saturating_sub(1));
         results.push(CapacityResult {
-            capacity: round(capacity, 3),
+            capacity: capacity.map(|c| round(c, 3)),
+            lowest_rate_tried: capacity
+                .is_none()
+                .then(|| exp.rates.first().copied())
+                .flatten(),
             saturated: first_fail.is_none(),
             vs_oracle: None,
             at_capacity: summaries[at].clone(),
@@ -204,11 +214,12 @@ pub(super) fn sweep(
     let oracle = results
         .iter()
         .find(|r| r.at_capacity.policy == ORACLE)
-        .map(|r| r.capacity);
+        .and_then(|r| r.capacity);
     for r in &mut results {
-        r.vs_oracle = oracle
-            .filter(|&o| o > 0.0)
-            .map(|o| round(r.capacity / o, 3));
+        r.vs_oracle = match (r.capacity, oracle) {
+            (Some(c), Some(o)) if o > 0.0 => Some(round(c / o, 3)),
+            _ => None,
+        };
     }
     Report {
         scenario: exp.name.to_string(),
@@ -259,7 +270,7 @@ fn render(exp: &Experiment<'_>, results: &[CapacityResult]) -> String {
             format!(
                 "{}{}",
                 if r.saturated { ">=" } else { "" },
-                num(r.capacity, 2)
+                r.capacity.map_or("-".into(), |c| num(c, 2))
             ),
             r.vs_oracle.map_or("-".into(), |v| format!("{v:.2}")),
             pct(r.at_capacity.cache_hit_ratio),

@@ -1,12 +1,12 @@
-//! From a run's records to the numbers a report shows (DOMAIN.md §2): TTFT, TPOT and E2E
-//! percentiles (kvgate's one definition, `kvgate_core::stats::percentile`; `null` when nothing
-//! was measured), SLO attainment and goodput, prompt cache hit ratio, assignment gap, per-replica
+//! From a run's records to the numbers a report shows: TTFT, TPOT and E2E percentiles, SLO
+//! attainment and goodput (kvgate's one definition of each, [`kvgate_core::stats`]; `null` when
+//! nothing was measured), prompt cache hit ratio, assignment gap, per-replica
 //! utilisation, output throughput and sampled load skew. Times are in ticks (1 tick =
 //! [`crate::model::TICK_NANOS`] ns = 1 ms).
 
 use crate::fleet::Outcome;
 use crate::model::TICK_NANOS;
-use kvgate_core::stats::percentile;
+use kvgate_core::stats::{self, percentile, Attainment};
 use kvgate_core::Nanos;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -18,6 +18,17 @@ pub struct Slo {
     pub ttft: f64,
     /// Largest acceptable TPOT, ticks; infinite when only TTFT matters.
     pub tpot: f64,
+}
+
+impl Slo {
+    /// The same bounds in kvgate's one SLO definition (an infinite bound is none).
+    pub fn bounds(&self) -> stats::Slo {
+        let bound = |x: f64| x.is_finite().then_some(x);
+        stats::Slo {
+            ttft: bound(self.ttft),
+            tpot: bound(self.tpot),
+        }
+    }
 }
 
 /// One policy's (or variant's) results.
@@ -48,7 +59,7 @@ pub struct PolicyResult {
     pub e2e_p50: f64,
     /// E2E 95th percentile, ticks.
     pub e2e_p95: f64,
-    /// Share of requests meeting the SLO.
+    /// Share of requests meeting the SLO (null when none was dispatched).
     pub slo_attainment: f64,
     /// Requests meeting the SLO per tick of the arrival window.
     pub goodput: f64,
@@ -113,6 +124,7 @@ pub fn summarise(
     let mut ttft = Vec::with_capacity(outcome.records.len());
     let mut tpot = Vec::new();
     let mut e2e = Vec::with_capacity(outcome.records.len());
+    let bounds = slo.bounds();
     let mut met = 0u64;
     let mut completed = 0u64;
     for r in &outcome.records {
@@ -123,21 +135,19 @@ pub fn summarise(
         let t = ticks(first - r.arrival);
         ttft.push(t);
         e2e.push(ticks(done - r.arrival));
-        let per_token = if r.output_tokens > 1 {
-            let v = ticks(done - first) / f64::from(r.output_tokens - 1);
-            tpot.push(v);
-            v
-        } else {
-            0.0
-        };
-        if t <= slo.ttft && per_token <= slo.tpot {
-            met += 1;
-        }
+        let per_token =
+            (r.output_tokens > 1).then(|| ticks(done - first) / f64::from(r.output_tokens - 1));
+        tpot.extend(per_token);
+        met += u64::from(bounds.met(Some(t), per_token));
     }
     for v in [&mut ttft, &mut tpot, &mut e2e] {
         v.sort_by(f64::total_cmp);
     }
     let requests = outcome.records.len() as u64 + outcome.rejected;
+    let attainment = Attainment {
+        met,
+        issued: requests,
+    };
     let (queries, hits) = outcome.replicas.iter().fold((0u64, 0u64), |(q, h), r| {
         (q + r.prefix_queries_tokens, h + r.prefix_hits_tokens)
     });
@@ -163,8 +173,11 @@ pub fn summarise(
         tpot_p95: round(quantile(&tpot, 0.95), 3),
         e2e_p50: round(quantile(&e2e, 0.50), 2),
         e2e_p95: round(quantile(&e2e, 0.95), 2),
-        slo_attainment: round(met as f64 / requests.max(1) as f64, 4),
-        goodput: round(met as f64 / out_window.max(1e-9), 4),
+        slo_attainment: round(attainment.share().unwrap_or(f64::NAN), 4),
+        goodput: round(
+            attainment.goodput(out_window.max(1e-9)).unwrap_or(f64::NAN),
+            4,
+        ),
         cache_hit_ratio: round(hits as f64 / queries.max(1) as f64, 4),
         prefill_tokens: outcome.replicas.iter().map(|r| r.prefill_tokens).sum(),
         assignment_gap: gap,

@@ -1,5 +1,6 @@
-//! Capacity planning (DOMAIN.md §14): sweep the open-loop arrival rate, and report for each
-//! policy the largest rate whose TTFT P95 stays within the SLO: its capacity.
+//! Capacity planning: sweep the open-loop arrival rate, and report for each policy the largest
+//! rate whose TTFT P95 stays within the SLO: its capacity ([`kvgate_core::stats::capacity`];
+//! `null`, with the lowest rate tried beside it, when no rate passes).
 //!
 //! The fleet and workload are the routing lab's ([`super::routing_lab`]); every `--set` of the
 //! lab applies. `rates` is a comma-separated list (default 0.10 to 0.30 per tick in steps of
@@ -10,6 +11,7 @@ use super::metrics::{summarise, PolicyResult, Window};
 use super::routing_lab::{Lab, DEFAULT_POLICIES};
 use super::table::{num, Table};
 use super::{par_map, policy_names, Error, Options, Params, Report};
+use kvgate_core::stats::capacity;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -25,8 +27,11 @@ struct Point {
 #[derive(Clone, Debug, Serialize)]
 struct SweepResult {
     policy: String,
-    /// Largest swept rate with TTFT P95 within the SLO (0 when none is).
-    capacity: f64,
+    /// Largest swept rate with TTFT P95 within the SLO; null when none is.
+    capacity: Option<f64>,
+    /// The lowest rate swept, when no rate passed (the capacity is below it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lowest_rate_tried: Option<f64>,
     /// The result at the capacity point (or the lowest rate when none meets the SLO).
     #[serde(flatten)]
     at_capacity: PolicyResult,
@@ -96,19 +101,17 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
             });
             summaries.push(r);
         }
+        let passed = |pt: &Point| pt.ttft_p95 <= lab.slo.ttft;
+        let cap = capacity(points.iter().map(|pt| (pt.rate, passed(pt))));
         let best = points
             .iter()
-            .enumerate()
-            .filter(|(_, pt)| pt.ttft_p95 <= lab.slo.ttft)
-            .map(|(i, _)| i)
-            .next_back();
-        let capacity = best.map_or(0.0, |i| points[i].rate);
-        let mut row = vec![name.clone(), num(capacity, 3)];
+            .rposition(|pt| Some(pt.rate) == cap.capacity && passed(pt));
+        let mut row = vec![name.clone(), cap.capacity.map_or("-".into(), |c| num(c, 3))];
         row.extend(points.iter().map(|pt| {
             format!(
                 "{}{}",
                 num(pt.goodput, 3),
-                if pt.ttft_p95 <= lab.slo.ttft { "" } else { "*" }
+                if passed(pt) { "" } else { "*" }
             )
         }));
         table.row(row);
@@ -116,7 +119,12 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         results.push(
             serde_json::to_value(SweepResult {
                 policy: name,
-                capacity,
+                capacity: cap.capacity,
+                lowest_rate_tried: cap
+                    .capacity
+                    .is_none()
+                    .then_some(cap.lowest_rate_tried)
+                    .flatten(),
                 at_capacity,
                 points,
             })
