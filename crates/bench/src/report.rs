@@ -1,7 +1,7 @@
 //! Per-target reports: latency summaries, SLO attainment, goodput, cache hit ratio, errors; the
 //! readable table and the JSON document.
 //!
-//! Definitions (DOMAIN.md §2, §14):
+//! Definitions (docs/background.md#latency-metrics and #open-loop-evaluation-and-capacity):
 //! - a request is *good* when it succeeded, its TTFT is within `--slo-ttft-ms` and its TPOT is
 //!   within `--slo-tpot-ms` (an unset SLO always holds; TPOT is undefined, hence met, for a
 //!   single output token);

@@ -1,10 +1,10 @@
 //! Rate sweeps: the list of offered rates and each target's capacity.
 //!
 //! Capacity is the largest swept rate at which a target's SLO attainment reached the threshold
-//! (`--capacity-attainment`, default 0.9), the definition of DOMAIN.md §14. It is the largest such
-//! rate, not the first failing one, so one noisy step below the knee does not hide a higher
-//! passing rate; the rates below it that missed are listed beside it, since a cold start on the
-//! sweep's first rate is one of them.
+//! (`--capacity-attainment`, default 0.9; docs/background.md#open-loop-evaluation-and-capacity). It
+//! is the largest such rate, not the first failing one, so one noisy step below the knee does not
+//! hide a higher passing rate; the rates below it that missed are listed beside it, since a cold
+//! start on the sweep's first rate is one of them.
 
 use crate::error::BenchError;
 use crate::report::{Capacity, TargetReport};

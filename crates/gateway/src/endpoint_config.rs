@@ -223,11 +223,11 @@ impl SpilloverConfig {
     /// Why `route` (to the endpoint seen as `view`) should go to the next tier instead, if it
     /// should.
     ///
-    /// The queue is the larger of two estimates: the scraped queue plus this gateway's
-    /// dispatches since the scrape once it shows one (the self-accounting correction of
-    /// DOMAIN.md §5.6), and this gateway's requests in flight there beyond the engine's
-    /// `slots`, learned from scrapes that showed it full (exact when this gateway is the
-    /// engine's only client, and not a scrape interval late).
+    /// The queue is the larger of two estimates: the scraped queue plus this gateway's dispatches
+    /// since the scrape once it shows one (the self-accounting correction of
+    /// docs/background.md#stale-signals-and-herding), and this gateway's requests in flight there
+    /// beyond the engine's `slots`, learned from scrapes that showed it full (exact when this
+    /// gateway is the engine's only client, and not a scrape interval late).
     pub(crate) fn reason(
         &self,
         route: &kvgate_core::Route,

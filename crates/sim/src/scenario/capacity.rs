@@ -1,6 +1,7 @@
-//! Capacity under an SLO (DOMAIN.md §14): sweep the open-loop arrival rate of one workload on
-//! one fleet, and report for each policy, and for the oracle router, the largest request rate
-//! whose TTFT P95 meets the SLO with fewer than 1% failed requests.
+//! Capacity under an SLO (docs/background.md#open-loop-evaluation-and-capacity): sweep the
+//! open-loop arrival rate of one workload on one fleet, and report for each policy, and for the
+//! oracle router, the largest request rate whose TTFT P95 meets the SLO with fewer than 1% failed
+//! requests.
 //!
 //! Capacity is interpolated: between the last passing rate and the first failing one, the rate
 //! where TTFT P95 crosses the SLO (linearly), or the last passing rate when errors failed it.
