@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Captures golden fixtures from a real vLLM CPU engine into test-data/vllm/.
 #
-# Needs the real-vLLM recipe next to the repository (../shared/real-vllm, see its README) and
-# about 2 GB of free memory. Installs vLLM into .real-vllm/ (gitignored) if it is not there,
+# Uses the real-vLLM recipe in scripts/real-vllm/ (see its README) and needs about 2 GB of free
+# memory. Installs vLLM into .real-vllm/ (gitignored) if it is not there,
 # starts one engine with a tiny random model, records /metrics, streamed and non-streamed
 # responses of both endpoints, error bodies and a KV-event capture, then stops the engine.
 #
-# usage: scripts/capture-vllm-fixtures.sh [RECIPE_DIR]   (default ../shared/real-vllm)
+# usage: scripts/capture-vllm-fixtures.sh [RECIPE_DIR]   (default scripts/real-vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RECIPE=${1:-../shared/real-vllm}
+RECIPE=${1:-scripts/real-vllm}
 RECIPE=$(cd "$RECIPE" && pwd)
 ENGINE_DIR=.real-vllm
 OUT=test-data/vllm

@@ -1,5 +1,5 @@
 #!/bin/bash
-# kvgate serve in front of two real vLLM CPU engines (see ../shared/real-vllm/README.md).
+# kvgate serve in front of two real vLLM CPU engines (see scripts/real-vllm/README.md).
 #
 # Shows, from the engines' own answers and counters, that cache_aware keeps multi-turn
 # conversations on the replica holding their prefix (usage.prompt_tokens_details.cached_tokens,
@@ -7,7 +7,7 @@
 # engines' /metrics (the observations it reports through its admin API).
 #
 # usage: scripts/real-vllm-e2e.sh            (from the repository root; ~3 min after the install)
-# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
 set -euo pipefail
 . "$(dirname "$0")/real-vllm-lib.sh"
 

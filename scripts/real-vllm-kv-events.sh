@@ -1,5 +1,5 @@
 #!/bin/bash
-# Predicted against reported cached tokens on real vLLM CPU engines (../shared/real-vllm/README.md):
+# Predicted against reported cached tokens on real vLLM CPU engines (scripts/real-vllm/README.md):
 # two engines with small KV pools publish KV events to the gateway (`kv_events: bind:...`), which
 # tokenizes prompts with the engines' own tokenizer directory and chat template. Multi-turn
 # conversations, interleaved so that the pools evict, are sent through the gateway; for every
@@ -7,7 +7,7 @@
 # access log), then the share that matched exactly, and the same with KV events off.
 #
 # usage: scripts/real-vllm-kv-events.sh      (from the repository root; ~4 min after the install)
-# env:   SHARED, ENGINE_DIR, KVGATE as for real-vllm-e2e.sh; BLOCKS (default 96 blocks of 32 tokens,
+# env:   VLLM_RECIPE, ENGINE_DIR, KVGATE as for real-vllm-e2e.sh; BLOCKS (default 96 blocks of 32 tokens,
 #        with VLLM_ARGS=--max-model-len 2048)
 #        CONVERSATIONS (10), TURNS (6), POLICY (consistent_hash)
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/bin/bash
-# An engine restart against two real vLLM CPU engines (see ../shared/real-vllm/README.md): a
+# An engine restart against two real vLLM CPU engines (see scripts/real-vllm/README.md): a
 # session's first turn goes through the gateway, the script kills the engine that answered it
 # (SIGKILL, its engine-core process too, while idle) and starts it again on the same port with an empty cache. Checks what
 # the gateway makes of it with its defaults: the failed scrapes re-home the session (a one-token
@@ -9,7 +9,7 @@
 # counters and the next turn's endpoint and cached tokens; exits non-zero when a check fails.
 #
 # usage: scripts/real-vllm-restart.sh            (from the repository root; ~2 min after the install)
-# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
 set -euo pipefail
 . "$(dirname "$0")/real-vllm-lib.sh"
 
@@ -25,10 +25,10 @@ for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; slee
 
 # The engine's start command, as real-vllm-lib.sh ran it: PORT KV_PORT.
 restart_engine() {
-  "$SHARED/real-vllm/start_engine.sh" small-llama "$1" "$2" --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager ${VLLM_ARGS:-}
+  "$VLLM_RECIPE/start_engine.sh" small-llama "$1" "$2" --block-size 32 --num-gpu-blocks-override "$BLOCKS" --enforce-eager ${VLLM_ARGS:-}
 }
 export -f restart_engine
-export SHARED BLOCKS VLLM_ARGS="${VLLM_ARGS:-}"
+export VLLM_RECIPE BLOCKS VLLM_ARGS="${VLLM_ARGS:-}"
 
 "$PY" - $GW $P0 $P1 $KV0 $KV1 "$ENGINE_DIR" <<'PY'
 import json, os, re, signal, subprocess, sys, time, urllib.request

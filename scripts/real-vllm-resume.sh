@@ -1,5 +1,5 @@
 #!/bin/bash
-# Mid-stream continuation against two real vLLM CPU engines (see ../shared/real-vllm/README.md):
+# Mid-stream continuation against two real vLLM CPU engines (see scripts/real-vllm/README.md):
 # the gateway sends a streamed chat to the first (tier 0), the script kills that engine with
 # SIGKILL after 20 content chunks, and the gateway continues the answer on the second engine
 # with `continue_final_message`. Checks that the client's stream is one well-formed SSE stream
@@ -14,7 +14,7 @@
 # heads before them cached).
 #
 # usage: scripts/real-vllm-resume.sh            (from the repository root; ~2 min after the install)
-# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build),
+# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build),
 #        STAGE_TOKENS (default 0: not staged; 32 cuts this script's ~250-token prompt in heads)
 set -euo pipefail
 . "$(dirname "$0")/real-vllm-lib.sh"

@@ -1,13 +1,13 @@
 #!/bin/bash
-# How well predicted_ttft's calibrated model predicts real vLLM engines (issue 10): kvgate serve
-# (predicted_ttft, the default) in front of two real vLLM CPU engines (../shared/real-vllm/),
+# How well predicted_ttft's calibrated model predicts real vLLM engines: kvgate serve
+# (predicted_ttft, the default) in front of two real vLLM CPU engines (scripts/real-vllm/),
 # streamed multi-turn sessions sharing system prompts, a few at a time; then each request's
 # predicted TTFT (its decision record at /admin/decisions) is joined with its measured TTFT (the
 # access log) by request id. Prints the share of requests predicted within 20% after a warm-up,
 # and the ratio's spread.
 #
 # usage: scripts/real-vllm-ttft-prediction.sh [REQUESTS]   (from the repository root, default 160)
-# env:   SHARED (default ../shared), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
 set -euo pipefail
 N=${1:-160}
 . "$(dirname "$0")/real-vllm-lib.sh"

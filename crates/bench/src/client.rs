@@ -1,14 +1,14 @@
 //! Sending one request and measuring it on the client.
 //!
 //! Streaming responses are OpenAI server-sent events: `data: {json}` lines, a final usage chunk
-//! when `stream_options.include_usage` is set, and `data: [DONE]`. Per DOMAIN.md §2, measured from
-//! the moment the request left (actual send time; the lag behind the schedule is recorded apart):
-//! TTFT is the time to the first chunk carrying content (or reasoning content), ITL the gap between
-//! consecutive content chunks as they arrive, E2E the time to the end of the stream, and TPOT
-//! `(E2E - TTFT) / (output tokens - 1)` for requests with at least two output tokens. Output tokens
-//! and cached tokens come from the usage chunk when present (`completion_tokens`,
-//! `prompt_tokens_details.cached_tokens`); without usage the output count is the number of content
-//! chunks.
+//! when `stream_options.include_usage` is set, and `data: [DONE]`. As vLLM's benchmark measures
+//! them (docs/background.md#latency-metrics), measured from the moment the request left (actual
+//! send time; the lag behind the schedule is recorded apart): TTFT is the time to the first chunk
+//! carrying content (or reasoning content), ITL the gap between consecutive content chunks as they
+//! arrive, E2E the time to the end of the stream, and TPOT `(E2E - TTFT) / (output tokens - 1)` for
+//! requests with at least two output tokens. Output tokens and cached tokens come from the usage
+//! chunk when present (`completion_tokens`, `prompt_tokens_details.cached_tokens`); without usage
+//! the output count is the number of content chunks.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};

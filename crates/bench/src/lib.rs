@@ -1,9 +1,10 @@
 //! `kvgate bench`: an open-loop load generator for OpenAI-compatible LLM endpoints.
 //!
 //! Requests leave at times drawn from an arrival process (Poisson or gamma, optionally ramped),
-//! never waiting for responses (closed loops hide overload). Each request is measured on the
-//! client (TTFT, TPOT, ITL, E2E, tokens, cached tokens, errors, send lag) and the run is
-//! summarised per target (and per rate in a sweep) as a table, JSON and a plot.
+//! never waiting for responses (closed loops hide overload: Schroeder, Wierman and Harchol-Balter,
+//! "Open Versus Closed: A Cautionary Tale", NSDI 2006). Each request is measured on the client
+//! (TTFT, TPOT, ITL, E2E, tokens, cached tokens, errors, send lag) and the run is summarised per
+//! target (and per rate in a sweep) as a table, JSON and a plot.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kvgate_bench::BenchError> {

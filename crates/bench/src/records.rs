@@ -3,15 +3,15 @@
 //! cold against cached TTFT) without trusting the percentiles.
 //!
 //! One line per request and target, in report order (rate, then target, then scheduled time):
-//! `{"target", "offered_rate", "scheduled_s", "sent_s", "lag_ms", "ttft_ms", "tpot_ms",
-//! "e2e_ms", "itl_ms", "output_tokens", "prompt_tokens", "cached_tokens", "error", "session",
-//! "endpoint"}`. `tpot_ms` is (E2E - TTFT) / (output tokens - 1), `null` when undefined;
-//! `cached_tokens` is `null` when the server did not report it; `error` is the error kind's JSON
-//! key or `null`; `session` is the request's session (the body's `user`: the agentic and tenants
-//! workloads) and `endpoint` the one a kvgate gateway named in `x-kvgate-endpoint`, each `null`
-//! when there is none. With both, a run
-//! through the gateway can be cut by session and endpoint (say, the first turn of each session
-//! whose last turn went to an engine that was then killed).
+//! `{"target", "offered_rate", "scheduled_s", "sent_s", "lag_ms", "ttft_ms", "tpot_ms", "e2e_ms",
+//! "itl_ms", "output_tokens", "prompt_tokens", "cached_tokens", "error", "session", "endpoint"}`.
+//! `tpot_ms` is (E2E - TTFT) / (output tokens - 1) (vLLM's benchmark definition), `null` when
+//! undefined; `cached_tokens` is `null` when the server did not report it; `error` is the error
+//! kind's JSON key or `null`; `session` is the request's session (the body's `user`: the agentic
+//! and tenants workloads) and `endpoint` the one a kvgate gateway named in `x-kvgate-endpoint`,
+//! each `null` when there is none. With both, a run through the gateway can be cut by session and
+//! endpoint (say, the first turn of each session whose last turn went to an engine that was then
+//! killed).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};

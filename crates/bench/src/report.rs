@@ -2,7 +2,8 @@
 //! readable table and the JSON document.
 //!
 //! Definitions (the SLO, attainment and goodput are kvgate's one definition,
-//! [`kvgate_core::stats`], the same the simulator reports):
+//! [`kvgate_core::stats`], the same the simulator reports; docs/background.md#latency-metrics and
+//! #open-loop-evaluation-and-capacity):
 //! - a request is *good* when it succeeded, its TTFT is within `--slo-ttft-ms` and its TPOT is
 //!   within `--slo-tpot-ms` (an unset SLO always holds; TPOT is undefined, hence met, for a
 //!   single output token);

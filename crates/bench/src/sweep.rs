@@ -1,11 +1,12 @@
 //! Rate sweeps: the list of offered rates and each target's capacity.
 //!
-//! Capacity is kvgate's one definition ([`kvgate_core::stats::capacity`]): the largest swept
-//! rate at which a target's SLO attainment reached the threshold (`--capacity-attainment`,
-//! default 0.9). It is the largest such rate, not the first failing one, so one noisy step below
-//! the knee does not hide a higher passing rate; the rates below it that missed are listed
-//! beside it, since a cold start on the sweep's first rate is one of them. When no rate passed
-//! it is null beside the lowest rate tried, never 0.
+//! Capacity is kvgate's one definition ([`kvgate_core::stats::capacity`];
+//! docs/background.md#open-loop-evaluation-and-capacity): the largest swept rate at which a
+//! target's SLO attainment reached the threshold (`--capacity-attainment`, default 0.9). It is the
+//! largest such rate, not the first failing one, so one noisy step below the knee does not hide a
+//! higher passing rate; the rates below it that missed are listed beside it, since a cold start
+//! on the sweep's first rate is one of them. When no rate passed it is null beside the lowest
+//! rate tried, never 0.
 
 use crate::error::BenchError;
 use crate::report::{Capacity, TargetReport};

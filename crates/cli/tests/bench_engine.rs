@@ -1,5 +1,5 @@
-//! `kvgate bench` as a process against real `kvgate engine` processes (its acceptance tests):
-//! the arrival process, open-loop sending under a slow server, TTFT/TPOT as the bench defines
+//! `kvgate bench` as a process against real `kvgate engine` processes: the arrival process,
+//! open-loop sending under a slow server, TTFT/TPOT as docs/background.md#latency-metrics defines
 //! them, the JSON/records/plot files, and two targets side by side.
 //!
 //! Timing tolerances are one-sided where the physics allows (a real-time engine can only be
@@ -411,7 +411,7 @@ fn ttft_and_tpot_follow_domain_definitions_in_real_time() {
             16.0,
             "--output-len with --ignore-eos"
         );
-        // TPOT = time after the first token / (output tokens - 1).
+        // TPOT = time after the first token / (output tokens - 1), as vLLM's benchmark has it.
         assert!((tpot - (e2e - ttft) / 15.0).abs() < 1e-9, "{rec}");
         // One chunk per token: 15 inter-token gaps that add up to nearly E2E - TTFT (the
         // usage chunk and [DONE] follow the last token at once).
@@ -434,8 +434,8 @@ fn ttft_and_tpot_follow_domain_definitions_in_real_time() {
     let cold_min = cold.iter().copied().fold(f64::INFINITY, f64::min);
     let warm_median = median(warm);
     // A cold TTFT contains the whole prefill: 12 ms + 120 us per prompt token, less at most the
-    // 50 ms the engine's scheduler catches up after a late wake-up (crates/engine/src/scheduler.rs),
-    // which a loaded machine does produce.
+    // 50 ms the engine's scheduler catches up after a late wake-up
+    // (crates/engine/src/scheduler.rs), which a loaded machine does produce.
     let prompt = records
         .iter()
         .map(|r| f(&r["prompt_tokens"]))

@@ -1,5 +1,5 @@
-//! Connection hygiene of `kvgate serve`'s listener against real processes (issue 16): slow and
-//! half-open clients, the connection cap, header limits, HTTP/2 and the separate admin listener.
+//! Connection hygiene of `kvgate serve`'s listener against real processes: slow and half-open
+//! clients, the connection cap, header limits, HTTP/2 and the separate admin listener.
 
 mod support;
 

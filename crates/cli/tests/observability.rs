@@ -1,6 +1,5 @@
-//! What `kvgate serve` tells an operator about each request (issue 15): the access log, the
-//! decision records at `/admin/decisions` and the `x-kvgate-explain` header, against real
-//! `kvgate engine` processes.
+//! What `kvgate serve` tells an operator about each request: the access log, the decision records
+//! at `/admin/decisions` and the `x-kvgate-explain` header, against real `kvgate engine` processes.
 
 mod support;
 

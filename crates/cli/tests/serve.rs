@@ -1,4 +1,4 @@
-//! `kvgate serve` in front of real `kvgate engine` processes (issue 6, "Done when").
+//! `kvgate serve` in front of real `kvgate engine` processes.
 
 mod support;
 

@@ -32,8 +32,8 @@ pub enum Health {
     Unhealthy,
 }
 
-/// One scrape of an endpoint's engine metrics (vLLM `num_requests_running`,
-/// `num_requests_waiting`, `kv_cache_usage_perc`; DOMAIN.md §5).
+/// One scrape of an endpoint's engine metrics (vLLM `num_requests_running`, `num_requests_waiting`,
+/// `kv_cache_usage_perc`; vLLM docs, "Production metrics").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     /// Sequences in the running batch.
@@ -53,7 +53,7 @@ pub struct Observation {
 
 impl Observation {
     /// Accepted-but-unfinished work as the engine reported it: waiting plus running (the load
-    /// signal that must count queued requests too, DOMAIN.md §4).
+    /// signal must count queued requests too: they hold no KV blocks yet but will).
     pub fn outstanding(&self) -> u32 {
         self.running.saturating_add(self.waiting)
     }
@@ -88,8 +88,8 @@ pub struct EndpointView {
     /// When `observation` was taken.
     pub observed_at: Nanos,
     /// Requests this router dispatched after `observed_at` and that have not finished: the
-    /// self-accounting correction for a stale scrape (DOMAIN.md §5.6, mitigation 1). With no
-    /// observation at all this is every unfinished request of ours.
+    /// self-accounting correction for a stale scrape (docs/background.md#stale-signals-and-herding,
+    /// mitigation 1). With no observation at all this is every unfinished request of ours.
     pub own_since_observation: u32,
     /// Every unfinished request this router dispatched to the endpoint.
     pub own_inflight: u32,

@@ -1,10 +1,10 @@
 //! A consistent-hash ring with virtual nodes, and the bounded-load walk.
 //!
 //! Each endpoint owns `vnodes * weight` points on a 64-bit ring (ketama-style, as nginx and
-//! pingora-ketama); a key belongs to the first point clockwise from its hash. Adding one of
-//! `n + 1` endpoints moves about `1/(n+1)` of the keys. Bounded load (Mirrokni, Thorup and
-//! Zadimoghaddam 2016, DOMAIN.md §4): when the owner is at capacity `ceil(c * m / n)` the walk
-//! continues clockwise to the next distinct endpoint.
+//! pingora-ketama); a key belongs to the first point clockwise from its hash. Adding one of `n + 1`
+//! endpoints moves about `1/(n+1)` of the keys. Bounded load (Mirrokni, Thorup and Zadimoghaddam
+//! 2016): when the owner is at capacity `ceil(c * m / n)` the walk continues clockwise to the next
+//! distinct endpoint.
 
 use crate::EndpointId;
 use xxhash_rust::xxh3::xxh3_64_with_seed;

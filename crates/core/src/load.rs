@@ -1,7 +1,7 @@
 //! Load signals corrected for staleness, shared by every load-based policy.
 //!
-//! Scraped metrics are always old. Three corrections from DOMAIN.md §5.6 and Envoy's client-side
-//! weighted round robin apply here, before any policy ranks endpoints:
+//! Scraped metrics are always old (docs/background.md#stale-signals-and-herding). Three corrections
+//! from Envoy's client-side weighted round robin apply here, before any policy ranks endpoints:
 //! 1. **own dispatches**: add the requests this router sent after the observation was taken;
 //! 2. **expiry and blackout**: an observation older than `expiry_ms`, or taken while the endpoint
 //!    is still in its blackout period after joining, is treated as unknown and replaced by the
@@ -19,7 +19,8 @@ use std::cell::OnceCell;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoadConfig {
-    /// Add our own dispatches since the last observation (mitigation 1 of DOMAIN.md §5.6).
+    /// Add our own dispatches since the last observation: exact with one router, a part of the
+    /// truth with several.
     pub own_dispatch_correction: bool,
     /// Observations older than this are unknown; 0 keeps them forever.
     pub expiry_ms: u64,

@@ -13,12 +13,12 @@ pub enum Priority {
     /// A person is waiting for the first token.
     #[default]
     Interactive,
-    /// Background or batch work that may wait or be shed under load (DOMAIN.md §8).
+    /// Background or batch work that may wait or be shed under load.
     Batch,
 }
 
-/// A reasoning model's effort hint (`reasoning.effort`), which bounds the most variable part of
-/// a request's cost (DOMAIN.md §9).
+/// A reasoning model's effort hint (`reasoning.effort`), which bounds the most variable part of a
+/// request's cost: reasoning tokens are output tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasoningEffort {
@@ -53,7 +53,7 @@ pub struct Request {
     /// Unique per router; feedback events name requests by this id.
     pub id: u64,
     /// The tenant (API key or tenant header), part of every prefix key unless sharing is
-    /// configured (DOMAIN.md §13: cache hits are observable across tenants).
+    /// configured: cache hits are observable across tenants as short TTFTs.
     pub tenant: Option<String>,
     /// The conversation or agent session, if the client named one.
     pub session: Option<String>,

@@ -6,7 +6,7 @@ pub use kvgate_sim::model::CostModel;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
-/// How the engine model forms batches (DOMAIN.md §7); see `kvgate_sim::model::Batching`.
+/// How the engine model forms batches; see `kvgate_sim::model::Batching`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchingMode {

@@ -1,9 +1,8 @@
 //! Fault injection: the failures a router meets in production, on demand.
 //!
-//! A fault is written `KIND[:key=value[,key=value]...]`; every kind accepts `p=P` (the
-//! probability that a request meets it, default 1). Kinds (DOMAIN.md §1 and §9: overload looks
-//! like 429 with Retry-After or silent slowness; the time to first token is the window in which a
-//! router can still retry):
+//! A fault is written `KIND[:key=value[,key=value]...]`; every kind accepts `p=P` (the probability
+//! that a request meets it, default 1). Kinds (overload looks like 429 with Retry-After or silent
+//! slowness; the time to first token is the window in which a router can still retry):
 //!
 //! | kind | keys | effect |
 //! |---|---|---|

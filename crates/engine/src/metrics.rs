@@ -1,4 +1,5 @@
-//! vLLM's Prometheus metrics (DOMAIN.md §5), with vLLM's names, types, labels and buckets.
+//! vLLM's Prometheus metrics (vLLM docs, "Production metrics"), with vLLM's names, types, labels
+//! and buckets.
 //!
 //! Real vLLM (checked against `test-data/vllm/metrics.txt`) exposes every series with labels
 //! `engine` (the engine index, "0" for one engine) and `model_name`; counters carry the `_total`

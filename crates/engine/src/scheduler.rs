@@ -9,12 +9,12 @@
 //! so each handler wakes once per burst and writes its tokens in one frame (waking every
 //! handler once per token would cost a task switch and a socket write per token).
 //!
-//! Per-request metrics (DOMAIN.md §2 and §5) are measured here on the wall clock: TTFT from
-//! arrival to the end of the first-token iteration; queue time from arrival to the start of
-//! that iteration and prefill time as its length (the model reports when a sequence produced
-//! its first token, not when it was first scheduled, so a prompt prefilled in several chunks
-//! counts its earlier chunks as queue time); inter-token latency per token; decode time from
-//! first to last token; e2e from arrival to the last token.
+//! Per-request metrics (vLLM's histograms) are measured here on the wall clock: TTFT from arrival
+//! to the end of the first-token iteration; queue time from arrival to the start of that iteration
+//! and prefill time as its length (the model reports when a sequence produced its first token, not
+//! when it was first scheduled, so a prompt prefilled in several chunks counts its earlier chunks
+//! as queue time); inter-token latency per token; decode time from first to last token; e2e from
+//! arrival to the last token.
 
 use crate::backend::{Iteration, SeqEvent, SeqRequest, StepModel};
 use crate::faults::FaultState;

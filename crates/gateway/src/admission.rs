@@ -1,7 +1,7 @@
-//! Admission: at most `max_concurrency` requests upstream at once, at most `max_queue` waiting
-//! for a slot, a 429 with Retry-After when the queue is full, and a 504 for a request whose
-//! deadline passes while it waits (DOMAIN.md §8: shed before the engine queue grows, and never
-//! serve a request nobody waits for any more).
+//! Admission: at most `max_concurrency` requests upstream at once, at most `max_queue` waiting for
+//! a slot, a 429 with Retry-After when the queue is full, and a 504 for a request whose deadline
+//! passes while it waits (shed before the engine queue grows, and never serve a request nobody
+//! waits for any more).
 //!
 //! Who gets a freed slot is kvgate-core's [`FairQueue`]: the waiting tenant with the least
 //! weighted service (`order: fair`, the default) or plain arrival order (`order: fifo`), and
@@ -9,12 +9,11 @@
 //! request is sent; the routing policy still decides where, on the fleet as it is then.
 //!
 //! Under a backlog, `max_prefills` also bounds the requests sent whose first bytes have not come
-//! back: the ones an engine is still queueing or prefilling. An engine computes an iteration's prefill before
-//! anything else it holds can start, so a long prompt makes every request that lands behind it
-//! wait its whole iteration; decoding requests cost an iteration little. Held to fewer
-//! prefills than engines, backlogged tenants leave an engine free of long prefills, and the
-//! policy sends an underserved tenant's request (which skips the bound, as it skips the slot
-//! limit) there.
+//! back: the ones an engine is still queueing or prefilling. An engine computes an iteration's
+//! prefill before anything else it holds can start, so a long prompt makes every request that lands
+//! behind it wait its whole iteration; decoding requests cost an iteration little. Held to fewer
+//! prefills than engines, backlogged tenants leave an engine free of long prefills, and the policy
+//! sends an underserved tenant's request (which skips the bound, as it skips the slot limit) there.
 
 use crate::config::{AdmissionConfig, QueueOrder};
 use crate::error::ApiError;

@@ -1,10 +1,10 @@
 //! The response body handed to the client: the upstream body passed through frame by frame
 //! (no buffering), with the end of the request accounted when the stream ends.
 //!
-//! After the first token nothing is retried (DOMAIN.md §7). If the upstream connection breaks
-//! mid-stream, a server-sent-events response is continued on another endpoint when the
-//! request allows it (`crate::resume`); otherwise, or when that fails too, it gets one final
-//! `data: {"error": ...}` event and ends. Any other response is aborted so the client sees a
+//! After the first token nothing is retried (docs/background.md#the-commit-point). If the upstream
+//! connection breaks mid-stream, a server-sent-events response is continued on another endpoint
+//! when the request allows it (`crate::resume`); otherwise, or when that fails too, it gets one
+//! final `data: {"error": ...}` event and ends. Any other response is aborted so the client sees a
 //! truncated body, never a silent success.
 
 use crate::admission::Permit;

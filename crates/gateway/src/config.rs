@@ -210,7 +210,7 @@ pub struct AdmissionConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueOrder {
-    /// Virtual token counter per tenant (DOMAIN.md §8).
+    /// Virtual token counter per tenant (Sheng et al., OSDI 2024).
     #[default]
     Fair,
     /// Arrival order.

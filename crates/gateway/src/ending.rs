@@ -184,8 +184,8 @@ impl Ending {
         }
     }
 
-    /// `events` output events have streamed so far: the fair queue charges them as they come
-    /// (DOMAIN.md §8: output is charged incrementally), in steps of 16 to keep the lock cold.
+    /// `events` output events have streamed so far: the fair queue charges them as they come (VTC
+    /// charges output incrementally), in steps of 16 to keep the lock cold.
     pub(crate) fn streamed(&mut self, events: u32) {
         if let Some(lease) = &mut self.lease {
             let new = events.saturating_sub(lease.streamed);

@@ -171,8 +171,8 @@ impl ApiError {
         )
     }
 
-    /// 504 for a request whose deadline passed before an endpoint answered it: no further
-    /// attempt is made for a client that no longer waits (DOMAIN.md §8).
+    /// 504 for a request whose deadline passed before an endpoint answered it: no further attempt
+    /// is made for a client that no longer waits.
     pub fn deadline_passed_upstream() -> Self {
         Self::new(
             StatusCode::GATEWAY_TIMEOUT,

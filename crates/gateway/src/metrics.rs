@@ -1,5 +1,6 @@
 //! The gateway's own Prometheus metrics, every name prefixed `kvgate_` with its unit in the name
-//! (DESIGN.md "Decisions already taken"). Encoded with the `prometheus-client` crate.
+//! (Prometheus' naming practices: an application prefix, base units as suffixes). Encoded with the
+//! `prometheus-client` crate.
 
 use prometheus_client::encoding::EncodeLabelSet;
 pub use prometheus_client::metrics::counter::Counter;

@@ -1,10 +1,10 @@
 //! Reading an inference request: bounded body, UTF-8, JSON, field types and limits, then the
 //! [`kvgate_core::Request`] a policy sees. The body itself is forwarded byte for byte.
 //!
-//! The prefix key is a stable serialisation of what an engine's prefix cache would see first:
-//! tool definitions, then every message in order (system, earlier turns, the new turn) for chat,
-//! or the prompt for completions. Two turns of one conversation therefore share a text prefix
-//! (DOMAIN.md §5: prefix caching keys on the leading tokens).
+//! The prefix key is a stable serialisation of what an engine's prefix cache would see first: tool
+//! definitions, then every message in order (system, earlier turns, the new turn) for chat, or the
+//! prompt for completions. Two turns of one conversation therefore share a text prefix (prefix
+//! caching keys on the leading tokens).
 
 use crate::config::RequestConfig;
 use crate::error::ApiError;

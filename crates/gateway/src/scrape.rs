@@ -1,9 +1,9 @@
-//! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a
-//! random phase so scrapes of a large pool do not arrive together (DOMAIN.md §5.6: signals are
-//! always stale; spreading them keeps the staleness uniform). Each round asks `/health` first: a
-//! 5xx there takes the endpoint out of routing at once. A round that fails to connect or times out
-//! counts towards unhealthy; any HTTP answer counts as alive. Endpoints that do not
-//! name their model are asked once through `/v1/models`.
+//! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a random
+//! phase so scrapes of a large pool do not arrive together (signals are always stale,
+//! docs/background.md#stale-signals-and-herding; spreading them keeps the staleness uniform). Each
+//! round asks `/health` first: a 5xx there takes the endpoint out of routing at once. A round that
+//! fails to connect or times out counts towards unhealthy; any HTTP answer counts as alive.
+//! Endpoints that do not name their model are asked once through `/v1/models`.
 //!
 //! Recognised names (summed over label sets, usage the maximum):
 //! - vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,

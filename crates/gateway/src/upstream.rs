@@ -1,6 +1,7 @@
 //! One attempt upstream: send the body, wait for the response head and then for the first body
-//! bytes. The retry window closes with those first bytes (DOMAIN.md §7: before the first token a
-//! request can move; after it, never), so an attempt succeeds only once data has arrived.
+//! bytes. The retry window closes with those first bytes (before the first token a request can
+//! move; after it, never: docs/background.md#the-commit-point), so an attempt succeeds only once
+//! data has arrived.
 
 use crate::parse::Api;
 use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};

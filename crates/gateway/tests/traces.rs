@@ -1,7 +1,7 @@
-//! OpenTelemetry traces (issue 15): an in-process OTLP/HTTP receiver stands in for the
-//! collector; a streamed request and a failed-over one must arrive as a server span per request
-//! with a client span per attempt, carrying the GenAI semantic conventions' attributes, under
-//! the client's `traceparent`, with each attempt's context sent upstream.
+//! OpenTelemetry traces: an in-process OTLP/HTTP receiver stands in for the collector; a streamed
+//! request and a failed-over one must arrive as a server span per request with a client span per
+//! attempt, carrying the GenAI semantic conventions' attributes, under the client's `traceparent`,
+//! with each attempt's context sent upstream.
 
 mod common;
 

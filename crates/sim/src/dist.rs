@@ -2,9 +2,9 @@
 //! uniform source and every draw is reproducible from a seed.
 //!
 //! - Exponential and gamma inter-arrival times: vLLM bench's `--burstiness` is the gamma shape
-//!   (CV = 1/sqrt(shape); 1.0 is Poisson; DOMAIN.md §14).
-//! - Lognormal lengths parameterised by mean and coefficient of variation, optionally clamped
-//!   (the routing lab's prompts: mean 957, CV 0.75, 436..=3079; DOMAIN.md §4.2).
+//!   (CV = 1/sqrt(shape); 1.0 is Poisson).
+//! - Lognormal lengths parameterised by mean and coefficient of variation, optionally clamped (the
+//!   routing lab's prompts: mean 957, CV 0.75, 436..=3079; docs/background.md#routing-lab).
 
 use rand::{Rng, RngCore};
 

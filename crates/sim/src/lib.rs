@@ -1,7 +1,7 @@
-//! kvgate's fleet simulator: a fast, deterministic discrete-event model of LLM replicas behind
-//! one or more routers running kvgate-core's policies, and the reference experiments built on
-//! it (DOMAIN.md §4.2 routing lab, §5.6 staleness lab, §6.1 prefix player, §7.2 batching), plus
-//! agentic sessions and capacity sweeps.
+//! kvgate's fleet simulator: a fast, deterministic discrete-event model of LLM replicas behind one
+//! or more routers running kvgate-core's policies, and the reference experiments built on it
+//! (routing lab, staleness lab, prefix player, batching demo:
+//! docs/background.md#the-reference-experiments), plus agentic sessions and capacity sweeps.
 //!
 //! - [`model`]: the engine at iteration granularity, shared with the emulated engine;
 //! - [`workload`]: arrivals and prompts;

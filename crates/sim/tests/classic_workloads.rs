@@ -1,10 +1,9 @@
-//! `predicted_ttft` on the classic open-loop benchmarks, where no failure mode of issue 10 is in
-//! play: shared prefixes that every replica holds (`shared-prefix`, capacity ends at the batch
-//! slots) and prompts that share nothing (`random`). Issue 10 asks that it never fall below
-//! 0.95x the best peer rule's capacity on any workload; these check that on one seed at the
-//! scenarios' shapes, with fewer requests so a test build runs them in seconds; and on
-//! `shared-prefix` again after a warm-up, as `kvgate bench --sweep` leaves the engines for its
-//! next rate.
+//! `predicted_ttft` on the classic open-loop benchmarks, where none of the peers' failure modes is
+//! in play: shared prefixes that every replica holds (`shared-prefix`, capacity ends at the batch
+//! slots) and prompts that share nothing (`random`). The default rule must never fall below 0.95x
+//! the best peer rule's capacity on any workload; these check that on one seed at the scenarios'
+//! shapes, with fewer requests so a test build runs them in seconds; and on `shared-prefix` again
+//! after a warm-up, as `kvgate bench --sweep` leaves the engines for its next rate.
 
 use kvgate_sim::scenario::{run, Options};
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
-//! The orderings the reference draws its conclusions from (issue 3, "Done when"), checked over
-//! five seeds at the scenarios' defaults. Where an ordering holds on the five-seed mean but not
-//! on every seed, the check is on the mean and the comment beside it gives the per-seed numbers,
-//! rather than a loosened threshold.
+//! The orderings the reference article draws its conclusions from
+//! (docs/background.md#the-reference-experiments), checked over five seeds at the scenarios'
+//! defaults. Where an ordering holds on the five-seed mean but not on every seed, the check is on
+//! the mean and the comment beside it gives the per-seed numbers, rather than a loosened threshold.
 
 use kvgate_sim::scenario::{run, Options, Report};
 use std::collections::BTreeMap;
@@ -123,15 +123,16 @@ fn routing_lab_orderings_hold_over_five_seeds() {
 
 #[test]
 fn routing_lab_least_kv_has_the_worst_tail_and_slo_attainment() {
-    // The reference's least-KV row is last on everything but cache fill (DOMAIN.md §4.2). With
-    // the lab's KV gauge counting cached blocks as free, as the reference does, least_kv has the
-    // worst TTFT P95 at every seed (310.0/323.6/545.8/257.5/414.1 ticks against random's
-    // 207.8/182.9/318.5/225.6/393.9; percentiles interpolate linearly, as everywhere in kvgate). Its SLO attainment is the worst at seeds 2 and 3 only
-    // (81.2% and 67.0%); at seeds 1, 4 and 5 random's is lower (81.4/79.2/77.3% against
-    // 84.4/84.0/79.4%), so that check is on the five-seed mean: 79.2% against random's 79.7%.
-    // That margin is small: least_kv and random are within about a point of each other on SLO
-    // attainment, and over seeds 6..=10 (not checked here) the means are 76.3% and 75.6%, while
-    // least_kv's TTFT P95 is still the worst at four of those five seeds.
+    // The reference's least-KV row is last on everything but cache fill. With the lab's KV gauge
+    // counting cached blocks as free, as the reference does, least_kv has the worst TTFT P95 at
+    // every seed (310.0/323.6/545.8/257.5/414.1 ticks against random's
+    // 207.8/182.9/318.5/225.6/393.9; percentiles interpolate linearly, as everywhere in kvgate).
+    // Its SLO attainment is the worst at seeds 2 and 3 only (81.2% and 67.0%); at seeds 1, 4 and 5
+    // random's is lower (81.4/79.2/77.3% against 84.4/84.0/79.4%), so that check is on the
+    // five-seed mean: 79.2% against random's 79.7%. That margin is small: least_kv and random are
+    // within about a point of each other on SLO attainment, and over seeds 6..=10 (not checked
+    // here) the means are 76.3% and 75.6%, while least_kv's TTFT P95 is still the worst at four of
+    // those five seeds.
     let reports: Vec<Report> = SEEDS
         .iter()
         .map(|&s| report("routing-lab", s, &[]))

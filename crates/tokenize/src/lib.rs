@@ -1,17 +1,19 @@
 //! A request's prompt as its engine sees it: the model's chat template rendered the way
 //! Hugging Face's `apply_chat_template` renders it, then the model's `tokenizer.json`.
 //!
-//! Why: an engine's prefix cache and its KV events name blocks of *token ids* (DOMAIN.md §5.4).
-//! A router that wants to match those events, or to predict `cached_tokens` to the token, has to
-//! produce the same ids the engine will, from the same files. Everything is loaded from a local
-//! directory (a model's `tokenizer.json`, `tokenizer_config.json` and, in newer exports,
-//! `chat_template.jinja`); nothing is downloaded at run time.
+//! Why: an engine's prefix cache and its KV events name blocks of *token ids* (vLLM's automatic
+//! prefix caching hashes each full block of ids with its parent's hash). A router that wants to
+//! match those events, or to predict `cached_tokens` to the token, has to produce the same ids the
+//! engine will, from the same files. Everything is loaded from a local directory (a model's
+//! `tokenizer.json`, `tokenizer_config.json` and, in newer exports, `chat_template.jinja`); nothing
+//! is downloaded at run time.
 //!
 //! What matches vLLM's OpenAI server, and what does not:
-//! - chat prompts are rendered with `add_generation_prompt` (default true), `continue_final_message`,
-//!   `tools`, `documents` and `chat_template_kwargs` from the request, the tokenizer's special
-//!   tokens as variables, Jinja with `trim_blocks` and `lstrip_blocks` as transformers compiles
-//!   it, Python's `json.dumps` for `tojson`, and Python string and dict methods;
+//! - chat prompts are rendered with `add_generation_prompt` (default true),
+//!   `continue_final_message`, `tools`, `documents` and `chat_template_kwargs` from the request,
+//!   the tokenizer's special tokens as variables, Jinja with `trim_blocks` and `lstrip_blocks` as
+//!   transformers compiles it, Python's `json.dumps` for `tojson`, and Python string and dict
+//!   methods;
 //! - then encoded without special tokens (vLLM's chat default), completions with them;
 //! - message content given as parts is joined with newlines for templates that expect a string,
 //!   and passed as text parts to templates that loop over it (vLLM's content-format detection);

@@ -1,5 +1,5 @@
-//! An index of KV blocks keyed by chained block hashes (Dynamo's KV indexer, vLLM's prefix
-//! cache keys; DOMAIN.md §5.4).
+//! An index of KV blocks keyed by chained block hashes (Dynamo's KV indexer, vLLM's prefix cache
+//! keys).
 //!
 //! A prompt is cut into full blocks of `block_size` tokens; block `i`'s hash covers its tokens
 //! and block `i - 1`'s hash, so equal hashes mean equal prefixes. The index maps each hash to

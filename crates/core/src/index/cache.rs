@@ -4,7 +4,8 @@
 //! this request does each endpoint hold?" with `&self`, so the gateway can run that lookup
 //! (which walks the whole prompt, up to megabytes) under a read lock, before it takes the
 //! router's lock, and apply inserts, engine KV events and eviction under a write lock that picks
-//! never wait for (DESIGN.md "The decision core's shape"). The simulator owns one directly.
+//! never wait for (docs/architecture.md, "The decision core's shape"). The simulator owns one
+//! directly.
 //!
 //! Eviction is incremental: [`PrefixCache::maintain`] trims at its own period, and the radix
 //! tree bounds each endpoint's size on insert (amortised LRU, see [`super::radix`]).

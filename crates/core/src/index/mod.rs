@@ -8,9 +8,9 @@
 //! - [`blocks::BlockIndex`], keyed by chained KV-block hashes and fed by the engines' own KV
 //!   events (Dynamo's and vLLM's approach), or by the router's dispatches when events are off.
 //!
-//! Keys are scoped: the model and, unless sharing is configured, the tenant are part of every
-//! key, so one tenant's prompts never earn affinity (and an observable cache hit) from
-//! another's (DOMAIN.md §13).
+//! Keys are scoped: the model and, unless sharing is configured, the tenant are part of every key,
+//! so one tenant's prompts never earn affinity (and an observable cache hit) from another's: a hit
+//! shows as a short TTFT, which has recovered other users' prompts (Song et al., arXiv:2409.20002).
 
 pub mod blocks;
 pub mod cache;
@@ -58,7 +58,7 @@ impl<'a> PrefixKey<'a> {
     }
 }
 
-/// How much of a prompt one endpoint holds, per cache tier (DOMAIN.md §5.4: device, host, disk).
+/// How much of a prompt one endpoint holds, per cache tier (device, host, disk, as Dynamo counts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Overlap {
     /// The endpoint.

@@ -1,5 +1,5 @@
-//! An approximate radix tree of the prompts the router sent to each endpoint (SGLang's
-//! cache-aware router, DOMAIN.md §5.5).
+//! An approximate radix tree of the prompts the router sent to each endpoint (SGLang's cache-aware
+//! router).
 //!
 //! Edges are compressed (one node per branching point), endpoints are *tenants* of the nodes
 //! on the paths they were sent, and each tenant's presence is prefix-closed: if an endpoint

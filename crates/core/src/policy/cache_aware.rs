@@ -1,4 +1,5 @@
-//! SGLang's cache-aware rule (DOMAIN.md §5.5), over kvgate's approximate radix tree.
+//! SGLang's cache-aware rule (its router's `cache_aware` policy), over kvgate's approximate radix
+//! tree.
 //!
 //! ```text
 //! imbalanced = (max_load - min_load) > balance_abs_threshold

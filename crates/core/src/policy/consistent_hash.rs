@@ -1,5 +1,5 @@
-//! Consistent hashing with bounded load (Mirrokni, Thorup and Zadimoghaddam 2016; DOMAIN.md
-//! §4).
+//! Consistent hashing with bounded load (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing
+//! with Bounded Loads", 2016).
 //!
 //! The key (session by default) picks an owner on a ring of every member; an owner that may not
 //! take the request (unhealthy, already tried) passes it clockwise to the next eligible member,

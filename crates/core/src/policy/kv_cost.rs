@@ -1,4 +1,4 @@
-//! NVIDIA Dynamo's KV router cost (DOMAIN.md §5.4, seed 003), in KV blocks:
+//! NVIDIA Dynamo's KV router cost (Dynamo docs, "Router guide", cost function), in KV blocks:
 //!
 //! ```text
 //! credit   = device_overlap * device_credit + host_overlap * 0.75 + disk_overlap * 0.25
@@ -7,7 +7,7 @@
 //! device_credit = overlap_score_credit / (1 + decay * normalized_excess_prefill)
 //! ```
 //! `router_temperature = 0` takes the argmin; above 0 it samples a softmax over the costs
-//! normalised to `[0, 1]`, which keeps many routers from herding on one snapshot (§5.6).
+//! normalised to `[0, 1]`, which keeps many routers from herding on one snapshot.
 //!
 //! Where the reference leaves details open, kvgate's reading is:
 //! - `prefill_blocks` are the request's blocks (the larger of its full-block count and

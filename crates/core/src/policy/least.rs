@@ -2,10 +2,10 @@
 //! of d choices, and least KV usage.
 //!
 //! Least outstanding counts waiting + running + our own dispatches since the scrape: every
-//! accepted-but-unfinished request (DOMAIN.md §4). Power of two choices (Azar et al. 1994,
-//! Mitzenmacher 1996) samples `d` endpoints and takes the less loaded, which resists herding on
-//! a stale snapshot (§5.6). Least KV usage is the reference's cautionary tale: waiting requests
-//! hold no KV blocks, so it herds onto replicas with deep queues (§4.2).
+//! accepted-but-unfinished request. Power of two choices (Azar et al. 1994, Mitzenmacher 1996)
+//! samples `d` endpoints and takes the less loaded, which resists herding on a stale snapshot.
+//! Least KV usage is the cautionary tale: waiting requests hold no KV blocks, so it herds onto
+//! replicas with deep queues (the routing lab's worst row, docs/background.md#routing-lab).
 
 use super::{check, route_or_reject, Params, Policy, PolicyDoc, Query};
 use crate::{Decision, LoadConfig, LoadView, Reason};

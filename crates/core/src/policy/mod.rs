@@ -6,8 +6,9 @@
 //! performs I/O. Eligibility (health, model, endpoints a request already tried) is the caller's
 //! predicate in [`Fleet`]; retries, failover and admission live outside policies.
 //!
-//! Every policy's `Config` has defaults equal to the reference system it imitates (DOMAIN.md);
-//! [`PolicyConfig`] is the serde-tagged union of them, used by `serve`, `sim` and `bench`.
+//! Every policy's `Config` has defaults equal to the reference system it imitates (each module
+//! names it; docs/background.md has the formulas); [`PolicyConfig`] is the serde-tagged union of
+//! them, used by `serve`, `sim` and `bench`.
 
 mod cache_aware;
 mod consistent_hash;

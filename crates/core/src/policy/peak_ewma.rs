@@ -1,13 +1,13 @@
 //! Peak EWMA latency (Finagle's `PeakEwma`, linkerd's and tower's balancers).
 //!
-//! Each endpoint keeps a latency estimate that jumps up to any slower sample at once ("peak")
-//! and otherwise moves towards new samples with weight `exp(-elapsed / decay)`; between samples
-//! it decays towards zero with the same time constant, so an endpoint that was slow gets probed
-//! again. The cost is `estimate * (in_flight + 1)`, compared over `choices` random endpoints
-//! (P2C, as linkerd does; 0 = all). Endpoints without a sample use `default_rtt_ms`. For LLM
-//! traffic the sample is the time to first token: end-to-end latency mostly measures output
-//! length, not the endpoint (DOMAIN.md §4, "streaming delays the completion signal").
-//! Defaults are linkerd's: decay 10 s, default RTT 30 ms.
+//! Each endpoint keeps a latency estimate that jumps up to any slower sample at once ("peak") and
+//! otherwise moves towards new samples with weight `exp(-elapsed / decay)`; between samples it
+//! decays towards zero with the same time constant, so an endpoint that was slow gets probed again.
+//! The cost is `estimate * (in_flight + 1)`, compared over `choices` random endpoints (P2C, as
+//! linkerd does; 0 = all). Endpoints without a sample use `default_rtt_ms`. For LLM traffic the
+//! sample is the time to first token: streaming delays the completion signal, so end-to-end
+//! latency mostly measures output length, not the endpoint. Defaults are linkerd's: decay 10 s, default
+//! RTT 30 ms.
 
 use super::least::least_of_sample;
 use super::{check, route_or_reject, Params, Policy, PolicyDoc, Query};

@@ -1,7 +1,7 @@
-//! Prefix hashing: hash the first k tokens (xxhash), look the hash up on a consistent-hash
-//! ring, and escape to the least loaded endpoint when the owner's load exceeds the mean times
-//! `load_factor` (DOMAIN.md §5.5, §6.2). Adding an endpoint moves about 1/(n+1) of the
-//! prefixes, so most cached prefixes stay where they are.
+//! Prefix hashing: hash the first k tokens (xxhash), look the hash up on a consistent-hash ring,
+//! and escape to the least loaded endpoint when the owner's load exceeds the mean times
+//! `load_factor` (the SGLang router's `prefix_hash` policy). Adding an endpoint moves about 1/(n+1)
+//! of the prefixes, so most cached prefixes stay where they are.
 
 use super::consistent_hash::{eligible_walk, prefix_hash_of, RingCache};
 use super::{check, no_route, Params, Policy, PolicyDoc, Query};

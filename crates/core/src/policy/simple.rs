@@ -1,7 +1,8 @@
 //! Load-blind rules: random, round robin and smooth weighted round robin.
 //!
-//! They need no signal and cost O(1) (O(n) for the weighted turn), and they fail exactly where
-//! LLM requests differ in work (DOMAIN.md §1, §4): they are the baselines.
+//! They need no signal and cost O(1) (O(n) for the weighted turn), and they fail exactly where LLM
+//! requests differ in work (by two orders of magnitude: prompt times output length): they are the
+//! baselines.
 
 use super::{no_route, route_or_reject, Params, Policy, PolicyDoc, Query};
 use crate::{Decision, EndpointId, Fleet, LoadConfig, LoadView, Reason, Route};

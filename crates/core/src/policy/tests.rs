@@ -1,4 +1,4 @@
-//! Worked examples from DOMAIN.md and behaviour shared by every policy.
+//! Worked examples from the reference systems' documentation and behaviour shared by every policy.
 
 use super::config;
 use super::kv_cost::CostInputs;
@@ -90,8 +90,8 @@ fn inputs(prefill: f64, device: u32, decode: f64) -> CostInputs {
     }
 }
 
-/// DOMAIN.md §5.4: (raw prefill, device overlap, decode) = (10,2,10), (10,5,5), (10,8,9) cost
-/// 18, 10, 11 with credit 1.0.
+/// Dynamo's cost (docs/background.md#dynamo-kv-cost): (raw prefill, device overlap, decode) =
+/// (10,2,10), (10,5,5), (10,8,9) cost 18, 10, 11 with credit 1.0.
 #[test]
 fn dynamo_cost_table_one() {
     let c = config::KvCost::default();

@@ -1,4 +1,4 @@
-//! Envoy's weighted least request (DOMAIN.md §4.3).
+//! Envoy's weighted least request (Envoy docs, "Load balancers: weighted least request").
 //!
 //! With equal weights Envoy samples `choice_count` endpoints and takes the one with fewest
 //! active requests (P2C). With unequal weights it schedules by dynamic weight

@@ -1,11 +1,12 @@
 //! One request's attempts before its first token: when to retry, when to hedge, when to give up,
 //! and how the request ended ([`Outcome`]).
 //!
-//! DOMAIN.md §9: retry in one layer only, within a budget shared by every request
-//! ([`RetryBudget`]), with full-jitter backoff; hedge once, after a delay taken from observed
-//! TTFTs; never past the client's deadline; and never after the first token (the driver stops
-//! consulting this machine once an attempt produced bytes). The gateway's proxy is a short
-//! driver around it; a test walks it through a scripted timeline.
+//! Retries multiply across layers, so: retry in one layer only, within a budget shared by every
+//! request ([`RetryBudget`], after Google's SRE book, "Handling Overload"), with full-jitter
+//! backoff; hedge once, after a delay taken from observed TTFTs (Dean and Barroso, "The Tail at
+//! Scale"); never past the client's deadline; and never after the first token (the driver stops
+//! consulting this machine once an attempt produced bytes). The gateway's proxy is a short driver
+//! around it; a test walks it through a scripted timeline.
 
 use super::{Backoff, RetryBudget};
 use crate::Nanos;

@@ -1,19 +1,19 @@
 //! What a request costs, in the units tenants are limited, queued and billed by.
 //!
-//! Requests per minute ignore work and plain tokens per minute ignore that input, cached input
-//! and output cost the fleet very different amounts (DOMAIN.md §8), so every charge here keeps
-//! the three apart. Before a request runs only its prompt length is known (and not how much of it
-//! the engine will find cached), so admission charges an estimate and the end of the request
-//! corrects it from the engine's `usage`.
+//! Requests per minute ignore work and plain tokens per minute ignore that input, cached input and
+//! output cost the fleet very different amounts (VTC, Sheng et al., OSDI 2024), so every charge
+//! here keeps the three apart. Before a request runs only its prompt length is known (and not how
+//! much of it the engine will find cached), so admission charges an estimate and the end of the
+//! request corrects it from the engine's `usage`.
 
 use crate::{ReasoningEffort, Request, Usage};
 use serde::{Deserialize, Serialize};
 
 /// The relative cost of a token of each kind, for fair queueing and the input-token limit.
 ///
-/// Defaults after VTC (Sheng et al., OSDI 2024, DOMAIN.md §8), which weighs output twice as much
-/// as input; a cached prompt token skips prefill compute and costs a tenth of an uncached one
-/// (OpenAI and Anthropic bill cache reads at 10% to 50% of input).
+/// Defaults after VTC (Sheng et al., OSDI 2024), which weighs output twice as much as input; a
+/// cached prompt token skips prefill compute and costs a tenth of an uncached one (OpenAI and
+/// Anthropic bill cache reads at 10% to 50% of input).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TokenWeights {
@@ -87,7 +87,7 @@ pub struct ChargeModel {
     pub default_output_tokens: u32,
     /// How many times the default output a reasoning effort is expected to produce: reasoning
     /// tokens are output tokens, and effort bounds the most variable part of a request's cost
-    /// (DOMAIN.md §9). Minimal, low, medium, high.
+    /// (OpenAI's `reasoning.effort`). Minimal, low, medium, high.
     pub effort_multipliers: [f64; 4],
     /// Token weights.
     pub weights: TokenWeights,

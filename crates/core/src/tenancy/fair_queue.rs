@@ -1,17 +1,17 @@
 //! The admission queue: who goes next when a slot frees.
 //!
-//! Between tenants, the Virtual Token Counter (Sheng et al., OSDI 2024; DOMAIN.md §8): each
-//! tenant has a counter of the weighted tokens it was served divided by its weight, and the
-//! waiting tenant with the smallest counter goes next. A tenant that starts waiting again is
-//! lifted to the smallest counter of those waiting (or to the last served one when nobody waits),
-//! so idling earns no credit to burst later with. The caller charges the prompt when a request
-//! leaves the queue and output as it streams ([`FairQueue::charge`]), so a tenant whose answers
-//! are long falls behind while they stream, not after.
+//! Between tenants, the Virtual Token Counter (Sheng et al., "Fairness in Serving Large Language
+//! Models", OSDI 2024): each tenant has a counter of the weighted tokens it was served divided by
+//! its weight, and the waiting tenant with the smallest counter goes next. A tenant that starts
+//! waiting again is lifted to the smallest counter of those waiting (or to the last served one when
+//! nobody waits), so idling earns no credit to burst later with. The caller charges the prompt when
+//! a request leaves the queue and output as it streams ([`FairQueue::charge`]), so a tenant whose
+//! answers are long falls behind while they stream, not after.
 //!
 //! Between priorities: interactive requests go before batch ones, except that a batch request
-//! waiting longer than `batch_max_wait` goes first (the starvation bound); batch work may fill
-//! only half the queue, and a full queue sheds its newest batch request to make room for an
-//! interactive one (DOMAIN.md §8: low priority waits or is shed).
+//! waiting longer than `batch_max_wait` goes first (the starvation bound); batch work may fill only
+//! half the queue, and a full queue sheds its newest batch request to make room for an interactive
+//! one: low priority waits or is shed, never the person waiting for a first token.
 //!
 //! Within a tenant and priority, first come first served. The queue decides only *when* a
 //! request dispatches; *where* is still the routing policy's choice at that moment, so prefix

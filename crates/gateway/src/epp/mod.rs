@@ -1,12 +1,12 @@
 //! `kvgate epp`: kvgate's policies as an endpoint picker for an Envoy-based gateway with the
-//! Gateway API Inference Extension (DOMAIN.md §5). Envoy streams each inference request to
-//! the picker over ext_proc gRPC; the picker parses the body as `kvgate serve` would, picks with
-//! the configured policy and answers with the endpoint in the `x-gateway-destination-endpoint`
-//! header and `envoy.lb` dynamic metadata; the response streams back through it so the pool
-//! learns first tokens, usage and ends as if it had proxied the request. Health follows the
-//! gRPC health protocol: `liveness` always serving; `readiness` and the ext_proc service name
-//! serving while some endpoint is healthy and the picker is not shutting down (as `/ready` of
-//! `kvgate serve`), checked every 250 ms.
+//! Gateway API Inference Extension (gateway-api-inference-extension.sigs.k8s.io). Envoy streams
+//! each inference request to the picker over ext_proc gRPC; the picker parses the body as `kvgate
+//! serve` would, picks with the configured policy and answers with the endpoint in the
+//! `x-gateway-destination-endpoint` header and `envoy.lb` dynamic metadata; the response streams
+//! back through it so the pool learns first tokens, usage and ends as if it had proxied the
+//! request. Health follows the gRPC health protocol: `liveness` always serving; `readiness` and the
+//! ext_proc service name serving while some endpoint is healthy and the picker is not shutting down
+//! (as `/ready` of `kvgate serve`), checked every 250 ms.
 
 mod exchange;
 mod wire;

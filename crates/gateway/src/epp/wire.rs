@@ -1,6 +1,5 @@
-//! The ext_proc messages an endpoint picker reads and writes (Envoy's
-//! `envoy.service.ext_proc.v3`, as the Gateway API Inference Extension's endpoint-picker
-//! protocol uses them: DOMAIN.md §5).
+//! The ext_proc messages an endpoint picker reads and writes (Envoy's `envoy.service.ext_proc.v3`,
+//! as the Gateway API Inference Extension's endpoint-picker protocol uses them).
 
 use crate::error::ApiError;
 use envoy_types::pb::envoy::config::core::v3::{

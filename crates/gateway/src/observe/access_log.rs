@@ -66,7 +66,8 @@ pub(crate) struct AccessRecord<'a> {
     /// Arrival to the first token the client received (streams only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ttft_ms: Option<f64>,
-    /// Time per output token after the first (DOMAIN.md §2; streams with two tokens or more).
+    /// Time per output token after the first, `(e2e - ttft) / (output tokens - 1)` as vLLM's
+    /// benchmark defines it (streams with two tokens or more).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tpot_ms: Option<f64>,
     /// Arrival to the end of the response.

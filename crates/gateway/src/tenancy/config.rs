@@ -96,16 +96,16 @@ pub struct BudgetConfig {
     pub usd: Option<f64>,
 }
 
-/// Controls for agents, whose one action becomes many calls (DOMAIN.md §13).
+/// Controls for agents, whose one action becomes many calls.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
     /// Requests of one session in flight at once; more wait (in arrival order, within the
     /// queue timeout). Off when absent.
     pub session_max_concurrency: Option<u32>,
-    /// Fan-out first-call serialisation: when calls sharing a new prefix arrive together, send
-    /// one and hold the others until its first token, so they find the prefix cached (a
-    /// parallel fan-out otherwise all misses; DOMAIN.md §13).
+    /// Fan-out first-call serialisation: when calls sharing a new prefix arrive together, send one
+    /// and hold the others until its first token, so they find the prefix cached (a parallel
+    /// fan-out otherwise all misses).
     pub serialize_fanout: bool,
     /// Longest a held call waits for its leader's first token.
     pub fanout_max_wait_ms: u64,

@@ -1,7 +1,7 @@
-//! Fan-out first-call serialisation (DOMAIN.md §13): when several calls that share a new prefix
-//! (an agent's sub-tasks over one context) arrive together, the first goes and the others wait
-//! for its first token, by which time the engine holds the prefix and the routing policy knows
-//! where: sent together, every one of them would compute the prefix again.
+//! Fan-out first-call serialisation (docs/background.md#agentic-workloads): when several calls that
+//! share a new prefix (an agent's sub-tasks over one context) arrive together, the first goes and
+//! the others wait for its first token, by which time the engine holds the prefix and the routing
+//! policy knows where: sent together, every one of them would compute the prefix again.
 //!
 //! A prefix is "new" until one call with it reached its first token; for `seen_ttl` after that it
 //! is known and calls pass straight through, so a conversation's ordinary turns never wait. A held

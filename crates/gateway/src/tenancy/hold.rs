@@ -50,7 +50,7 @@ pub(crate) async fn hold(
     if kvgate_core::request::estimate_tokens(head) < tenancy.fanout_min_tokens() {
         return Ok(held);
     }
-    // Scoped like the prefix cache: per tenant (DOMAIN.md §13) and model.
+    // Scoped like the prefix cache: per tenant and model, so no call waits for another tenant's.
     let mut key = xxhash_rust::xxh3::Xxh3::new();
     for part in [tenant, request.model.as_deref().unwrap_or(""), head] {
         key.update(part.as_bytes());

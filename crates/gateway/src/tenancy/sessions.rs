@@ -1,6 +1,6 @@
-//! A cap on one session's requests in flight (DOMAIN.md §13: cap concurrency per session for
-//! fan-out), so one agent's burst of forty calls waits its turn instead of taking the fleet.
-//! Calls over the cap wait in arrival order (tokio's semaphore is fair) within the queue
+//! A cap on one session's requests in flight (docs/background.md#agentic-workloads: cap concurrency
+//! per session for fan-out), so one agent's burst of forty calls waits its turn instead of taking
+//! the fleet. Calls over the cap wait in arrival order (tokio's semaphore is fair) within the queue
 //! timeout; a session's entry lives only while it has calls in flight or waiting.
 
 use std::collections::HashMap;

@@ -1,8 +1,8 @@
 //! How long one engine iteration takes.
 //!
-//! An iteration's time is a linear function of its work (DOMAIN.md §7: prefill is
-//! compute-bound and scales with the tokens computed; decode is bandwidth-bound and scales with
-//! the weights read once per step plus every decoding sequence's KV context):
+//! An iteration's time is a linear function of its work (prefill is compute-bound and scales with
+//! the tokens computed; decode is bandwidth-bound and scales with the weights read once per step
+//! plus every decoding sequence's KV context):
 //!
 //! ```text
 //! raw = step_overhead + prefill_tokens * prefill_token + decode_seqs * decode_seq
@@ -10,9 +10,9 @@
 //! duration = raw, or with a quantum q > 0: max(1, ceil(raw / q)) * q
 //! ```
 //!
-//! The quantum makes the reference labs' unit model (DOMAIN.md §4.2: "1 tick = one engine
-//! iteration budget") exact: a decode step is one tick and a prefill takes one tick per
-//! [`CostModel::UNIT_PREFILL_TOKENS_PER_TICK`] tokens.
+//! The quantum makes the reference labs' unit model ("1 tick = one engine iteration budget",
+//! docs/background.md#routing-lab) exact: a decode step is one tick and a prefill takes one tick
+//! per [`CostModel::UNIT_PREFILL_TOKENS_PER_TICK`] tokens.
 
 use kvgate_core::Nanos;
 use serde::{Deserialize, Serialize};

@@ -10,8 +10,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 mod schedule;
 
-/// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute
-/// from token ids, DOMAIN.md §5.4).
+/// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute from
+/// token ids).
 const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 
 /// Chained hashes of the full blocks of `tokens`: block `i` hashes its tokens (little-endian
@@ -452,16 +452,16 @@ impl EngineModel {
     }
 
     /// Whether blocks are offered to the prefix cache when scheduled rather than once computed.
-    /// vLLM v1, whose scheduler is the chunked one, caches a block when it allocates the slots
-    /// that will hold it (`KVCacheManager::allocate_slots` caches up to the computed plus the
-    /// newly scheduled tokens), so a sequence admitted later in the same iteration finds the
-    /// blocks an earlier one is computing there: each layer's KV is written before attention
-    /// reads it, so the hits are sound, and a fan-out's siblings never recompute the prefix
-    /// their first call is prefilling (checked on vLLM 0.32: four prompts sharing 800 tokens,
-    /// sent in one batch, report 3 x 800 cached tokens). vLLM v0 marked blocks computed after
-    /// the step, which the whole-prompt modes (and the reference labs built on them) keep;
-    /// caching on schedule there too moved the routing lab off its reference ordering
-    /// (DOMAIN.md §4.2: `least_kv`'s TTFT P95 at seed 5 fell below `random`'s).
+    /// vLLM v1, whose scheduler is the chunked one, caches a block when it allocates the slots that
+    /// will hold it (`KVCacheManager::allocate_slots` caches up to the computed plus the newly
+    /// scheduled tokens), so a sequence admitted later in the same iteration finds the blocks an
+    /// earlier one is computing there: each layer's KV is written before attention reads it, so the
+    /// hits are sound, and a fan-out's siblings never recompute the prefix their first call is
+    /// prefilling (checked on vLLM 0.32: four prompts sharing 800 tokens, sent in one batch, report
+    /// 3 x 800 cached tokens). vLLM v0 marked blocks computed after the step, which the
+    /// whole-prompt modes (and the reference labs built on them) keep; caching on schedule there
+    /// too moved the routing lab off its reference ordering (`least_kv`'s TTFT P95 at seed 5 fell
+    /// below `random`'s; docs/background.md#routing-lab).
     fn caches_on_schedule(&self) -> bool {
         matches!(self.config.batching, Batching::Chunked { .. })
     }

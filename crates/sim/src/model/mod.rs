@@ -1,5 +1,6 @@
-//! An LLM serving engine at iteration granularity (DOMAIN.md §7): a slot-limited batch, a KV
-//! block pool with a prefix cache of full blocks, and one of three batching modes.
+//! An LLM serving engine at iteration granularity (continuous batching as in Orca, KV blocks as in
+//! vLLM's PagedAttention): a slot-limited batch, a KV block pool with a prefix cache of full
+//! blocks, and one of three batching modes.
 //!
 //! Shared by the fleet simulator and the emulated engine. The model is pure: it does not know
 //! what time it is. [`EngineModel::step`] runs one iteration and returns how long it takes under
@@ -17,7 +18,7 @@
 //!   recompute the next one. Each later iteration decodes one token per running sequence.
 //! - [`Batching::Continuous`]: when a waiting sequence can be admitted, the iteration prefills
 //!   every sequence admitted (whole prompts) and running sequences do not decode (a prefill
-//!   occupies the whole iteration and stalls decodes, DOMAIN.md §7).
+//!   occupies the whole iteration and stalls decodes).
 //!   [`Batching::Chunked`]: running sequences first (one token per decode, prefill chunks), then
 //!   admissions, all within `max_num_batched_tokens` per iteration (Sarathi-Serve).
 //!   [`Batching::Static`]: a new batch is admitted only when the previous one has fully
@@ -49,7 +50,7 @@ use kvgate_core::index::blocks::KvEvent;
 use kvgate_core::Nanos;
 use serde::{Deserialize, Serialize};
 
-/// How the engine forms batches (DOMAIN.md §7).
+/// How the engine forms batches (docs/background.md#batching-inside-the-engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Batching {
@@ -172,8 +173,8 @@ pub struct EngineStats {
     pub waiting: u32,
     /// Fraction of blocks referenced by sequences (`vllm:kv_cache_usage_perc`, 1 = 100%).
     pub kv_usage: f64,
-    /// Blocks held by running sequences beyond the prefix-cache hits each was admitted with:
-    /// the KV footprint when cached blocks are counted as free (DOMAIN.md §4.2's reading).
+    /// Blocks held by running sequences beyond the prefix-cache hits each was admitted with: the KV
+    /// footprint when cached blocks are counted as free (the routing lab's reading).
     pub uncached_blocks: u64,
     /// Blocks free or idle cached.
     pub free_blocks: u64,

@@ -1,13 +1,12 @@
-//! The KV block pool and its prefix cache (PagedAttention blocks, vLLM's automatic prefix
-//! caching; DOMAIN.md §7 and §5.4).
+//! The KV block pool and its prefix cache (PagedAttention blocks, vLLM's automatic prefix caching).
 //!
 //! Every block is in exactly one of three states:
 //! - *free*: holds nothing, on the free list;
 //! - *in use*: referenced by one or more sequences (`refs > 0`), possibly also cached;
-//! - *idle cached*: a full block whose hash is still in the cache but that no sequence
-//!   references; it counts as free capacity and is evicted least-recently-released first when
-//!   an allocation finds the free list empty (DOMAIN.md §4.2: cached blocks do not consume KV
-//!   capacity).
+//! - *idle cached*: a full block whose hash is still in the cache but that no sequence references;
+//!   it counts as free capacity and is evicted least-recently-released first when an allocation
+//!   finds the free list empty (as the routing lab has it: cached blocks do not consume KV
+//!   capacity, docs/background.md#routing-lab).
 //!
 //! The cache maps a chained block hash to the block holding it. Lookups never iterate the map,
 //! so its order cannot leak into decisions.

@@ -1,12 +1,12 @@
-//! Agentic sessions on a realistic cost model (DOMAIN.md §13): tenants' shared system prompts,
-//! conversations that resend their growing context every turn, think time, and fan-out bursts
-//! of parallel calls sharing the parent's prefix.
+//! Agentic sessions on a realistic cost model (docs/background.md#agentic-workloads): tenants'
+//! shared system prompts, conversations that resend their growing context every turn, think time,
+//! and fan-out bursts of parallel calls sharing the parent's prefix.
 //!
 //! Replicas use [`CostModel::default`] (an ~8B model on one H100-class GPU) with chunked prefill
 //! (2,048-token budget), 128 slots and 16,384 KV blocks of 16 tokens; two routers scrape every
 //! 50 ms; 1 tick = 1 ms. Sessions arrive at `session_rate_per_replica` x replicas per second so
 //! the load per replica stays the same when `replicas` changes. The SLO is TTFT <= 2,000 ms and
-//! TPOT <= 50 ms (the capacity definition of DOMAIN.md §14).
+//! TPOT <= 50 ms (docs/background.md#open-loop-evaluation-and-capacity).
 
 use super::metrics::{summarise, Slo, Window};
 use super::table::{num, pct, Table};

@@ -1,12 +1,13 @@
-//! The batching demo: the same arrivals through static batching, continuous
-//! batching and chunked prefill, tick by tick, on one replica with 3 slots.
+//! The batching demo (the reference article's §7.2, docs/background.md#batching-demo): the same
+//! arrivals through static batching, continuous batching and chunked prefill, tick by tick, on one
+//! replica with 3 slots.
 //!
-//! Work is counted in whole units as in the reference: a prompt is 1 to 3 chunks (a chunk is
-//! one tick of prefill under [`CostModel::unit`], 512 tokens less one per slot); each decode
-//! step is one tick. Continuous batching runs the admitted prompts in one iteration that
-//! occupies as many ticks as they have chunks and stalls every decode; chunked prefill runs
-//! about one chunk per tick next to the decodes (token budget 512). The arrivals (default 8 requests, about one every
-//! 1.5 ticks, outputs of 2 to 8 tokens) are drawn from the seed.
+//! Work is counted in whole units as in the reference: a prompt is 1 to 3 chunks (a chunk is one
+//! tick of prefill under [`CostModel::unit`], 512 tokens less one per slot); each decode step is
+//! one tick. Continuous batching runs the admitted prompts in one iteration that occupies as many
+//! ticks as they have chunks and stalls every decode; chunked prefill runs about one chunk per tick
+//! next to the decodes (token budget 512). The arrivals (default 8 requests, about one every 1.5
+//! ticks, outputs of 2 to 8 tokens) are drawn from the seed.
 //!
 //! Per mode: ticks until every request has finished, ticks with no output token, slot fill
 //! (occupied slots over available slots, averaged over the ticks until the end), output tokens

@@ -1,6 +1,7 @@
-//! Capacity under an SLO: sweep the open-loop arrival rate of one workload on one fleet, and
-//! report for each policy, and for the oracle router, the largest request rate whose TTFT P95
-//! meets the SLO with fewer than 1% failed requests.
+//! Capacity under an SLO (docs/background.md#open-loop-evaluation-and-capacity): sweep the
+//! open-loop arrival rate of one workload on one fleet, and report for each policy, and for the
+//! oracle router, the largest request rate whose TTFT P95 meets the SLO with fewer than 1% failed
+//! requests.
 //!
 //! Unlike [`kvgate_core::stats::capacity`] (the highest passing swept rate, which the bench and
 //! the `sweep` scenario report), this capacity is interpolated: between the last passing rate

@@ -1,5 +1,5 @@
-//! The failure modes measured against SGLang's router, vllm-router and LiteLLM (issue 10), each
-//! as a capacity sweep ([`super::capacity`]) over the same policies and the oracle:
+//! The failure modes measured against SGLang's router, vllm-router and LiteLLM, each as a capacity
+//! sweep ([`super::capacity`]) over the same policies and the oracle:
 //!
 //! | scenario | what breaks the peers |
 //! |---|---|

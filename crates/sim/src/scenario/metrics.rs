@@ -1,7 +1,7 @@
-//! From a run's records to the numbers a report shows: TTFT, TPOT and E2E percentiles, SLO
-//! attainment and goodput (kvgate's one definition of each, [`kvgate_core::stats`]; `null` when
-//! nothing was measured), prompt cache hit ratio, assignment gap, per-replica
-//! utilisation, output throughput and sampled load skew. Times are in ticks (1 tick =
+//! From a run's records to the numbers a report shows (docs/background.md#latency-metrics): TTFT,
+//! TPOT and E2E percentiles, SLO attainment and goodput (kvgate's one definition of each,
+//! [`kvgate_core::stats`]; `null` when nothing was measured), prompt cache hit ratio, assignment
+//! gap, per-replica utilisation, output throughput and sampled load skew. Times are in ticks (1 tick =
 //! [`crate::model::TICK_NANOS`] ns = 1 ms).
 
 use crate::fleet::Outcome;

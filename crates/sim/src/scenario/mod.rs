@@ -1,14 +1,15 @@
-//! The named experiments behind `kvgate sim --scenario NAME`.
+//! The named experiments behind `kvgate sim --scenario NAME`. Section numbers are the reference
+//! article's (docs/background.md#the-reference-experiments).
 //!
 //! | scenario | what it shows |
 //! |---|---|
-//! | `routing-lab` | DOMAIN.md §4.2: every selection rule on the same arrivals |
+//! | `routing-lab` | §4.2: every selection rule on the same arrivals |
 //! | `staleness-lab` | §5.6: herding on a shared stale snapshot and its mitigations |
 //! | `prefix-player` | §6.1: affinity versus balance, step by step with reasons |
 //! | `batching` | §7.2: static, continuous and chunked-prefill batching |
-//! | `agentic` | §13: sessions with growing context and fan-out on a realistic cost model |
-//! | `sweep` | §14: goodput versus arrival rate; each policy's capacity under the SLO |
-//! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes of issue 10, against the oracle router |
+//! | `agentic` | sessions with growing context and fan-out on a realistic cost model |
+//! | `sweep` | goodput versus arrival rate; each policy's capacity under the SLO |
+//! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes measured against the peers' routers, against the oracle router |
 //! | `shared-prefix`, `random` | the same on the classic open-loop benchmarks: shared prefixes that fit everywhere, and prompts that share nothing |
 //!
 //! Every scenario returns a [`Report`]: parameters, one result object per policy or variant,

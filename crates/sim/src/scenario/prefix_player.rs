@@ -1,4 +1,5 @@
-//! The prefix player (DOMAIN.md §6.1): affinity against balance, one decision at a time.
+//! The prefix player (the reference article's §6.1, docs/background.md#prefix-player): affinity
+//! against balance, one decision at a time.
 //!
 //! The reference setup: 3 replicas whose cache holds one prefix each (LRU of one slot), 12
 //! requests of which 8 share prefix P1 (4,000 prefix + 180 suffix tokens), routed by a

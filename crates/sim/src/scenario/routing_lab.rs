@@ -1,4 +1,5 @@
-//! The routing lab (DOMAIN.md §4.2): the same open-loop arrivals through every selection rule.
+//! The routing lab (the reference article's §4.2, docs/background.md#routing-lab): the same
+//! open-loop arrivals through every selection rule.
 //!
 //! The reference model, and how this one reads it:
 //! - 1 tick = one engine iteration budget ([`CostModel::unit`]): a decode iteration is one tick,
@@ -8,22 +9,20 @@
 //!   reference the engine does preempt when KV runs out (rare at the defaults: about ten
 //!   preemptions in 2,000 requests per rule).
 //! - The KV usage the routers read ([`KvSignal::Uncached`], `kv_uncached=true`) follows the
-//!   reference's two statements about it: the least-KV rule's signal is "the blocks held by
-//!   running and prefilling sequences" (waiting requests hold none), and "cached blocks are
-//!   treated as not consuming KV capacity" (DOMAIN.md §4.2; the Japanese original's §4.2
-//!   notes under its tables). So a sequence counts the blocks it computed and grew, not the
-//!   prefix-cache hits it was admitted with, and a warm replica looks emptier than a cold one
-//!   with the same work. vLLM's gauge (`kv_uncached=false`, [`KvSignal::Referenced`]) counts a
-//!   shared block in use once, cached or not; with it least_kv was not the worst rule on SLO
-//!   attainment (87/83/79/89/82% at seeds 1..=5 against random's 81/85/75/79/77%) and its
-//!   TTFT P95 was below random's at seed 1 (190.5 vs 207.6 ticks). With the reference's
-//!   signal least_kv has the worst TTFT P95 at every seed 1..=5 and the worst SLO attainment
-//!   on their mean, as in the reference, though only by half a point over random (79.2% vs
-//!   79.7%; over seeds 6..=10 76.3% vs 75.6%): its tail is clearly the worst, its share of
-//!   requests within the SLO about ties with random's. Only least_kv reads this gauge among
-//!   the lab's rules.
-//!   Admission is unchanged: blocks shared by running sequences still take pool capacity
-//!   once, which binds only in the rare preemptions above.
+//!   reference's two statements about it: the least-KV rule's signal is "the blocks held by running
+//!   and prefilling sequences" (waiting requests hold none), and "cached blocks are treated as not
+//!   consuming KV capacity" (the notes under the article's §4.2 tables). So a sequence counts the
+//!   blocks it computed and grew, not the prefix-cache hits it was admitted with, and a warm
+//!   replica looks emptier than a cold one with the same work. vLLM's gauge (`kv_uncached=false`,
+//!   [`KvSignal::Referenced`]) counts a shared block in use once, cached or not; with it least_kv
+//!   was not the worst rule on SLO attainment (87/83/79/89/82% at seeds 1..=5 against random's
+//!   81/85/75/79/77%) and its TTFT P95 was below random's at seed 1 (190.5 vs 207.6 ticks). With
+//!   the reference's signal least_kv has the worst TTFT P95 at every seed 1..=5 and the worst SLO
+//!   attainment on their mean, as in the reference, though only by half a point over random (79.2%
+//!   vs 79.7%; over seeds 6..=10 76.3% vs 75.6%): its tail is clearly the worst, its share of
+//!   requests within the SLO about ties with random's. Only least_kv reads this gauge among the
+//!   lab's rules. Admission is unchanged: blocks shared by running sequences still take pool
+//!   capacity once, which binds only in the rare preemptions above.
 //! - 4 replicas, Poisson arrivals at 0.20 per tick, prompts lognormal with mean 957 tokens, CV
 //!   0.75, clamped to 436..=3079, 20% long requests, TTFT SLO 80 ticks.
 //! - What the reference leaves open, chosen here: "long" means a long answer (output mean 300

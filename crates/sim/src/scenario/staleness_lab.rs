@@ -1,4 +1,5 @@
-//! The staleness lab (DOMAIN.md §5.6): several routers trust the same old snapshot and herd.
+//! The staleness lab (the reference article's §5.6, docs/background.md#staleness-lab): several
+//! routers trust the same old snapshot and herd.
 //!
 //! The reference's abstract model, reproduced as is: 5 replicas, 4 routers, scrapes every 10
 //! ticks, a fixed service time (every request stays outstanding for `service` = 20 ticks, whatever

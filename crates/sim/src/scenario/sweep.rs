@@ -1,6 +1,7 @@
-//! Capacity planning: sweep the open-loop arrival rate, and report for each policy the largest
-//! rate whose TTFT P95 stays within the SLO: its capacity ([`kvgate_core::stats::capacity`];
-//! `null`, with the lowest rate tried beside it, when no rate passes).
+//! Capacity planning (docs/background.md#open-loop-evaluation-and-capacity): sweep the open-loop
+//! arrival rate, and report for each policy the largest rate whose TTFT P95 stays within the SLO:
+//! its capacity ([`kvgate_core::stats::capacity`]; `null`, with the lowest rate tried beside it,
+//! when no rate passes).
 //!
 //! The fleet and workload are the routing lab's ([`super::routing_lab`]); every `--set` of the
 //! lab applies. `rates` is a comma-separated list (default 0.10 to 0.30 per tick in steps of

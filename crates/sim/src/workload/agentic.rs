@@ -1,8 +1,8 @@
-//! Agentic sessions (DOMAIN.md §13): a tenant's system prompt and tool definitions shared by
-//! all its sessions; each turn resends the whole conversation (system, tools, every earlier
-//! user text and answer) plus new user text; think time between turns; and, on some turns, a
-//! fan-out of `k` parallel calls that share the parent's context and each add a short branch
-//! text. The session resumes when every child has answered.
+//! Agentic sessions (docs/background.md#agentic-workloads): a tenant's system prompt and tool
+//! definitions shared by all its sessions; each turn resends the whole conversation (system, tools,
+//! every earlier user text and answer) plus new user text; think time between turns; and, on some
+//! turns, a fan-out of `k` parallel calls that share the parent's context and each add a short
+//! branch text. The session resumes when every child has answered.
 //!
 //! Sessions start as an open-loop Poisson process; turns are closed-loop (a turn starts after
 //! the previous answer plus think time), which is how agents behave.
@@ -182,8 +182,8 @@ impl Workload for Agentic {
                 return;
             }
         } else {
-            // The answer becomes part of the conversation (its ids are fresh: the engine model
-            // does not cache generated tokens, DOMAIN.md §13 resends them as prompt).
+            // The answer becomes part of the conversation (its ids are fresh: the engine model does
+            // not cache generated tokens, and the next turn resends them as prompt).
             let answer = c.answer.sample(rng);
             self.unique.extend(&mut session.history, answer);
             session.turns_left = session.turns_left.saturating_sub(1);

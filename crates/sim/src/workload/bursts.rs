@@ -1,8 +1,8 @@
-//! Parallel fan-out bursts over a few shared prompts (DOMAIN.md §13: parallel sub-agents, ~40
-//! calls per unit of work, arriving as bursts): each arrival is one parent task that sends
-//! `fanout` calls at once, all carrying one of `prompts` shared system prompts (with its tools),
-//! then the parent's own context (shared by the burst's calls only), then each call's own task
-//! text. The calls of a burst share a session (the parent's).
+//! Parallel fan-out bursts over a few shared prompts (parallel sub-agents, ~40 calls per unit of
+//! work arriving as bursts, docs/background.md#agentic-workloads): each arrival is one parent task
+//! that sends `fanout` calls at once, all carrying one of `prompts` shared system prompts (with its
+//! tools), then the parent's own context (shared by the burst's calls only), then each call's own
+//! task text. The calls of a burst share a session (the parent's).
 //!
 //! This is where a prefix-affinity rule with a load threshold fails: a few hot prompts park on
 //! as many replicas, the imbalance threshold never trips at these queue depths, and the rest of
@@ -35,9 +35,9 @@ pub struct BurstsConfig {
 }
 
 impl Default for BurstsConfig {
-    /// Three shared 4,000-token prompts, 16 calls per burst (DOMAIN.md §13 counts ~40 for
-    /// parallel sub-agents) behind ~1,000 tokens of the parent's context, ~300 tokens of task
-    /// text and ~150 output tokens per call.
+    /// Three shared 4,000-token prompts, 16 calls per burst (fewer than the ~40 calls a unit of
+    /// parallel sub-agent work makes) behind ~1,000 tokens of the parent's context, ~300 tokens of
+    /// task text and ~150 output tokens per call.
     fn default() -> Self {
         BurstsConfig {
             rate: 1.0,

@@ -1,6 +1,7 @@
-//! Open-loop arrivals (DOMAIN.md §14: a fixed arrival rate; a closed loop hides overload) with
-//! prompt and output length distributions, a long-request fraction and shared-prefix groups
-//! (vLLM bench's `prefix_repetition` dataset: number of prefixes, prefix length, suffix length).
+//! Open-loop arrivals (a fixed arrival rate: a closed loop hides overload, Schroeder et al., NSDI
+//! 2006) with prompt and output length distributions, a long-request fraction and shared-prefix
+//! groups (vLLM bench's `prefix_repetition` dataset: number of prefixes, prefix length, suffix
+//! length).
 
 use super::{shared_token, Spec, UniqueTokens, Workload};
 use crate::dist::{Arrivals, Lengths};

@@ -8,9 +8,9 @@
 //! ```text
 //! ttft = fixed + per_decode * decodes + work * (per_token + interference * decodes)
 //! ```
-//! `work` is the prefill tokens queued ahead plus the request's own uncached tokens; `decodes`
-//! the sequences decoding beside it (with chunked prefill every iteration carries them: they
-//! lengthen each iteration, the first token's too, and slow each prefill token, DOMAIN.md §7).
+//! `work` is the prefill tokens queued ahead plus the request's own uncached tokens; `decodes` the
+//! sequences decoding beside it (with chunked prefill, as in Sarathi-Serve, every iteration carries
+//! them: they lengthen each iteration, the first token's too, and slow each prefill token).
 //!
 //! The four coefficients are the fleet's, from a ridge regression over every endpoint's
 //! exponentially time-decayed samples (recent behaviour dominates; with no samples, the

@@ -1,16 +1,16 @@
 //! A prefix other prompts share, held by one replica alone: where its second copy may go.
 //!
-//! A greedy pick never copies a prefix before the replica holding it is slower than a
-//! recompute elsewhere, and by then that replica is full: on the classic shared-prefix
-//! benchmark each of 32 system prompts stayed on the replica that computed it first, the
-//! replicas' loads were set by which prompts they happened to hold, and the most loaded ran out
-//! of batch slots at a rate the fleet could carry (docs/routing.md, On the classic benchmarks).
-//! A copy made then lands on a replica that is itself near full and costs more than it saves.
-//! A second copy made while a replica has no prefill queued delays no queued request, and it
-//! gives every later request of the prefix a choice of two replicas, which is what keeps the
-//! loads of many request streams level (the power of two choices, DOMAIN.md §4). So a request
-//! of a shared prefix that one replica alone holds may take it to a replica with no prefill
-//! queued as if that replica held it too; beyond two copies, the pick's usual cost decides.
+//! A greedy pick never copies a prefix before the replica holding it is slower than a recompute
+//! elsewhere, and by then that replica is full: on the classic shared-prefix benchmark each of 32
+//! system prompts stayed on the replica that computed it first, the replicas' loads were set by
+//! which prompts they happened to hold, and the most loaded ran out of batch slots at a rate the
+//! fleet could carry (docs/routing.md, On the classic benchmarks). A copy made then lands on a
+//! replica that is itself near full and costs more than it saves. A second copy made while a
+//! replica has no prefill queued delays no queued request, and it gives every later request of the
+//! prefix a choice of two replicas, which is what keeps the loads of many request streams level
+//! (the power of two choices, Mitzenmacher 2001). So a request of a shared prefix that one replica
+//! alone holds may take it to a replica with no prefill queued as if that replica held it too;
+//! beyond two copies, the pick's usual cost decides.
 //!
 //! *Shared* is the index's: where the most stored prompts part ways with this one
 //! ([`Overlaps::shared`](crate::index::Overlaps::shared)), such as the end of a system prompt

@@ -27,8 +27,8 @@
 use crate::fasthash::IntMap;
 use crate::{EndpointId, Nanos, Request};
 
-/// A session idle this long starts afresh: agent think times are seconds (DOMAIN.md §13), and
-/// after a minute the engines may well have evicted what it left.
+/// A session idle this long starts afresh: agent think times are seconds, and after a minute the
+/// engines may well have evicted what it left.
 const IDLE: Nanos = Nanos::from_secs(60);
 
 /// Sessions remembered at most, whatever names clients send.
