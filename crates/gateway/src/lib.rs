@@ -35,6 +35,7 @@ mod dispatch;
 mod ending;
 pub mod endpoint_config;
 pub mod engine_state;
+#[cfg(feature = "epp")]
 mod epp;
 #[cfg(test)]
 mod fuzz;
@@ -209,6 +210,7 @@ impl Gateway {
     }
 }
 
+#[cfg(feature = "epp")]
 impl Gateway {
     /// `kvgate epp`: starts the scrape loops and upkeep, then serves Envoy's ext_proc (the
     /// endpoint-picker protocol) and gRPC health on `grpc`, and `/metrics` (with the admin API
