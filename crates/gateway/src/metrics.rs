@@ -583,4 +583,39 @@ mod tests {
         assert!(text.contains("kvgate_ttft_seconds_bucket"), "{text}");
         assert!(text.contains("kvgate_pending_requests"), "{text}");
     }
+
+    /// The families `encode` announces, by the names a scraper sees (`_total` on counters).
+    fn exposed(text: &str) -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| match l.split_once(' ') {
+                Some((name, "counter")) => format!("{name}_total"),
+                Some((name, _)) => name.to_owned(),
+                None => l.to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_metric_is_documented_and_every_documented_one_exists() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let documented: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+            .map(str::to_owned)
+            .collect();
+        let exposed = exposed(&Metrics::new().encode());
+        assert!(exposed.len() > 50, "{exposed:?}");
+        let undocumented: Vec<_> = exposed.difference(&documented).collect();
+        let gone: Vec<_> = documented.difference(&exposed).collect();
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/metrics.md: {undocumented:?}"
+        );
+        assert!(
+            gone.is_empty(),
+            "in docs/metrics.md but not exposed: {gone:?}"
+        );
+    }
 }
