@@ -1,6 +1,6 @@
 //! The router: one policy with the state every policy reads (the fleet's views, the in-flight
 //! ledger) and the seeded random source, plus the event wiring, so the simulator and the gateway
-//! route through the very same sequence (DESIGN.md "The decision core's shape").
+//! route through the very same sequence (docs/architecture.md, "The decision core's shape").
 //!
 //! A pick is: the caller's eligibility predicate and the prefix cache's overlaps in, the
 //! policy's [`Decision`] out, and when it routes, the dispatch recorded in the ledger and
@@ -371,7 +371,8 @@ impl Routing {
             .unwrap_or_default();
         let decision = self.router.pick(request, &overlaps, now, accept);
         if let (Some(cache), Some(endpoint)) = (&mut self.cache, decision.endpoint()) {
-            let prediction = crate::dispatch::record_dispatch(cache, request, endpoint, &overlaps, now);
+            let prediction =
+                crate::dispatch::record_dispatch(cache, request, endpoint, &overlaps, now);
             self.predictions.insert((request.id, endpoint), prediction);
         }
         decision
@@ -419,9 +420,13 @@ impl Routing {
 
     /// See [`Router::usage`]; the cache also learns whether its prediction held.
     pub fn usage(&mut self, request: u64, endpoint: EndpointId, now: Nanos, usage: Usage) {
-        if let (Some(cache), Some(p)) = (&mut self.cache, self.predictions.get(&(request, endpoint)))
+        if let (Some(cache), Some(p)) =
+            (&mut self.cache, self.predictions.get(&(request, endpoint)))
         {
-            let block = self.router.view(endpoint).and_then(|v| v.observation?.block_size);
+            let block = self
+                .router
+                .view(endpoint)
+                .and_then(|v| v.observation?.block_size);
             crate::dispatch::correct(cache, usage, p, block);
         }
         self.router.usage(request, endpoint, now, usage);

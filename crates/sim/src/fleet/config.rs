@@ -97,6 +97,6 @@ pub enum KvSignal {
     #[default]
     Referenced,
     /// Blocks running sequences hold beyond the prefix-cache hits they were admitted with:
-    /// cached blocks are free (the reference routing lab's model, DOMAIN.md §4.2).
+    /// cached blocks are free (the reference routing lab's model, docs/background.md#routing-lab).
     Uncached,
 }

@@ -1,7 +1,7 @@
 //! The fleet: replicas running the [`crate::model`] engine, routers running kvgate-core
 //! policies, and a discrete-event loop on simulated time.
 //!
-//! A router sees only what a real one could (DOMAIN.md §5.6): a scrape of each replica's
+//! A router sees only what a real one could (docs/background.md#stale-signals-and-herding): a scrape of each replica's
 //! `running`, `waiting` and KV gauges ([`KvSignal`] says what the KV gauge counts), refreshed
 //! every `scrape_interval` (all routers at the same instants, or staggered evenly across the
 //! interval), its own dispatches, and whatever its policy learns from the events the gateway
