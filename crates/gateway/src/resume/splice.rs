@@ -1,9 +1,10 @@
 //! The continuation request, and the rewriting of its stream into the client's.
 
-use super::transcript::{data_lines, events, Transcript};
+use super::transcript::{whole_events, Transcript};
 use crate::parse::Api;
 use bytes::{Bytes, BytesMut};
 use kvgate_core::Usage;
+use kvgate_sse::{Event, Reader};
 use serde_json::{Map, Value};
 
 /// The body that continues `body` (the request as first sent) after the text of
@@ -78,6 +79,7 @@ pub(crate) struct Splicer {
     model: Option<Value>,
     before: u32,
     engine_usage: Option<Usage>,
+    reader: Reader,
 }
 
 impl Splicer {
@@ -90,6 +92,7 @@ impl Splicer {
             model: transcript.model.clone().map(Value::String),
             before: transcript.tokens(),
             engine_usage: None,
+            reader: whole_events(),
         }
     }
 
@@ -98,26 +101,52 @@ impl Splicer {
         self.engine_usage
     }
 
-    /// Whole events of the continuation in, the client's events out.
-    pub(crate) fn rewrite(&mut self, data: &[u8]) -> Bytes {
+    /// Whole events of the continuation in, the client's events out; with `last`, `data` ends
+    /// the stream and an event it ends inside is rewritten too. Events that are not one JSON
+    /// object, and the bytes between events, pass as they are.
+    pub(crate) fn rewrite(&mut self, data: &[u8], last: bool) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
-        for event in events(data) {
-            let mut lines = data_lines(event);
-            let (Some(value), None) = (lines.next(), lines.next()) else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            let Ok(Value::Object(chunk)) = serde_json::from_slice::<Value>(value) else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            if let Some(chunk) = self.chunk(chunk, value) {
-                out.extend_from_slice(b"data: ");
-                out.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
-                out.extend_from_slice(b"\n\n");
+        let base = self.reader.position();
+        let mut reader = std::mem::take(&mut self.reader);
+        let mut passed = 0;
+        let mut feed = reader.feed(data);
+        while let Some(event) = feed.next_event() {
+            if let Ok(Event::Data(d)) = event {
+                passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
             }
         }
+        drop(feed);
+        if last {
+            if let Some(Event::Data(d)) = reader.finish() {
+                passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
+            }
+        }
+        self.reader = reader;
+        out.extend_from_slice(&data[passed..]);
         out.freeze()
+    }
+
+    /// Writes `data` from `passed` up to the event at `span` (stream offsets from `base`) and
+    /// the event rewritten, when its data is a JSON object; returns how far `data` is written.
+    fn splice(
+        &mut self,
+        out: &mut BytesMut,
+        data: &[u8],
+        passed: usize,
+        base: u64,
+        (span, value): (std::ops::Range<u64>, &[u8]),
+    ) -> usize {
+        let Ok(Value::Object(chunk)) = serde_json::from_slice::<Value>(value) else {
+            return passed;
+        };
+        let at = |offset: u64| usize::try_from(offset - base).unwrap_or(data.len());
+        out.extend_from_slice(&data[passed..at(span.start)]);
+        if let Some(chunk) = self.chunk(chunk, value) {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
+            out.extend_from_slice(b"\n\n");
+        }
+        at(span.end)
     }
 
     /// The client's version of one chunk, or `None` when nothing is left of it.
@@ -253,7 +282,7 @@ mod tests {
             "\n\n",
             "data: [DONE]\n\n"
         );
-        let out = splicer.rewrite(second.as_bytes());
+        let out = splicer.rewrite(second.as_bytes(), false);
         let text = String::from_utf8(out.to_vec()).unwrap();
         let chunks: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(chunks.len(), 3, "the role chunk is gone: {text}");
