@@ -214,7 +214,9 @@ impl Reader {
                 self.id.extend_from_slice(value);
             }
             b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
-                self.retry = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+                if let Some(ms) = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+                    self.retry = Some(ms);
+                }
             }
             _ => {}
         }
