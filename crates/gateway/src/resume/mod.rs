@@ -232,7 +232,7 @@ impl Resume {
     pub(crate) fn through(&mut self, data: &Bytes) -> Bytes {
         let whole = self.cut.push(data);
         let out = match &mut self.splicer {
-            Some(s) if !whole.is_empty() => s.rewrite(&whole, false),
+            Some(s) if !whole.is_empty() => s.rewrite(&whole),
             _ => whole,
         };
         self.transcript.record(&out);
@@ -244,7 +244,7 @@ impl Resume {
     pub(crate) fn flush(&mut self) -> Bytes {
         let rest = self.cut.take();
         let out = match &mut self.splicer {
-            Some(s) if !rest.is_empty() => s.rewrite(&rest, true),
+            Some(s) if !rest.is_empty() => s.rewrite(&rest),
             _ => rest,
         };
         self.transcript.record(&out);

@@ -101,10 +101,10 @@ impl Splicer {
         self.engine_usage
     }
 
-    /// Whole events of the continuation in, the client's events out; with `last`, `data` ends
-    /// the stream and an event it ends inside is rewritten too. Events that are not one JSON
-    /// object, and the bytes between events, pass as they are.
-    pub(crate) fn rewrite(&mut self, data: &[u8], last: bool) -> Bytes {
+    /// Whole events of the continuation in (or the last bytes of its stream), the client's
+    /// events out. Events that are not one JSON object, and the bytes between events, pass as
+    /// they are.
+    pub(crate) fn rewrite(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
         let base = self.reader.position();
         let mut reader = std::mem::take(&mut self.reader);
@@ -116,10 +116,9 @@ impl Splicer {
             }
         }
         drop(feed);
-        if last {
-            if let Some(Event::Data(d)) = reader.finish() {
-                passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
-            }
+        // Whole events: one ended by a lone CR is not held for an LF.
+        if let Some(Event::Data(d)) = reader.finish() {
+            passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
         }
         self.reader = reader;
         out.extend_from_slice(&data[passed..]);
@@ -282,7 +281,7 @@ mod tests {
             "\n\n",
             "data: [DONE]\n\n"
         );
-        let out = splicer.rewrite(second.as_bytes(), false);
+        let out = splicer.rewrite(second.as_bytes());
         let text = String::from_utf8(out.to_vec()).unwrap();
         let chunks: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(chunks.len(), 3, "the role chunk is gone: {text}");
@@ -307,5 +306,23 @@ mod tests {
         assert_eq!(chunks[2], "data: [DONE]");
         let engine = splicer.engine_usage().unwrap();
         assert_eq!((engine.prompt_tokens, engine.output_tokens), (12, 1));
+    }
+
+    #[test]
+    fn events_ended_by_a_lone_cr_are_rewritten_as_they_come() {
+        let t = transcript(Api::Chat, FIRST);
+        let mut splicer = Splicer::new(&t);
+        let token = |text: &str| {
+            format!(
+                r#"data: {{"id":"c2","choices":[{{"index":0,"delta":{{"content":"{text}"}}}}]}}"#
+            )
+        };
+        let mut out = Vec::new();
+        for piece in [token(" is"), token(" it")] {
+            out.extend_from_slice(&splicer.rewrite(format!("{piece}\r\r").as_bytes()));
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches(r#""id":"c1""#).count(), 2, "{text}");
+        assert!(!text.contains("c2"), "{text}");
     }
 }

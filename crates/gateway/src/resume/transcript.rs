@@ -48,7 +48,9 @@ impl EventCut {
 }
 
 /// A reader of whole events: the cut hands out only those, so their data is borrowed from the
-/// bytes that hold them, not copied, and needs no limit of its own.
+/// bytes that hold them, not copied, and needs no limit of its own. Each piece read is
+/// finished, so an event ended by a lone CR is not held for an LF (nor is the last bytes' event
+/// left unread).
 pub(crate) fn whole_events() -> Reader {
     Reader::with_limit(usize::MAX)
 }
@@ -168,23 +170,33 @@ impl Transcript {
         }
         let mut reader = std::mem::take(&mut self.reader);
         let mut feed = reader.feed(data);
+        let mut read = Ok(());
         while let Some(event) = feed.next_event() {
-            let result = match event {
-                Ok(Event::Done(_)) => {
-                    self.done = true;
-                    Ok(())
-                }
-                Ok(Event::Data(d)) => self.chunk(d.data()),
-                Err(_) => Err("too_long"),
-            };
-            if let Err(why) = result {
-                self.blocked = Some(why);
-                self.text = String::new();
+            read = self.event(event);
+            if read.is_err() {
                 break;
             }
         }
         drop(feed);
+        if let (Ok(()), Some(event)) = (&read, reader.finish()) {
+            read = self.event(Ok(event));
+        }
         self.reader = reader;
+        if let Err(why) = read {
+            self.blocked = Some(why);
+            self.text = String::new();
+        }
+    }
+
+    fn event(&mut self, event: Result<Event<'_>, kvgate_sse::Error>) -> Result<(), &'static str> {
+        match event {
+            Ok(Event::Done(_)) => {
+                self.done = true;
+                Ok(())
+            }
+            Ok(Event::Data(d)) => self.chunk(d.data()),
+            Err(_) => Err("too_long"),
+        }
     }
 
     fn chunk(&mut self, value: &[u8]) -> Result<(), &'static str> {
