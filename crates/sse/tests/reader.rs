@@ -218,6 +218,33 @@ fn an_event_over_the_limit_is_reported_once_and_skipped() {
 }
 
 #[test]
+fn the_rest_of_a_skipped_line_is_not_a_blank_line() {
+    // Found by the chunking property: a chunk starting with the LF of a line skipped over the
+    // limit ended the skipped event there, and `[DONE]` after it was handed out.
+    let line = format!("data: {}", "x".repeat(30));
+    let rest = "\ndata: [DONE]\n\ndata: b\n\n";
+    let whole = read_with(
+        Reader::with_limit(16),
+        &[format!("{line}{rest}").as_bytes()],
+    );
+    let split = read_with(Reader::with_limit(16), &[line.as_bytes(), rest.as_bytes()]);
+    assert_eq!(split, whole);
+    assert_eq!(whole.0.len(), 2, "{whole:?}");
+    assert_eq!(whole.0[0], Seen::TooLarge(0));
+}
+
+#[test]
+fn the_lf_of_a_split_crlf_counts_toward_the_limit() {
+    // Found by the chunking property: the LF that completed a CRLF in the next chunk was not
+    // counted, so an event one byte over the limit passed only when split there.
+    let stream = b"data: a\r\n\r\ndata: b\n\n";
+    let whole = read_with(Reader::with_limit(10), &[stream]);
+    let split = read_with(Reader::with_limit(10), &[&stream[..10], &stream[10..]]);
+    assert_eq!(split, whole);
+    assert_eq!(whole.0[0], Seen::TooLarge(0));
+}
+
+#[test]
 fn data_is_borrowed_from_a_chunk_that_holds_the_event() {
     let chunk = b"data: {\"a\":1}\n\n".to_vec();
     let mut reader = Reader::new();
