@@ -10,11 +10,11 @@
 //! chunk when present (`completion_tokens`, `prompt_tokens_details.cached_tokens`); without usage
 //! the output count is the number of content chunks.
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvgate_sse::{Chunk, Event, Reader};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -272,67 +272,10 @@ pub fn body(spec: &RequestSpec, opts: &BodyOptions) -> Bytes {
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
-#[derive(Deserialize)]
-struct Chunk<'a> {
-    #[serde(default, borrow)]
-    choices: Vec<Choice<'a>>,
-    usage: Option<Usage>,
-    error: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Delta<'a>>,
-    #[serde(default, borrow)]
-    message: Option<Delta<'a>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-fn non_empty(s: &Option<Cow<'_, str>>) -> bool {
-    s.as_deref().is_some_and(|s| !s.is_empty())
-}
-
-impl Chunk<'_> {
-    fn has_content(&self) -> bool {
-        self.choices.iter().any(|c| {
-            non_empty(&c.text)
-                || [&c.delta, &c.message]
-                    .into_iter()
-                    .flatten()
-                    .any(|d| non_empty(&d.content) || non_empty(&d.reasoning_content))
-        })
-    }
-}
-
 /// Accumulates what the stream says.
 #[derive(Default)]
 struct Meter {
+    reader: Reader,
     first: Option<Instant>,
     last: Option<Instant>,
     chunks: u64,
@@ -346,19 +289,16 @@ struct Meter {
 }
 
 impl Meter {
+    /// Reads one chunk: a stream event's data, or a whole non-streamed answer.
     fn event(&mut self, payload: &[u8], now: Instant) {
-        if payload == b"[DONE]" {
-            self.done = true;
-            return;
-        }
-        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(payload) else {
+        let Ok(chunk) = Chunk::parse(payload) else {
             self.failed = true;
             return;
         };
         if chunk.error.is_some() {
             self.failed = true;
         }
-        if chunk.has_content() {
+        if chunk.has_content {
             if let Some(last) = self.last {
                 self.itl_ms.push((now - last).as_secs_f32() * 1e3);
             } else {
@@ -368,25 +308,37 @@ impl Meter {
             self.chunks += 1;
         }
         if let Some(u) = chunk.usage {
-            self.prompt_tokens = u.prompt_tokens;
+            self.prompt_tokens = u.prompt_tokens.unwrap_or(0);
             self.usage_output = u.completion_tokens.or(self.usage_output);
-            self.cached_tokens = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
+            self.cached_tokens = u.cached_tokens;
         }
     }
 
-    /// Feeds complete lines of `buf`, keeping an unfinished tail.
-    fn feed(&mut self, buf: &mut Vec<u8>, now: Instant) {
-        let mut start = 0;
-        while let Some(pos) = buf[start..].iter().position(|&b| b == b'\n') {
-            let line = &buf[start..start + pos];
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if let Some(data) = line.strip_prefix(b"data:") {
-                let data = data.strip_prefix(b" ").unwrap_or(data);
-                self.event(data, now);
+    /// Reads the next bytes of a stream; `None` ends it (an event it ended inside counts).
+    fn feed(&mut self, bytes: Option<&[u8]>, now: Instant) {
+        let mut reader = std::mem::take(&mut self.reader);
+        match bytes {
+            Some(bytes) => {
+                let mut feed = reader.feed(bytes);
+                while let Some(event) = feed.next_event() {
+                    self.read(event, now);
+                }
             }
-            start += pos + 1;
+            None => {
+                if let Some(event) = reader.finish() {
+                    self.read(Ok(event), now);
+                }
+            }
         }
-        buf.drain(..start);
+        self.reader = reader;
+    }
+
+    fn read(&mut self, event: Result<Event<'_>, kvgate_sse::Error>, now: Instant) {
+        match event {
+            Ok(Event::Done(_)) => self.done = true,
+            Ok(Event::Data(d)) => self.event(d.data(), now),
+            Err(_) => self.failed = true,
+        }
     }
 }
 
@@ -486,15 +438,13 @@ async fn exchange(
         meter.event(&bytes, now);
         return Ok(());
     }
-    let mut buf = Vec::with_capacity(1024);
     while let Some(bytes) = resp.chunk().await.map_err(|e| ErrorKind::of(&e))? {
-        let now = Instant::now();
-        buf.extend_from_slice(&bytes);
-        meter.feed(&mut buf, now);
+        meter.feed(Some(&bytes), Instant::now());
         if meter.done {
-            break;
+            return Ok(());
         }
     }
+    meter.feed(None, Instant::now());
     Ok(())
 }
 
@@ -538,15 +488,13 @@ mod tests {
     fn meter_parses_sse_split_across_reads() {
         let t0 = Instant::now();
         let mut m = Meter::default();
-        let mut buf = Vec::new();
         let text = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
                     data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
                     data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n\
                     data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2,\
                     \"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
         for (i, piece) in text.as_bytes().chunks(7).enumerate() {
-            buf.extend_from_slice(piece);
-            m.feed(&mut buf, t0 + Duration::from_millis(i as u64));
+            m.feed(Some(piece), t0 + Duration::from_millis(i as u64));
         }
         assert!(m.done && !m.failed);
         assert_eq!(m.chunks, 2);

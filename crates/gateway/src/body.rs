@@ -370,55 +370,37 @@ impl Body for Tracked {
     }
 }
 
-/// Counts the `data:` lines of a server-sent-events body other than the `data: [DONE]`
-/// terminator, line by line across frames: a frame may end inside a line, and a model may write
-/// `[DONE]` in its own text, so counting substrings per frame can go wrong (even below zero).
+/// Counts the data events of a server-sent-events body other than the `data: [DONE]`
+/// terminator, across frames: a frame may end inside an event, and a model may write `[DONE]`
+/// in its own text, so counting substrings per frame can go wrong (even below zero). An event
+/// over the reader's limit still counts (it was sent); so does one the body ended inside.
 #[derive(Debug, Default)]
 pub(crate) struct SseEvents {
-    /// The start of the current line (enough to tell `data: [DONE]` apart).
-    line: Vec<u8>,
-    /// The current line is longer than `line` holds.
-    long: bool,
+    reader: kvgate_sse::Reader,
     events: u32,
     /// The `data: [DONE]` terminator went by.
     pub(crate) done: bool,
 }
 
 impl SseEvents {
-    const KEEP: usize = 32;
-
     pub(crate) fn feed(&mut self, data: &[u8]) {
-        for part in data.split_inclusive(|b| *b == b'\n') {
-            let (text, ends) = match part.split_last() {
-                Some((b'\n', text)) => (text, true),
-                _ => (part, false),
-            };
-            let room = Self::KEEP.saturating_sub(self.line.len());
-            self.line.extend_from_slice(&text[..text.len().min(room)]);
-            self.long |= text.len() > room;
-            if ends {
-                self.end_line();
+        let mut feed = self.reader.feed(data);
+        while let Some(event) = feed.next_event() {
+            match event {
+                Ok(kvgate_sse::Event::Done(_)) => self.done = true,
+                Ok(kvgate_sse::Event::Data(_)) | Err(_) => {
+                    self.events = self.events.saturating_add(1);
+                }
             }
         }
     }
 
-    fn end_line(&mut self) {
-        if let Some(value) = self.line.strip_prefix(b"data:") {
-            let done = !self.long && value.trim_ascii() == b"[DONE]";
-            if done {
-                self.done = true;
-            } else {
-                self.events = self.events.saturating_add(1);
-            }
-        }
-        self.line.clear();
-        self.long = false;
-    }
-
-    /// The count, including a last line the stream ended without a newline.
+    /// The count, including an event the body ended inside.
     pub(crate) fn finish(&mut self) -> u32 {
-        if !self.line.is_empty() {
-            self.end_line();
+        match self.reader.finish() {
+            Some(kvgate_sse::Event::Done(_)) => self.done = true,
+            Some(kvgate_sse::Event::Data(_)) => self.events = self.events.saturating_add(1),
+            None => {}
         }
         self.events
     }

@@ -12,6 +12,7 @@
 
 use bytes::{Bytes, BytesMut};
 use kvgate_core::Usage;
+use kvgate_sse::{Event, Reader};
 
 /// Bytes of a body's tail kept for its usage.
 const TAIL: usize = 16 * 1024;
@@ -113,14 +114,23 @@ fn field(object: &[u8], key: &[u8]) -> Option<u32> {
 const MAX_HELD: usize = 64 * 1024;
 
 /// Passes a server-sent-events stream through event by event, minus the usage-only chunk.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct UsageStripper {
+    /// Over [`MAX_HELD`], an event is skipped by the reader and passed on by the stripper.
+    reader: Reader,
+    /// What is not passed on yet: the stream from offset `held_from`, an unfinished event.
     pending: BytesMut,
-    /// Bytes of `pending` already searched for an event's end, so each byte is searched once
-    /// however the stream is framed.
-    scanned: usize,
-    /// Inside an event too long to be the usage chunk: passed on up to its end.
-    passing: bool,
+    held_from: u64,
+}
+
+impl Default for UsageStripper {
+    fn default() -> Self {
+        UsageStripper {
+            reader: Reader::with_limit(MAX_HELD),
+            pending: BytesMut::new(),
+            held_from: 0,
+        }
+    }
 }
 
 impl UsageStripper {
@@ -129,52 +139,51 @@ impl UsageStripper {
     pub(crate) fn filter(&mut self, data: &[u8]) -> Bytes {
         self.pending.extend_from_slice(data);
         let mut out = BytesMut::new();
-        loop {
-            // A delimiter may straddle the old and the new bytes: look 3 bytes back.
-            let from = self.scanned.saturating_sub(3);
-            let Some(end) = event_end(&self.pending[from..]).map(|e| from + e) else {
-                self.scanned = self.pending.len();
-                break;
-            };
-            let event = self.pending.split_to(end);
-            self.scanned = 0;
-            if std::mem::take(&mut self.passing) || !is_usage_chunk(&event) {
-                out.extend_from_slice(&event);
+        let mut feed = self.reader.feed(data);
+        while let Some(event) = feed.next_event() {
+            if let Ok(Event::Data(d)) = event {
+                if is_usage_chunk(d.data()) {
+                    let span = d.span();
+                    let before = self.pending.split_to(offset(span.start - self.held_from));
+                    out.extend_from_slice(&before);
+                    drop(self.pending.split_to(offset(span.end - span.start)));
+                    self.held_from = span.end;
+                }
             }
         }
-        if self.pending.len() > MAX_HELD {
-            out.extend_from_slice(&self.pending.split());
-            self.scanned = 0;
-            self.passing = true;
-        }
+        drop(feed);
+        let upto = if self.reader.skipping() {
+            self.reader.position()
+        } else {
+            self.reader.boundary()
+        };
+        out.extend_from_slice(&self.pending.split_to(offset(upto - self.held_from)));
+        self.held_from = upto;
         out.freeze()
     }
 
     /// What is left at the end of the stream.
     pub(crate) fn finish(&mut self) -> Bytes {
-        let rest = self.pending.split();
-        self.scanned = 0;
-        if !std::mem::take(&mut self.passing) && is_usage_chunk(&rest) {
+        let usage =
+            matches!(self.reader.finish(), Some(Event::Data(d)) if is_usage_chunk(d.data()));
+        self.held_from = self.reader.position();
+        let rest = self.pending.split().freeze();
+        if usage {
             Bytes::new()
         } else {
-            rest.freeze()
+            rest
         }
     }
 }
 
-/// The end (exclusive) of the first complete event: after its blank line.
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+fn offset(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
-fn is_usage_chunk(event: &[u8]) -> bool {
-    let has = |n: &[u8]| event.windows(n.len()).any(|w| w == n);
-    has(b"data:") && has(b"\"choices\":[]") && parse(event).is_some()
+/// The usage-only chunk: no choices, a usage object.
+fn is_usage_chunk(data: &[u8]) -> bool {
+    const EMPTY: &[u8] = b"\"choices\":[]";
+    data.windows(EMPTY.len()).any(|w| w == EMPTY) && parse(data).is_some()
 }
 
 #[cfg(test)]
@@ -230,6 +239,22 @@ data: [DONE]\n\n";
         out.extend_from_slice(&s.finish());
         assert!(parse(&out).is_none() && out.ends_with(b"data: [DONE]\n\n"));
         assert!(out.len() < fixture.len());
+    }
+
+    #[test]
+    fn strips_a_crlf_usage_chunk_after_a_comment_wherever_the_frames_end() {
+        let stream: &[u8] = b": keep-alive\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\r\n\r\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let expected: &[u8] = b": keep-alive\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+        for size in 1..stream.len() {
+            let mut s = UsageStripper::default();
+            let mut out = Vec::new();
+            for chunk in stream.chunks(size) {
+                out.extend_from_slice(&s.filter(chunk));
+            }
+            out.extend_from_slice(&s.finish());
+            assert_eq!(out, expected, "frames of {size}");
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The continuation request, and the rewriting of its stream into the client's.
 
-use super::transcript::{data_lines, events, Transcript};
+use super::transcript::{whole_events, Transcript};
 use crate::parse::Api;
 use bytes::{Bytes, BytesMut};
 use kvgate_core::Usage;
+use kvgate_sse::{Event, Reader};
 use serde_json::{Map, Value};
 
 /// The body that continues `body` (the request as first sent) after the text of
@@ -78,6 +79,7 @@ pub(crate) struct Splicer {
     model: Option<Value>,
     before: u32,
     engine_usage: Option<Usage>,
+    reader: Reader,
 }
 
 impl Splicer {
@@ -90,6 +92,7 @@ impl Splicer {
             model: transcript.model.clone().map(Value::String),
             before: transcript.tokens(),
             engine_usage: None,
+            reader: whole_events(),
         }
     }
 
@@ -98,26 +101,51 @@ impl Splicer {
         self.engine_usage
     }
 
-    /// Whole events of the continuation in, the client's events out.
+    /// Whole events of the continuation in (or the last bytes of its stream), the client's
+    /// events out. Events that are not one JSON object, and the bytes between events, pass as
+    /// they are.
     pub(crate) fn rewrite(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
-        for event in events(data) {
-            let mut lines = data_lines(event);
-            let (Some(value), None) = (lines.next(), lines.next()) else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            let Ok(Value::Object(chunk)) = serde_json::from_slice::<Value>(value) else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            if let Some(chunk) = self.chunk(chunk, value) {
-                out.extend_from_slice(b"data: ");
-                out.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
-                out.extend_from_slice(b"\n\n");
+        let base = self.reader.position();
+        let mut reader = std::mem::take(&mut self.reader);
+        let mut passed = 0;
+        let mut feed = reader.feed(data);
+        while let Some(event) = feed.next_event() {
+            if let Ok(Event::Data(d)) = event {
+                passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
             }
         }
+        drop(feed);
+        // Whole events: one ended by a lone CR is not held for an LF.
+        if let Some(Event::Data(d)) = reader.finish() {
+            passed = self.splice(&mut out, data, passed, base, (d.span(), d.data()));
+        }
+        self.reader = reader;
+        out.extend_from_slice(&data[passed..]);
         out.freeze()
+    }
+
+    /// Writes `data` from `passed` up to the event at `span` (stream offsets from `base`) and
+    /// the event rewritten, when its data is a JSON object; returns how far `data` is written.
+    fn splice(
+        &mut self,
+        out: &mut BytesMut,
+        data: &[u8],
+        passed: usize,
+        base: u64,
+        (span, value): (std::ops::Range<u64>, &[u8]),
+    ) -> usize {
+        let Ok(Value::Object(chunk)) = serde_json::from_slice::<Value>(value) else {
+            return passed;
+        };
+        let at = |offset: u64| usize::try_from(offset - base).unwrap_or(data.len());
+        out.extend_from_slice(&data[passed..at(span.start)]);
+        if let Some(chunk) = self.chunk(chunk, value) {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
+            out.extend_from_slice(b"\n\n");
+        }
+        at(span.end)
     }
 
     /// The client's version of one chunk, or `None` when nothing is left of it.
@@ -278,5 +306,23 @@ mod tests {
         assert_eq!(chunks[2], "data: [DONE]");
         let engine = splicer.engine_usage().unwrap();
         assert_eq!((engine.prompt_tokens, engine.output_tokens), (12, 1));
+    }
+
+    #[test]
+    fn events_ended_by_a_lone_cr_are_rewritten_as_they_come() {
+        let t = transcript(Api::Chat, FIRST);
+        let mut splicer = Splicer::new(&t);
+        let token = |text: &str| {
+            format!(
+                r#"data: {{"id":"c2","choices":[{{"index":0,"delta":{{"content":"{text}"}}}}]}}"#
+            )
+        };
+        let mut out = Vec::new();
+        for piece in [token(" is"), token(" it")] {
+            out.extend_from_slice(&splicer.rewrite(format!("{piece}\r\r").as_bytes()));
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches(r#""id":"c1""#).count(), 2, "{text}");
+        assert!(!text.contains("c2"), "{text}");
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::parse::Api;
 use bytes::{Bytes, BytesMut};
+use kvgate_sse::{Event, Reader};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -12,6 +13,7 @@ use std::borrow::Cow;
 /// the client at an event boundary, where a continuation can begin.
 #[derive(Debug, Default)]
 pub(crate) struct EventCut {
+    reader: Reader,
     partial: BytesMut,
 }
 
@@ -19,66 +21,38 @@ impl EventCut {
     /// The whole events `data` completes (none copied when it holds whole events only, as
     /// engines write them).
     pub(crate) fn push(&mut self, data: &Bytes) -> Bytes {
+        // Engines end every write with an event's end, and with nothing held the reader is at
+        // one too: LF LF then ends at a blank line whatever came before, so the bytes need no
+        // reading (the reader's offsets serve only as differences).
+        if self.partial.is_empty() && data.ends_with(b"\n\n") {
+            return data.clone();
+        }
+        let from = self.reader.boundary();
+        self.reader.advance(data);
+        let end = usize::try_from(self.reader.boundary() - from).unwrap_or(usize::MAX);
         if self.partial.is_empty() {
-            let end = last_event_end(data);
             if end < data.len() {
                 self.partial.extend_from_slice(&data[end..]);
             }
             return data.slice(..end);
         }
         self.partial.extend_from_slice(data);
-        let end = last_event_end(&self.partial);
         self.partial.split_to(end).freeze()
     }
 
     /// Whatever is held back.
     pub(crate) fn take(&mut self) -> Bytes {
+        self.reader.finish();
         std::mem::take(&mut self.partial).freeze()
     }
 }
 
-/// The offset just past the last blank line of `data` (`\n\n` or `\r\n\r\n`), 0 if none.
-fn last_event_end(data: &[u8]) -> usize {
-    // Engines end every write with an event's end: no search.
-    if data.ends_with(b"\n\n") {
-        return data.len();
-    }
-    let lf = memchr_last_pair(data, b"\n\n").map(|i| i + 2);
-    let crlf = memchr_last_pair(data, b"\n\r\n").map(|i| i + 3);
-    lf.max(crlf).unwrap_or(0)
-}
-
-fn memchr_last_pair(data: &[u8], needle: &[u8]) -> Option<usize> {
-    data.windows(needle.len()).rposition(|w| w == needle)
-}
-
-/// The events of `data` with their terminating blank lines, and what is left after the last
-/// one.
-pub(crate) fn events(data: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut rest = data;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut end = 0;
-        for line in rest.split_inclusive(|b| *b == b'\n') {
-            end += line.len();
-            if line.trim_ascii().is_empty() && end > line.len() {
-                break;
-            }
-        }
-        let (event, after) = rest.split_at(end);
-        rest = after;
-        Some(event)
-    })
-}
-
-/// The values of an event's `data:` lines.
-pub(crate) fn data_lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
-    event.split(|b| *b == b'\n').filter_map(|line| {
-        let value = line.strip_prefix(b"data:")?;
-        Some(value.trim_ascii())
-    })
+/// A reader of whole events: the cut hands out only those, so their data is borrowed from the
+/// bytes that hold them, not copied, and needs no limit of its own. Each piece read is
+/// finished, so an event ended by a lone CR is not held for an LF (nor is the last bytes' event
+/// left unread).
+pub(crate) fn whole_events() -> Reader {
+    Reader::with_limit(usize::MAX)
 }
 
 #[derive(Deserialize)]
@@ -137,6 +111,7 @@ const READ_AT: usize = 64 * 1024;
 pub(crate) struct Transcript {
     api: Api,
     limit: usize,
+    reader: Reader,
     unread: Vec<Bytes>,
     unread_bytes: usize,
     pub(crate) id: Option<String>,
@@ -155,6 +130,7 @@ impl Transcript {
         Transcript {
             api,
             limit,
+            reader: whole_events(),
             unread: Vec::new(),
             unread_bytes: 0,
             id: None,
@@ -192,16 +168,34 @@ impl Transcript {
         if self.blocked.is_some() {
             return;
         }
-        for event in events(data) {
-            for value in data_lines(event) {
-                if value == b"[DONE]" {
-                    self.done = true;
-                } else if let Err(why) = self.chunk(value) {
-                    self.blocked = Some(why);
-                    self.text = String::new();
-                    return;
-                }
+        let mut reader = std::mem::take(&mut self.reader);
+        let mut feed = reader.feed(data);
+        let mut read = Ok(());
+        while let Some(event) = feed.next_event() {
+            read = self.event(event);
+            if read.is_err() {
+                break;
             }
+        }
+        drop(feed);
+        if let (Ok(()), Some(event)) = (&read, reader.finish()) {
+            read = self.event(Ok(event));
+        }
+        self.reader = reader;
+        if let Err(why) = read {
+            self.blocked = Some(why);
+            self.text = String::new();
+        }
+    }
+
+    fn event(&mut self, event: Result<Event<'_>, kvgate_sse::Error>) -> Result<(), &'static str> {
+        match event {
+            Ok(Event::Done(_)) => {
+                self.done = true;
+                Ok(())
+            }
+            Ok(Event::Data(d)) => self.chunk(d.data()),
+            Err(_) => Err("too_long"),
         }
     }
 
@@ -311,6 +305,23 @@ mod tests {
         let crlf = Bytes::from_static(b"data: x\r\n\r\ndata: y");
         assert_eq!(&cut.push(&crlf)[..], b"data: x\r\n\r\n");
         assert_eq!(&cut.take()[..], b"data: y");
+    }
+
+    #[test]
+    fn the_cut_ends_at_an_event_end_whatever_the_framing() {
+        let (a, b) = (token(" a"), token(" b"));
+        let stream = format!("{ROLE}\r\n\r\n: ping\r\r{a}\r\r{b}\n\n");
+        let role = ROLE.len() + 4;
+        let ends = [0, role, role + 8, role + 8 + a.len() + 2, stream.len()];
+        for size in 1..stream.len() {
+            let (mut cut, mut passed) = (EventCut::default(), Vec::new());
+            for piece in stream.as_bytes().chunks(size) {
+                passed.extend_from_slice(&cut.push(&Bytes::copy_from_slice(piece)));
+                assert!(ends.contains(&passed.len()), "frames of {size}: {passed:?}");
+            }
+            passed.extend_from_slice(&cut.take());
+            assert_eq!(passed, stream.as_bytes(), "frames of {size}");
+        }
     }
 
     #[test]
