@@ -31,15 +31,15 @@ use snapshot::Snapshot;
 pub use target::{Attempt, Target};
 
 use crate::config::EndpointConfig;
-use crate::metrics::{self, Metrics, PickLabels};
-use crate::observe::decisions::{DecisionRecord, DecisionRing, PickScene};
+use crate::metrics::{self, Metrics};
+use crate::observe::decisions::{DecisionRecord, DecisionRing};
 use arc_swap::ArcSwap;
 use endpoint::{About, Endpoint, EndpointInfo};
-use kvgate_core::dispatch::{self, DispatchConfig, DispatchCore, Picked};
+use kvgate_core::dispatch::{self, DispatchConfig, DispatchCore};
 use kvgate_core::index::{Overlaps, PrefixCache};
 use kvgate_core::policy::EndpointModel;
 use kvgate_core::resilience::{Attempts, Next};
-use kvgate_core::{EndpointId, Nanos, Observation, PolicyConfig, Reason, Rejection, Request};
+use kvgate_core::{EndpointId, Nanos, Observation, PolicyConfig, Rejection, Request};
 use rand::RngCore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -323,80 +323,6 @@ impl Pool {
             outbox.dispatched(target.base.clone(), request);
         }
         Ok(target)
-    }
-
-    /// What an attempt needs of its pick, with the record of why it went there.
-    fn target(
-        &self,
-        core: &Core,
-        request: &Request,
-        attempt: Attempt,
-        overlaps: &Overlaps,
-        picked: &Picked,
-    ) -> Result<Target, Rejection> {
-        let route = &picked.route;
-        let router = core.dispatch.router();
-        let scene = PickScene {
-            request,
-            attempt: attempt.label(),
-            policy: router.policy_name(),
-            views: router.views(),
-            overlaps,
-            scores: router.last_scores(),
-        };
-        let record = Arc::new(DecisionRecord::new(
-            &scene,
-            (route.endpoint, &route.reason),
-            |v| picked.eligible.binary_search(&v.id).is_ok(),
-            |id| {
-                core.endpoint(id)
-                    .map_or_else(|| Arc::from("?"), |e| e.about.name.clone())
-            },
-        ));
-        let e = core
-            .endpoint(route.endpoint)
-            .ok_or(Rejection::NoRoutableEndpoint)?;
-        let about = &e.about;
-        Ok(Target {
-            ticket: picked.ticket,
-            id: route.endpoint,
-            name: about.name.clone(),
-            base: about.base.clone(),
-            cadence: e.cadence.clone(),
-            reason: route.reason.label(),
-            decision: record,
-            authorization: about.authorization.clone(),
-            hedge_after: picked.hedge_after.map(|n| Duration::from_nanos(n.0)),
-            prediction: None,
-            predicted_ttft: match route.reason {
-                Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
-                _ => None,
-            },
-            headers: about.headers.clone(),
-            send_model: about.rename(request.model.as_deref()),
-            tier: picked.tier,
-            spilled: picked.spilled,
-            price: about.config.price,
-            prompt_cache_key: about.config.prompt_cache_key,
-        })
-    }
-
-    /// Counts a pick by policy and reason, and a spill by its reason.
-    fn count_pick(&self, policy: &'static str, target: &Target) {
-        self.metrics
-            .picks
-            .get_or_create(&PickLabels {
-                policy,
-                reason: target.reason,
-            })
-            .inc();
-        if target.tier > 0 {
-            let reason = target.spilled.unwrap_or("unavailable");
-            self.metrics
-                .spillover
-                .get_or_create(&metrics::ReasonLabel { reason })
-                .inc();
-        }
     }
 
     /// Up to `limit` recent decision records, newest first; only `request`'s when given.

@@ -1,10 +1,16 @@
-//! What a pick hands the request path: the endpoint and everything an attempt there needs.
+//! What a pick hands the request path: the endpoint and everything an attempt there needs,
+//! built from the dispatch core's [`Picked`] with the record of why it went there.
 
-use crate::observe::decisions::DecisionRecord;
+use super::Core;
+use crate::metrics::{self, PickLabels};
+use crate::observe::decisions::{DecisionRecord, PickScene};
 use axum::http::HeaderValue;
+use kvgate_core::dispatch::Picked;
+use kvgate_core::index::Overlaps;
 use kvgate_core::index::Prediction;
 use kvgate_core::resilience::Ticket;
 use kvgate_core::EndpointId;
+use kvgate_core::{Reason, Rejection, Request};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,3 +56,79 @@ pub struct Target {
 }
 
 pub use kvgate_core::dispatch::Attempt;
+
+impl super::Pool {
+    /// What an attempt needs of its pick, with the record of why it went there.
+    pub(super) fn target(
+        &self,
+        core: &Core,
+        request: &Request,
+        attempt: Attempt,
+        overlaps: &Overlaps,
+        picked: &Picked,
+    ) -> Result<Target, Rejection> {
+        let route = &picked.route;
+        let router = core.dispatch.router();
+        let scene = PickScene {
+            request,
+            attempt: attempt.label(),
+            policy: router.policy_name(),
+            views: router.views(),
+            overlaps,
+            scores: router.last_scores(),
+        };
+        let record = Arc::new(DecisionRecord::new(
+            &scene,
+            (route.endpoint, &route.reason),
+            |v| picked.eligible.binary_search(&v.id).is_ok(),
+            |id| {
+                core.endpoint(id)
+                    .map_or_else(|| Arc::from("?"), |e| e.about.name.clone())
+            },
+        ));
+        let e = core
+            .endpoint(route.endpoint)
+            .ok_or(Rejection::NoRoutableEndpoint)?;
+        let about = &e.about;
+        Ok(Target {
+            ticket: picked.ticket,
+            id: route.endpoint,
+            name: about.name.clone(),
+            base: about.base.clone(),
+            cadence: e.cadence.clone(),
+            reason: route.reason.label(),
+            decision: record,
+            authorization: about.authorization.clone(),
+            hedge_after: picked.hedge_after.map(|n| Duration::from_nanos(n.0)),
+            prediction: None,
+            predicted_ttft: match route.reason {
+                Reason::PredictedTtft { ttft_ms, .. } => Some(ttft_ms / 1e3),
+                _ => None,
+            },
+            headers: about.headers.clone(),
+            send_model: about.rename(request.model.as_deref()),
+            tier: picked.tier,
+            spilled: picked.spilled,
+            price: about.config.price,
+            prompt_cache_key: about.config.prompt_cache_key,
+        })
+    }
+
+    /// Counts a pick by policy and reason, and a spill by its reason.
+    pub(super) fn count_pick(&self, policy: &'static str, target: &Target) {
+        self.metrics
+            .picks
+            .get_or_create(&PickLabels {
+                policy,
+                reason: target.reason,
+            })
+            .inc();
+        if target.tier > 0 {
+            let reason = target.spilled.unwrap_or("unavailable");
+            self.metrics
+                .spillover
+                .get_or_create(&metrics::ReasonLabel { reason })
+                .inc();
+        }
+    }
+}
