@@ -42,7 +42,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
         );
     }
     shared.tenancy.join_cluster(outbox.clone());
-    shared.pool.set_outbox(outbox);
+    shared.pool.subscribe(Arc::new(outbox));
     let replica =
         shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
     tokio::spawn(async move {

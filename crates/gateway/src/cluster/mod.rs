@@ -179,6 +179,28 @@ pub(crate) struct Outbox {
     max_prompt_bytes: usize,
 }
 
+/// The link hears the pool's own requests and queues them for the peers.
+impl crate::pool::Subscriber for Outbox {
+    fn notify(&self, event: crate::pool::PoolEvent<'_>) {
+        use crate::pool::PoolEvent;
+        match event {
+            PoolEvent::Dispatched { endpoint, request } => self.dispatched(endpoint, request),
+            PoolEvent::FirstToken {
+                id,
+                endpoint,
+                ttft,
+                stream,
+            } => self.send(Local::FirstToken {
+                id,
+                endpoint,
+                ttft,
+                stream,
+            }),
+            PoolEvent::Ended { id, endpoint, end } => self.send(Local::Ended { id, endpoint, end }),
+        }
+    }
+}
+
 impl Outbox {
     pub(crate) fn new(
         config: &ClusterConfig,

@@ -26,6 +26,7 @@ mod target;
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
 pub use peer::PeerEnd;
+pub(crate) use peer::{PoolEvent, Subscriber};
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
 pub use target::{Attempt, Target};
@@ -103,8 +104,8 @@ pub struct Pool {
     learned: ArcSwap<Vec<(EndpointId, EndpointModel)>>,
     /// The KV-event index's bound per endpoint.
     max_event_entries: usize,
-    /// Where what this replica learns goes to its peers, in a cluster.
-    outbox: std::sync::OnceLock<crate::cluster::Outbox>,
+    /// Who hears what this pool's own requests did (in a cluster, the link to the peers).
+    subscriber: std::sync::OnceLock<Arc<dyn Subscriber>>,
 }
 
 impl Pool {
@@ -126,7 +127,7 @@ impl Pool {
             locks: AtomicU64::new(0),
             decisions: DecisionRing::new(config.observability.decision_records),
             learned: ArcSwap::default(),
-            outbox: Default::default(),
+            subscriber: Default::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -319,8 +320,11 @@ impl Pool {
             &overlaps,
             now,
         ));
-        if let Some(outbox) = self.outbox.get() {
-            outbox.dispatched(target.base.clone(), request);
+        if let Some(subscriber) = self.subscriber.get() {
+            subscriber.notify(PoolEvent::Dispatched {
+                endpoint: target.base.clone(),
+                request,
+            });
         }
         Ok(target)
     }

@@ -1,11 +1,12 @@
-//! What peers (other gateway replicas of one cluster, `crate::cluster`) report, applied to this
-//! replica's pool: their dispatches count in flight here and enter the prefix cache, their first
-//! tokens and usage feed the policy's calibration, their ends free the in-flight count. None of
-//! it touches breakers, cooldowns or deployment limits, which stay each replica's own (a peer's
-//! failure is that peer's view of the endpoint, and its own retries already acted on it).
+//! What peers (other gateway replicas of one cluster) report, applied to this replica's pool, and
+//! what this pool tells its [`Subscriber`] (the cluster link) of its own requests. Peers'
+//! dispatches count in flight here and enter the prefix cache, their first tokens and usage feed
+//! the policy's calibration, their ends free the in-flight count. None of it touches breakers,
+//! cooldowns or deployment limits, which stay each replica's own (a peer's failure is that
+//! peer's view of the endpoint, and its own retries already acted on it).
 //!
-//! Requests are named by ids this replica allocated for them (`crate::cluster::peers`), never
-//! by the peer's own ids, which collide with local ones.
+//! Requests are named by ids this replica allocated for them (the cluster link's), never by the
+//! peer's own ids, which collide with local ones.
 
 use super::Pool;
 use kvgate_core::dispatch;
@@ -14,9 +15,10 @@ use kvgate_core::{EndpointId, Nanos, Request};
 use std::sync::Arc;
 
 impl Pool {
-    /// From now on, what this pool learns from its own requests goes to `outbox`.
-    pub(crate) fn set_outbox(&self, outbox: crate::cluster::Outbox) {
-        let _ = self.outbox.set(outbox);
+    /// From now on, `subscriber` hears what this pool's own requests did (the first
+    /// subscriber stays).
+    pub(crate) fn subscribe(&self, subscriber: Arc<dyn Subscriber>) {
+        let _ = self.subscriber.set(subscriber);
     }
 
     /// Tells the peers, in a cluster, what happened at `endpoint`: the event is built (with the
@@ -24,13 +26,13 @@ impl Pool {
     pub(super) fn share_about(
         &self,
         endpoint: EndpointId,
-        event: impl FnOnce(Arc<str>) -> crate::cluster::Local,
+        event: impl FnOnce(Arc<str>) -> PoolEvent<'static>,
     ) {
-        let Some(outbox) = self.outbox.get() else {
+        let Some(subscriber) = self.subscriber.get() else {
             return;
         };
         if let Some(base) = self.base_of(endpoint) {
-            outbox.send(event(base));
+            subscriber.notify(event(base));
         }
     }
 
@@ -113,3 +115,33 @@ impl Pool {
 
 /// How a peer's request ended.
 pub use kvgate_core::dispatch::End as PeerEnd;
+
+/// What one of this pool's own requests did, as its subscriber hears it. Endpoints are named by
+/// base URL: replicas assign ids per process, in the order endpoints were added.
+#[derive(Debug)]
+pub(crate) enum PoolEvent<'a> {
+    /// A request went to an endpoint.
+    Dispatched {
+        endpoint: Arc<str>,
+        request: &'a Request,
+    },
+    /// Its first bytes (a first token only when `stream`; see [`Pool::first_token`]).
+    FirstToken {
+        id: u64,
+        endpoint: Arc<str>,
+        ttft: Nanos,
+        stream: bool,
+    },
+    /// It ended.
+    Ended {
+        id: u64,
+        endpoint: Arc<str>,
+        end: PeerEnd,
+    },
+}
+
+/// Hears what the pool's own requests did; the pool never waits on it (a subscriber queues).
+pub(crate) trait Subscriber: std::fmt::Debug + Send + Sync {
+    /// One event, on the request path: it must not block.
+    fn notify(&self, event: PoolEvent<'_>);
+}
