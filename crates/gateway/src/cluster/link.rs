@@ -5,6 +5,7 @@ use super::peers::PeerTable;
 use super::wire::{self, Batcher, Header, WireEvent};
 use super::{ClusterConfig, ClusterMetrics, Local, Outbox};
 use crate::pool::PeerEnd;
+use crate::pool::Progress;
 use crate::state::Shared;
 use async_nats::connection::State;
 use futures_util::StreamExt;
@@ -224,18 +225,18 @@ impl Publisher {
                     done: false,
                 }
             }
-            Local::FirstToken {
+            Local::Progress(Progress::FirstToken {
                 id,
                 endpoint,
                 ttft,
                 stream,
-            } => WireEvent::FirstToken {
+            }) => WireEvent::FirstToken {
                 id,
                 endpoint,
                 ttft_ns: ttft.0,
                 stream,
             },
-            Local::Ended { id, endpoint, end } => {
+            Local::Progress(Progress::Ended { id, endpoint, end }) => {
                 self.own.remove(&(id, endpoint.clone()));
                 WireEvent::ended(id, endpoint, end)
             }

@@ -33,8 +33,7 @@ mod wire;
 
 pub use metrics::ClusterMetrics;
 
-use crate::pool::PeerEnd;
-use kvgate_core::{Nanos, Request};
+use kvgate_core::Request;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -144,19 +143,8 @@ pub(crate) enum Local {
         endpoint: Arc<str>,
         request: Request,
     },
-    /// Its first bytes (a first token only when `stream`; see [`crate::pool::Pool::first_token`]).
-    FirstToken {
-        id: u64,
-        endpoint: Arc<str>,
-        ttft: Nanos,
-        stream: bool,
-    },
-    /// It ended.
-    Ended {
-        id: u64,
-        endpoint: Arc<str>,
-        end: PeerEnd,
-    },
+    /// What became of one of this replica's own requests since.
+    Progress(crate::pool::Progress),
     /// The fan-out gate's claims and releases.
     Fanout(crate::tenancy::FanoutEvent),
     /// Taken from rate limiters (negative: given back): requests, limited input and output
@@ -185,18 +173,7 @@ impl crate::pool::Subscriber for Outbox {
         use crate::pool::PoolEvent;
         match event {
             PoolEvent::Dispatched { endpoint, request } => self.dispatched(endpoint, request),
-            PoolEvent::FirstToken {
-                id,
-                endpoint,
-                ttft,
-                stream,
-            } => self.send(Local::FirstToken {
-                id,
-                endpoint,
-                ttft,
-                stream,
-            }),
-            PoolEvent::Ended { id, endpoint, end } => self.send(Local::Ended { id, endpoint, end }),
+            PoolEvent::Progress(progress) => self.send(Local::Progress(progress)),
         }
     }
 }

@@ -26,7 +26,7 @@ mod target;
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
 pub use peer::PeerEnd;
-pub(crate) use peer::{PoolEvent, Subscriber};
+pub(crate) use peer::{PoolEvent, Progress, Subscriber};
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
 pub use target::{Attempt, Target};

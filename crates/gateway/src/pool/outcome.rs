@@ -3,7 +3,7 @@
 //! and the deployment limits) under one acquisition of the pool's lock, then the prefix cache
 //! and, in a cluster, the peers.
 
-use super::{Pool, PoolEvent};
+use super::{Pool, Progress};
 use crate::metrics;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::dispatch::{self, End};
@@ -33,7 +33,7 @@ impl Pool {
                     .first_token((request, endpoint), ticket, (ttft, stream), now);
             self.publish_if(&core, changed);
         }
-        self.share_about(endpoint, |base| PoolEvent::FirstToken {
+        self.share_about(endpoint, |base| Progress::FirstToken {
             id: request,
             endpoint: base,
             ttft,
@@ -67,7 +67,7 @@ impl Pool {
             output_tokens,
             usage,
         };
-        self.share_about(endpoint, |base| PoolEvent::Ended {
+        self.share_about(endpoint, |base| Progress::Ended {
             id: request,
             endpoint: base,
             end,
@@ -148,7 +148,7 @@ impl Pool {
         retry_after: Option<Duration>,
     ) {
         let now = self.clock.now();
-        self.share_about(endpoint, |base| PoolEvent::Ended {
+        self.share_about(endpoint, |base| Progress::Ended {
             id: request,
             endpoint: base,
             end: End::Failed(kind),

@@ -26,13 +26,13 @@ impl Pool {
     pub(super) fn share_about(
         &self,
         endpoint: EndpointId,
-        event: impl FnOnce(Arc<str>) -> PoolEvent<'static>,
+        event: impl FnOnce(Arc<str>) -> Progress,
     ) {
         let Some(subscriber) = self.subscriber.get() else {
             return;
         };
         if let Some(base) = self.base_of(endpoint) {
-            subscriber.notify(event(base));
+            subscriber.notify(PoolEvent::Progress(event(base)));
         }
     }
 
@@ -125,6 +125,13 @@ pub(crate) enum PoolEvent<'a> {
         endpoint: Arc<str>,
         request: &'a Request,
     },
+    /// What became of it since.
+    Progress(Progress),
+}
+
+/// A dispatched request's first bytes or end.
+#[derive(Clone, Debug)]
+pub(crate) enum Progress {
     /// Its first bytes (a first token only when `stream`; see [`Pool::first_token`]).
     FirstToken {
         id: u64,
