@@ -23,11 +23,12 @@ mod outcome;
 
 pub use config::{Failure, FleetConfig, KvSignal, ReplicaConfig};
 pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, Resumption, SkewStats};
+use route::request_of;
 
-use crate::model::{EngineModel, Iteration, SeqEvent, SeqRequest};
+use crate::model::{EngineModel, Iteration, SeqEvent};
 use crate::workload::{Spec, UniqueTokens, Workload};
-use kvgate_core::dispatch::{Attempt, DispatchConfig, Dispatcher, MemberSpec};
-use kvgate_core::{EndpointId, Nanos, Observation, Reason, Request, Usage};
+use kvgate_core::dispatch::{DispatchConfig, Dispatcher, MemberSpec};
+use kvgate_core::{EndpointId, Nanos, Observation, Usage};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -390,101 +391,6 @@ impl<'c> Sim<'c> {
         self.route(id, spec.tokens, spec.output);
     }
 
-    /// Sends request `id` (its record already written) through its router, or the oracle.
-    fn route(&mut self, id: u64, prompt: Vec<u32>, output: u32) {
-        self.route_among(id, prompt, output, &[]);
-    }
-
-    /// [`Self::route`] to a replica not `closed` (indexed by replica; missing: open).
-    fn route_among(&mut self, id: u64, prompt: Vec<u32>, output: u32, closed: &[bool]) {
-        let now = self.now;
-        let is_closed = |i: usize| closed.get(i).copied().unwrap_or(false);
-        let rec = self.out.records[id as usize];
-        let router_index = rec.router as usize;
-        // A continuation's prediction is not the request's: its first token came long ago.
-        let first_dispatch = rec.first_token.is_none();
-        let (endpoint, label, prompt) = if self.config.oracle {
-            let (i, ttft) = self.oracle_pick(&prompt, &is_closed);
-            if first_dispatch {
-                self.out.records[id as usize].predicted_ttft_ms = Some(ttft.as_millis_f64() as f32);
-            }
-            (EndpointId(i as u32), "predicted", prompt)
-        } else {
-            if self.config.scrape_interval == Nanos::ZERO {
-                self.scrape(router_index);
-            }
-            let mut request = request_of(&rec, id, prompt, self.config.session_names);
-            // Replicas this request already broke on are tried ones: a continuation goes
-            // elsewhere, as the gateway's resume does.
-            let tried: Vec<EndpointId> = (0..closed.len())
-                .filter(|&i| is_closed(i))
-                .map(|i| EndpointId(i as u32))
-                .collect();
-            let attempt = if tried.is_empty() {
-                Attempt::First
-            } else {
-                Attempt::Resume
-            };
-            let picked = self.routers[router_index].pick(&request, &tried, attempt, now);
-            let route = match picked {
-                Ok(picked) => picked.route,
-                Err(_) => {
-                    self.out.rejected += 1;
-                    self.out.records[id as usize].failed = true;
-                    return;
-                }
-            };
-            if let (
-                Reason::PredictedTtft {
-                    ttft_ms,
-                    cached_tokens,
-                },
-                true,
-            ) = (&route.reason, first_dispatch)
-            {
-                let rec = &mut self.out.records[id as usize];
-                rec.predicted_ttft_ms = Some(*ttft_ms as f32);
-                rec.predicted_cached = Some(*cached_tokens);
-            }
-            if self.config.share.is_some() {
-                let news = share::News::Dispatched(Box::new(request.clone()), route.endpoint);
-                self.share(router_index, news);
-            }
-            let prompt = request.prompt.tokens.take().unwrap_or_default();
-            (route.endpoint, route.reason.label(), prompt)
-        };
-        self.out.reasons.add(label);
-        let i = endpoint.0 as usize;
-        self.out.records[id as usize].replica = endpoint.0;
-        self.out.in_flight += 1;
-        self.out.replicas[i].assigned += 1;
-        if let Some(r) = &mut self.out.records[id as usize].resumed {
-            if r.first_token.is_none() {
-                r.sent = Some(now);
-                r.prompt_tokens = prompt.len() as u32;
-                self.open[i] += 1;
-            }
-        } else if self.is_warmup(id) {
-            // Its TTFT, which calibrates the router, runs from here, not from the loss.
-            self.out.records[id as usize].arrival = now;
-            self.open[i] += 1;
-            if self.warmups.get(&id).is_some_and(|w| w.is_whole_turn()) {
-                self.out.warmups_sent += 1;
-            }
-        }
-        let replica = &mut self.replicas[i];
-        replica.engine.submit(SeqRequest {
-            id,
-            prompt,
-            max_output_tokens: output,
-        });
-        if !replica.stepping {
-            replica.stepping = true;
-            let at = align(now, replica.quantum);
-            self.push(at, Kind::Step, i as u64);
-        }
-    }
-
     fn step(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
         if !self.replicas[i].alive {
             return;
@@ -637,20 +543,8 @@ impl<'c> Sim<'c> {
 mod failure;
 mod rehome;
 mod resume;
+mod route;
 mod share;
 
 #[cfg(test)]
 mod tests;
-
-/// The request its router sees for record `rec`'s prompt `prompt`: its tenant and, when the
-/// clients name sessions (`named`), its session keyed as every router keys them.
-pub(super) fn request_of(rec: &RequestRecord, id: u64, prompt: Vec<u32>, named: bool) -> Request {
-    let mut request = Request::from_tokens(id, prompt);
-    if let Some(t) = rec.tenant {
-        request = request.with_tenant(format!("tenant-{t}"));
-    }
-    if let Some(s) = rec.session.filter(|_| named) {
-        request = request.with_session(format!("session-{s}"));
-    }
-    request
-}

@@ -1,6 +1,6 @@
 use super::*;
 use crate::dist::{Arrivals, Lengths};
-use crate::model::{Batching, CostModel, EngineConfig, TICK_NANOS};
+use crate::model::{Batching, CostModel, EngineConfig, SeqRequest, TICK_NANOS};
 use crate::workload::{OpenLoop, OpenLoopConfig, PrefixGroups};
 use kvgate_core::PolicyConfig;
 use rand::SeedableRng;
