@@ -15,11 +15,11 @@
 //! prefills than engines, backlogged tenants leave an engine free of long prefills, and the policy
 //! sends an underserved tenant's request (which skips the bound, as it skips the slot limit) there.
 
-use crate::config::{AdmissionConfig, QueueOrder};
-use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::error::{ApiError, ConfigError};
+use crate::metrics::{latency_histogram, Gauge, Histogram, Registry, Unit};
 use kvgate_core::tenancy::{FairQueue, Pushed, TenantDepth, Ticket};
 use kvgate_core::{Nanos, Priority};
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -49,7 +49,7 @@ struct Gate {
 struct Inner {
     gate: Mutex<Gate>,
     config: AdmissionConfig,
-    metrics: Arc<Metrics>,
+    metrics: AdmissionMetrics,
     epoch: Instant,
 }
 
@@ -162,7 +162,7 @@ impl Drop for Waiting<'_> {
 
 impl Admission {
     /// A gate with `config`'s limits.
-    pub(crate) fn new(config: AdmissionConfig, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(config: AdmissionConfig, metrics: AdmissionMetrics) -> Self {
         let batch_max_wait = Nanos(config.batch_max_wait_ms.saturating_mul(1_000_000));
         Admission {
             inner: Arc::new(Inner {
@@ -307,6 +307,130 @@ impl Admission {
 
 /// On paused tokio time: every timeout fires exactly when the test's timeline says, however
 /// busy the machine is.
+/// The pool's concurrency limit and queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Requests in flight upstream at once.
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot; beyond it the gateway answers 429.
+    pub max_queue: usize,
+    /// Longest wait in the queue when the request carries no deadline.
+    pub queue_timeout_ms: u64,
+    /// The Retry-After sent with a 429 from a full queue.
+    pub retry_after_secs: u64,
+    /// Who gets a freed slot: the tenant with the least weighted service (`fair`) or the
+    /// oldest request (`fifo`).
+    pub order: QueueOrder,
+    /// A waiting batch request goes before interactive ones once it has waited this long.
+    pub batch_max_wait_ms: u64,
+    /// Slots beyond `max_concurrency` that an interactive request of a tenant with nothing
+    /// waiting and no more service than any waiting tenant may take at once (`order: fair`);
+    /// `max_concurrency / 8` (at least 1) when absent, 0 turns it off.
+    pub fair_headroom: Option<usize>,
+    /// While requests wait, one leaves the queue only if fewer than this many requests sent
+    /// are without their first bytes (queued or prefilling in an engine); headroom admissions
+    /// skip it. Fewer than the endpoints keeps an engine free of backlogged tenants' long
+    /// prefills for the others (`crate::admission`). Off when absent. A non-streamed request
+    /// counts until its answer: the gateway cannot see its first token.
+    pub max_prefills: Option<usize>,
+}
+
+/// The order of the admission queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOrder {
+    /// Virtual token counter per tenant (Sheng et al., OSDI 2024).
+    #[default]
+    Fair,
+    /// Arrival order.
+    Fifo,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            max_concurrency: 4096,
+            max_queue: 4096,
+            queue_timeout_ms: 30_000,
+            retry_after_secs: 1,
+            order: QueueOrder::Fair,
+            batch_max_wait_ms: 10_000,
+            fair_headroom: None,
+            max_prefills: None,
+        }
+    }
+}
+
+/// More slots or queue places than this is a typo, not a plan.
+const MAX_SLOTS: usize = 1 << 24;
+
+impl AdmissionConfig {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_SLOTS).contains(&self.max_concurrency) {
+            return Err(ConfigError::invalid(
+                "admission.max_concurrency",
+                format!("must be from 1 to {MAX_SLOTS}"),
+            ));
+        }
+        if self.max_queue > MAX_SLOTS || self.fair_headroom.is_some_and(|h| h > MAX_SLOTS) {
+            return Err(ConfigError::invalid(
+                "admission.max_queue",
+                format!("and admission.fair_headroom must be at most {MAX_SLOTS}"),
+            ));
+        }
+        if self
+            .max_prefills
+            .is_some_and(|m| !(1..=MAX_SLOTS).contains(&m))
+        {
+            return Err(ConfigError::invalid(
+                "admission.max_prefills",
+                format!("must be from 1 to {MAX_SLOTS}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The admission queue.
+#[derive(Clone, Debug)]
+pub(crate) struct AdmissionMetrics {
+    /// Requests waiting for an admission slot.
+    pub(crate) queue_depth: Gauge,
+    /// Time spent waiting for admission.
+    pub(crate) queue_wait: Histogram,
+    /// Queued plus in-flight requests: the autoscaling signal.
+    pub(crate) pending: Gauge,
+}
+
+impl AdmissionMetrics {
+    /// Every family, registered in `registry`.
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let metrics = AdmissionMetrics {
+            queue_depth: Gauge::default(),
+            queue_wait: latency_histogram(),
+            pending: Gauge::default(),
+        };
+        registry.register(
+            "queue_depth",
+            "Requests waiting for admission",
+            metrics.queue_depth.clone(),
+        );
+        registry.register_with_unit(
+            "queue_wait",
+            "Time spent waiting for admission",
+            Unit::Seconds,
+            metrics.queue_wait.clone(),
+        );
+        registry.register(
+            "pending_requests",
+            "Queued plus in-flight requests: an autoscaling signal",
+            metrics.pending.clone(),
+        );
+        metrics
+    }
+}
+
 #[cfg(test)]
 #[path = "admission_tests.rs"]
 mod tests;

@@ -10,7 +10,7 @@ fn gate(max_concurrency: usize, max_queue: usize, queue_timeout_ms: u64) -> Admi
             retry_after_secs: 2,
             ..AdmissionConfig::default()
         },
-        Arc::new(Metrics::new()),
+        AdmissionMetrics::register(&mut Default::default()),
     )
 }
 
@@ -69,7 +69,7 @@ async fn batch_uses_half_the_queue_and_is_shed_for_interactive_work() {
             fair_headroom: Some(0),
             ..gate(1, 2, 50).inner.config.clone()
         },
-        Arc::new(Metrics::new()),
+        AdmissionMetrics::register(&mut Default::default()),
     );
     let _held = gate.admit(claim("t", B), None).await.unwrap();
     let (first, second, interactive, another) = tokio::join!(
@@ -154,7 +154,7 @@ async fn under_a_backlog_prefills_are_bounded_until_first_bytes_and_the_underser
             fair_headroom: Some(1),
             ..gate(2, 16, 10_000).inner.config.clone()
         },
-        Arc::new(Metrics::new()),
+        AdmissionMetrics::register(&mut Default::default()),
     ));
     let waiter = |tenant: &'static str| {
         let gate = gate.clone();

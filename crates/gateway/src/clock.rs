@@ -57,3 +57,11 @@ impl Default for Clock {
         Self::new()
     }
 }
+
+/// Microseconds since the Unix epoch: the wall clock replicas on different hosts compare (NTP
+/// keeps them within a millisecond or so).
+pub(crate) fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}

@@ -6,10 +6,9 @@
 
 use crate::metrics::{EndpointLabel, PolicyLabel};
 use crate::observe::otel::{self, LiveSpan};
-use crate::parse::Api;
 use crate::pool::Target;
 use crate::state::Shared;
-use crate::upstream::{self, AttemptError, HttpClient, Ready};
+use crate::upstream::{self, AttemptError, Ready, Sending};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use kvgate_core::decision::FailureKind;
@@ -28,29 +27,17 @@ pub(crate) type AttemptFuture = Pin<Box<dyn Future<Output = AttemptOutcome> + Se
 /// How an attempt ended: its dispatch, and the upstream's answer or the error.
 pub(crate) type AttemptOutcome = (Dispatch, Result<Ready, AttemptError>);
 
-/// What every attempt of one request sends besides its body: first attempt, retries, hedges
-/// and mid-stream continuations alike.
-#[derive(Clone, Debug)]
-pub(crate) struct Sending {
-    pub(crate) client: HttpClient,
-    pub(crate) api: Api,
-    /// The client's headers that go upstream (trace context replaced per attempt).
-    pub(crate) forwarded: Arc<HeaderMap>,
-    pub(crate) first_token_timeout: Option<Duration>,
-    pub(crate) max_retry_after: Duration,
-    pub(crate) session: Option<String>,
-}
-
-impl Sending {
-    /// Sends `body` to the dispatch's endpoint and waits for the first bytes (or the
-    /// first-token timeout); the dispatch learns of a first token or a refusal.
+impl Dispatch {
+    /// Sends `body` to this attempt's endpoint as `sending` says and waits for the first bytes
+    /// (or the first-token timeout); the attempt learns of a first token or a refusal.
     pub(crate) fn send(
-        &self,
-        mut dispatch: Dispatch,
+        self,
+        sending: &Sending,
         body: Bytes,
         forwarded: Arc<HeaderMap>,
     ) -> AttemptFuture {
-        let sending = self.clone();
+        let sending = sending.clone();
+        let mut dispatch = self;
         Box::pin(async move {
             let t = &dispatch.target;
             let cache_key = sending.session.as_deref().filter(|_| t.prompt_cache_key);
@@ -132,6 +119,7 @@ impl Dispatch {
             if let Some(predicted) = self.target.predicted_ttft.filter(|&p| p > 0.0) {
                 self.shared
                     .metrics
+                    .requests
                     .ttft_prediction_ratio
                     .observe(measured / predicted);
             }
@@ -156,9 +144,9 @@ impl Dispatch {
     }
 
     /// The endpoint failed a connection or broke a stream: its cache may be gone, and if it no
-    /// longer answers, the sessions it served are warmed elsewhere ([`crate::resume::Rehome`]).
+    /// longer answers, the sessions it served are warmed elsewhere (`crate::relay::rehome`).
     pub(crate) fn suspect(&self) {
-        self.shared.rehome.suspect(&self.shared, self.target.id);
+        self.shared.watch.losses.suspect(self.target.id);
     }
 
     /// The endpoint answered with a non-2xx status that is passed to the client as it is
@@ -208,32 +196,42 @@ impl Dispatch {
         let label = PolicyLabel {
             policy: self.shared.pool.policy_name(),
         };
-        m.e2e.get_or_create(&label).observe(e2e.as_secs_f64());
+        m.requests
+            .e2e
+            .get_or_create(&label)
+            .observe(e2e.as_secs_f64());
         let endpoint = EndpointLabel {
             endpoint: self.target.name.to_string(),
         };
-        m.output_tokens
+        m.usage
+            .output_tokens
             .get_or_create(&endpoint)
             .inc_by(u64::from(output_tokens));
         if let Some(u) = usage {
             let prompt = u64::from(u.prompt_tokens);
-            m.prompt_tokens.get_or_create(&endpoint).inc_by(prompt);
+            m.usage
+                .prompt_tokens
+                .get_or_create(&endpoint)
+                .inc_by(prompt);
             if let Some(cached) = u.cached_tokens {
-                m.cached_tokens
+                m.usage
+                    .cached_tokens
                     .get_or_create(&endpoint)
                     .inc_by(u64::from(cached));
-                m.cache_checked_tokens
+                m.usage
+                    .cache_checked_tokens
                     .get_or_create(&endpoint)
                     .inc_by(prompt);
             }
         }
         if let (true, Some(first)) = (self.stream, self.first) {
-            m.ttft
+            m.requests
+                .ttft
                 .get_or_create(&label)
                 .observe((first - self.sent).as_secs_f64());
             if output_tokens > 1 {
                 let tpot = (now - first).as_secs_f64() / f64::from(output_tokens - 1);
-                m.tpot.get_or_create(&label).observe(tpot);
+                m.requests.tpot.get_or_create(&label).observe(tpot);
             }
         }
     }

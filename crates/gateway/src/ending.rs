@@ -290,6 +290,7 @@ impl Ending {
         if let Some(endpoint) = &self.endpoint {
             self.shared
                 .metrics
+                .usage
                 .cost_usd
                 .get_or_create(&crate::metrics::endpoint(endpoint))
                 .inc_by(cost);
@@ -345,7 +346,7 @@ impl Ending {
             why: decision.map(|d| d.reason.to_string()),
         });
         if !written {
-            self.shared.metrics.access_log_dropped.inc();
+            self.shared.metrics.requests.access_log_dropped.inc();
         }
     }
 }
@@ -354,7 +355,7 @@ impl Drop for Ending {
     fn drop(&mut self) {
         if self.armed {
             self.settle();
-            self.shared.metrics.request(
+            self.shared.metrics.requests.request(
                 self.outcome.label(),
                 self.shared.pool.policy_name(),
                 self.endpoint.as_deref().unwrap_or("none"),

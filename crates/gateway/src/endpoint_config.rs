@@ -1,7 +1,7 @@
 //! One upstream endpoint's configuration: where it is, how to reach it (TLS, keys, headers),
 //! which model names it answers to, and its priority tier.
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,9 +1,84 @@
-//! The gateway's one API error: every refusal, bad input and upstream failure is rendered as
-//! OpenAI's error object `{"error": {"message", "type", "param", "code"}}` with a fitting status.
+//! The gateway's errors. [`ApiError`] is the one error a client sees: every refusal, bad input
+//! and upstream failure is rendered as OpenAI's error object
+//! `{"error": {"message", "type", "param", "code"}}` with a fitting status. [`ConfigError`] is
+//! what an operator sees of a configuration that cannot run; every concern's validation returns
+//! it, so it sits below them all.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use std::path::PathBuf;
+
+/// A configuration that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The YAML did not parse or had unknown fields.
+    #[error("configuration file: {0}")]
+    Yaml(#[source] yaml_serde::Error),
+    /// A policy parameter is out of range.
+    #[error(transparent)]
+    Policy(#[from] kvgate_core::policy::ConfigError),
+    /// No policy has that name.
+    #[error("unknown policy {0:?}; `kvgate policies` lists them")]
+    UnknownPolicy(String),
+    /// `--policy-set` named a parameter the policy does not have or gave a bad value.
+    #[error("policy parameter {key}={value}: {source}")]
+    PolicyParam {
+        /// The parameter.
+        key: String,
+        /// The value given.
+        value: String,
+        /// Why it was refused.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The TLS files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The access log file could not be opened.
+    #[error("observability.access_log: cannot open {path}: {source}")]
+    AccessLog {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Some other field is invalid.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl ConfigError {
+    /// `field` is invalid for the reason `why`.
+    pub(crate) fn invalid(field: impl Into<String>, why: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            why: why.into(),
+        }
+    }
+}
+
+/// TLS files that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or holds no usable PEM item.
+    #[error("{path}: {why}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// rustls refused the key, the chain or the CA.
+    #[error("TLS: {0}")]
+    Rustls(String),
+}
 
 /// An error answered to the client.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

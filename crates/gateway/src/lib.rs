@@ -23,11 +23,10 @@ pub mod error;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
-pub mod scrape;
+mod watch;
 
 mod admin;
 mod admission;
-mod body;
 mod clock;
 pub mod cluster;
 pub mod discovery;
@@ -40,24 +39,27 @@ mod epp;
 #[cfg(test)]
 mod fuzz;
 mod listener;
-mod model_names;
 pub mod observe;
 mod proxy;
+mod relay;
 mod reload;
 mod resume;
 mod server;
 mod state;
+mod telemetry;
 pub mod tenancy;
+mod ui;
 mod upstream;
 mod usage;
 
 pub use cluster::ClusterConfig;
-pub use config::{Config, ConfigError, EndpointConfig, ListenerConfig, TlsConfig};
-pub use error::ApiError;
-pub use listener::tls::TlsError;
+pub use config::{Config, EndpointConfig, ListenerConfig, TlsConfig};
+pub use error::{ApiError, ConfigError, TlsError};
 pub use pool::EndpointStatus;
-pub use proxy::{ENDPOINT_HEADER, EXPLAIN_HEADER, SPILLOVER_REASON_HEADER, SPILLOVER_TIER_HEADER};
-pub use server::REQUEST_ID_HEADER;
+pub use proxy::{
+    ENDPOINT_HEADER, EXPLAIN_HEADER, REQUEST_ID_HEADER, SPILLOVER_REASON_HEADER,
+    SPILLOVER_TIER_HEADER,
+};
 
 use state::Shared;
 use std::future::Future;
@@ -252,11 +254,24 @@ impl Gateway {
 /// gateway or picker, until it stops.
 fn start_background(shared: &Arc<Shared>) {
     for status in shared.pool.status() {
-        scrape::spawn(shared.clone(), status.id);
-        crate::engine_state::subscriber::spawn(shared.clone(), status.id);
+        shared.watch.start(status.id);
     }
-    cluster::spawn(shared.clone());
-    discovery::spawn(shared.clone());
+    if let Some(losses) = shared.take_losses() {
+        tokio::spawn(relay::rehome::handle_losses(shared.clone(), losses));
+    }
+    cluster::spawn(cluster::Sharing {
+        config: shared.config.cluster.clone(),
+        pool: shared.pool.clone(),
+        tenancy: shared.tenancy.clone(),
+        metrics: shared.metrics.cluster.clone(),
+        seed: shared.seed,
+        stop: shared.stop.subscribe(),
+    });
+    discovery::spawn(
+        &shared.config.discovery,
+        shared.watch.clone(),
+        shared.metrics.discovery.clone(),
+    );
     if shared.tenancy.persists() {
         tokio::spawn(flush_spend(shared.clone()));
     }

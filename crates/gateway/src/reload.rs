@@ -9,122 +9,15 @@
 //! `policy` section itself changed, so command-line policy flags survive reloads that touch only
 //! endpoints. Other sections take effect on restart.
 
-use crate::config::{Config, EndpointConfig};
+use crate::config::Config;
+use crate::pool::EndpointSet;
 use crate::state::Shared;
-use kvgate_core::{EndpointId, PolicyConfig};
+use kvgate_core::PolicyConfig;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Reloads so far and how the last one went, for `GET /admin/config` and the log.
-#[derive(Debug, Default, serde::Serialize)]
-pub(crate) struct ReloadLog {
-    /// The file watched, if any.
-    pub(crate) file: Option<String>,
-    pub(crate) applied: u64,
-    pub(crate) rejected: u64,
-    /// The last reload: `applied` or `rejected`, when (RFC 3339) and, if rejected, why.
-    pub(crate) last: Option<LastReload>,
-}
-
-/// One reload's result.
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct LastReload {
-    pub(crate) result: &'static str,
-    pub(crate) at: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) error: Option<String>,
-}
-
-impl ReloadLog {
-    fn record(&mut self, error: Option<String>) {
-        let result = match error {
-            None => {
-                self.applied += 1;
-                "applied"
-            }
-            Some(_) => {
-                self.rejected += 1;
-                "rejected"
-            }
-        };
-        self.last = Some(LastReload {
-            result,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            error,
-        });
-    }
-}
-
-/// What the last applied file version contributed.
-/// Endpoints one source manages (the file, a discovery), matched by base URL: [`Self::sync`]
-/// makes the pool's members from this source exactly the ones wanted, leaving the others be.
-#[derive(Debug, Default)]
-pub(crate) struct EndpointSet {
-    managed: Vec<EndpointId>,
-}
-
-impl EndpointSet {
-    /// The members already in the pool that `endpoints` name.
-    pub(crate) fn adopt(shared: &Shared, endpoints: &[EndpointConfig]) -> Self {
-        let managed = shared
-            .pool
-            .configs()
-            .into_iter()
-            .filter(|(_, c)| endpoints.iter().any(|e| e.base_url() == c.base_url()))
-            .map(|(id, _)| id)
-            .collect();
-        EndpointSet { managed }
-    }
-
-    /// Wanted endpoints join (with blackout and slow start), missing ones leave (requests
-    /// already sent there finish), the others take their new settings; returns how many
-    /// joined and left. New endpoints join before old ones leave, so a file that swaps one
-    /// endpoint for another never leaves a moment with nothing to route to.
-    pub(crate) fn sync(
-        &mut self,
-        shared: &Arc<Shared>,
-        wanted: &[EndpointConfig],
-    ) -> (usize, usize) {
-        let existing = shared.pool.configs();
-        let mut leaving = Vec::new();
-        self.managed.retain(|id| {
-            let Some((_, old)) = existing.iter().find(|(e, _)| e == id) else {
-                return false; // removed meanwhile, e.g. through the admin API
-            };
-            match wanted.iter().find(|e| e.base_url() == old.base_url()) {
-                Some(e) => {
-                    if e != old {
-                        shared.pool.update(*id, e.clone());
-                    }
-                    true
-                }
-                None => {
-                    leaving.push(*id);
-                    false
-                }
-            }
-        });
-        let mut joined = 0;
-        for e in wanted {
-            if !existing
-                .iter()
-                .any(|(_, old)| old.base_url() == e.base_url())
-            {
-                let id = shared.pool.add(e.clone());
-                crate::scrape::spawn(shared.clone(), id);
-                crate::engine_state::subscriber::spawn(shared.clone(), id);
-                self.managed.push(id);
-                joined += 1;
-            }
-        }
-        for id in &leaving {
-            shared.pool.remove(*id);
-        }
-        (joined, leaving.len())
-    }
-}
-
+/// What the file contributed when last applied: its endpoints, policy and spillover.
 #[derive(Debug)]
 pub(crate) struct Reloader {
     endpoints: EndpointSet,
@@ -137,7 +30,7 @@ impl Reloader {
     pub(crate) fn new(shared: &Shared, initial: Option<&Config>) -> Self {
         Reloader {
             endpoints: initial.map_or_else(EndpointSet::default, |file| {
-                EndpointSet::adopt(shared, &file.endpoints)
+                EndpointSet::adopt(&shared.pool, &file.endpoints)
             }),
             file_policy: initial.map(|c| c.policy.clone()),
             file_spillover: initial.map(|c| c.spillover.clone()),
@@ -146,7 +39,10 @@ impl Reloader {
 
     /// Applies a new version of the file.
     pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) {
-        self.endpoints.sync(shared, &new.endpoints);
+        let (joined, _) = self.endpoints.sync(&shared.pool, &new.endpoints);
+        for id in joined {
+            shared.watch.start(id);
+        }
         if self.file_policy.as_ref() != Some(&new.policy) {
             shared.pool.set_policy(&new.policy);
             self.file_policy = Some(new.policy.clone());

@@ -1,14 +1,23 @@
-//! What every handler and background task shares.
+//! What the request path and the admin API share: the concerns below, each built once from its
+//! part of the configuration. Background tasks get narrow handles cut from it (the engine
+//! watch, the cluster's sharing, discovery), never the whole.
 
 use crate::admission::Admission;
-use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::config::{Config, ReloadLog};
+use crate::engine_state::Tokenizers;
+use crate::error::ConfigError;
 use crate::observe::access_log::AccessLog;
+use crate::observe::otel::Tracing;
+use crate::observe::series::TtftSeries;
 use crate::pool::{Clock, Pool};
+use crate::resume::{Gates, Rehome};
+use crate::telemetry::Metrics;
+use crate::tenancy::Tenancy;
 use crate::upstream::{self, HttpClient};
+use crate::watch::{EngineWatch, Loss, LossSignal};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Arc;
-use tokio::sync::watch;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, watch};
 
 /// The gateway's shared state.
 #[derive(Debug)]
@@ -16,7 +25,7 @@ pub(crate) struct Shared {
     /// The configuration the gateway started with (endpoints and policy may change since).
     pub(crate) config: Config,
     /// Endpoints, policy, ledger.
-    pub(crate) pool: Pool,
+    pub(crate) pool: Arc<Pool>,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
     /// The upstream client.
@@ -35,51 +44,69 @@ pub(crate) struct Shared {
     /// One JSON line per request.
     pub(crate) access_log: AccessLog,
     /// OpenTelemetry traces, when on.
-    pub(crate) tracing: Option<crate::observe::otel::Tracing>,
+    pub(crate) tracing: Option<Tracing>,
     /// Recent streamed first tokens, for the live page.
-    pub(crate) ttft_series: crate::observe::series::TtftSeries,
+    pub(crate) ttft_series: TtftSeries,
     /// Keys, limits, budgets, agent controls.
-    pub(crate) tenancy: crate::tenancy::Tenancy,
+    pub(crate) tenancy: Arc<Tenancy>,
     /// The models' tokenizers, for prompts tokenized as their engines will.
-    pub(crate) tokenizers: crate::engine_state::Tokenizers,
+    pub(crate) tokenizers: Tokenizers,
     /// Mid-stream continuations in flight per endpoint.
-    pub(crate) resume_gates: std::sync::Arc<crate::resume::Gates>,
+    pub(crate) resume_gates: Arc<Gates>,
     /// Each session's last turn, warmed elsewhere when its endpoint is lost.
-    pub(crate) rehome: crate::resume::Rehome,
+    pub(crate) rehome: Rehome,
+    /// What watching an endpoint's engine needs; its loss signal is where attempts report
+    /// signs of loss too.
+    pub(crate) watch: EngineWatch,
+    /// The signs of loss, until the request path starts handling them.
+    losses: Mutex<Option<mpsc::UnboundedReceiver<Loss>>>,
     /// Configuration reloads and the last one's result.
-    reloads: std::sync::Mutex<crate::reload::ReloadLog>,
+    reloads: Mutex<ReloadLog>,
+}
+
+/// A poisoned lock is taken over: what these locks guard stays consistent at every await.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
     /// Builds the state; endpoints from `config` are added to the pool. Fails when the tenancy
-    /// store cannot be opened.
+    /// store, a tokenizer or an endpoint's CA file cannot be opened.
     pub(crate) fn new(
         config: Config,
         seed: u64,
         access_log: AccessLog,
-        tracing: Option<crate::observe::otel::Tracing>,
-    ) -> Result<Arc<Self>, crate::ConfigError> {
+        tracing: Option<Tracing>,
+    ) -> Result<Arc<Self>, ConfigError> {
         let metrics = Arc::new(Metrics::new());
-        let tenancy = crate::tenancy::Tenancy::new(&config.tenancy, metrics.clone())?;
-        let tokenizers = crate::engine_state::Tokenizers::load(&config.tokenizers)?;
-        let ca_files: Vec<&std::path::Path> = config
-            .endpoints
-            .iter()
-            .filter_map(|e| e.ca_file.as_deref())
-            .collect();
-        let client = upstream::client(&ca_files).map_err(|e| crate::ConfigError::Invalid {
-            field: "endpoints[].ca_file".into(),
-            why: e.to_string(),
-        })?;
-        let pool = Pool::new(&config, Clock::new(), metrics.clone(), seed);
+        let tenancy = Tenancy::new(&config.tenancy, metrics.tenants.clone())?;
+        let tokenizers = Tokenizers::load(&config.tokenizers)?;
+        let client = upstream_client(&config)?;
+        let pool = Arc::new(Pool::new(
+            &config.pool_settings(),
+            Clock::new(),
+            metrics.pool.clone(),
+            seed,
+        ));
         for e in &config.endpoints {
             pool.add(e.clone());
         }
-        let (stop, _) = watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let (signal, losses) = LossSignal::channel();
+        let watch = EngineWatch {
+            pool: pool.clone(),
+            client: client.clone(),
+            metrics: metrics.watch.clone(),
+            engine_state: metrics.engine_state.clone(),
+            scrape: config.scrape.clone(),
+            kv_events: config.kv_events.clone(),
+            losses: signal,
+            stop: stopped,
+        };
         Ok(Arc::new(Shared {
-            tenancy,
+            tenancy: Arc::new(tenancy),
             tokenizers,
-            admission: Admission::new(config.admission.clone(), metrics.clone()),
+            admission: Admission::new(config.admission.clone(), metrics.admission.clone()),
             pool,
             metrics,
             client,
@@ -89,20 +116,34 @@ impl Shared {
             stop,
             access_log,
             tracing,
-            ttft_series: Default::default(),
-            resume_gates: std::sync::Arc::new(crate::resume::Gates::new(
-                config.resume.per_endpoint,
-            )),
-            rehome: crate::resume::Rehome::new(&config.resume),
-            reloads: Default::default(),
+            ttft_series: TtftSeries::default(),
+            resume_gates: Arc::new(Gates::new(config.resume.per_endpoint)),
+            rehome: Rehome::new(&config.resume),
+            watch,
+            losses: Mutex::new(Some(losses)),
+            reloads: Mutex::default(),
             config,
         }))
     }
+
+    /// The reload log.
+    pub(crate) fn reloads(&self) -> MutexGuard<'_, ReloadLog> {
+        lock(&self.reloads)
+    }
+
+    /// The signs of loss, once: whoever starts handling them takes them.
+    pub(crate) fn take_losses(&self) -> Option<mpsc::UnboundedReceiver<Loss>> {
+        lock(&self.losses).take()
+    }
 }
 
-impl Shared {
-    /// The reload log (a poisoned lock is taken over: the log is only counters).
-    pub(crate) fn reloads(&self) -> std::sync::MutexGuard<'_, crate::reload::ReloadLog> {
-        self.reloads.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The upstream client, trusting the endpoints' own CA files besides the system's.
+fn upstream_client(config: &Config) -> Result<HttpClient, ConfigError> {
+    let ca_files: Vec<&std::path::Path> = config
+        .endpoints
+        .iter()
+        .filter_map(|e| e.ca_file.as_deref())
+        .collect();
+    upstream::client(&ca_files)
+        .map_err(|e| ConfigError::invalid("endpoints[].ca_file", e.to_string()))
 }

@@ -353,6 +353,19 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// What every attempt of one request sends besides its body: first attempt, retries, hedges
+/// and mid-stream continuations alike.
+#[derive(Clone, Debug)]
+pub(crate) struct Sending {
+    pub(crate) client: HttpClient,
+    pub(crate) api: Api,
+    /// The client's headers that go upstream (trace context replaced per attempt).
+    pub(crate) forwarded: Arc<HeaderMap>,
+    pub(crate) first_token_timeout: Option<Duration>,
+    pub(crate) max_retry_after: Duration,
+    pub(crate) session: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,9 @@ use super::peers::PeerTable;
 use super::wire::{self, Batcher, Header, WireEvent};
 use super::{ClusterConfig, ClusterMetrics, Local, Outbox};
 use crate::pool::PeerEnd;
+use crate::pool::Pool;
 use crate::pool::Progress;
-use crate::state::Shared;
+use crate::tenancy::Tenancy;
 use async_nats::connection::State;
 use futures_util::StreamExt;
 use kvgate_core::decision::FailureKind;
@@ -24,25 +25,39 @@ const MESSAGE_BYTES: usize = 512 * 1024;
 /// Events per batch at most, so one burst does not delay the first of them for long.
 const MAX_BATCH_EVENTS: usize = 512;
 
+/// What the link shares and with what: the gateway's pool and tenancy, which it feeds with
+/// the peers' news and whose own news it carries out.
+#[derive(Debug)]
+pub(crate) struct Sharing {
+    pub(crate) config: ClusterConfig,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) tenancy: Arc<Tenancy>,
+    pub(crate) metrics: Arc<ClusterMetrics>,
+    /// The gateway's seed, part of this replica's id.
+    pub(crate) seed: u64,
+    /// Turns true when the gateway stops.
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
 /// Starts sharing when `cluster.url` is set: the pool's outbox is installed before the first
 /// request, the connection and both tasks run until the gateway stops.
-pub(crate) fn spawn(shared: Arc<Shared>) {
-    let Some(url) = shared.config.cluster.url.clone() else {
+pub(crate) fn spawn(shared: Sharing) {
+    let Some(url) = shared.config.url.clone() else {
         return;
     };
-    let config = shared.config.cluster.clone();
-    let metrics = shared.metrics.cluster.clone();
+    let shared = Arc::new(shared);
+    let config = shared.config.clone();
+    let metrics = shared.metrics.clone();
     let (outbox, rx) = Outbox::new(&config, metrics.clone());
     let replica = rand::random::<u64>();
     if let Some(gate) = shared.tenancy.fanout() {
         gate.join_cluster(
-            outbox.clone(),
+            Arc::new(outbox.clone()),
             replica,
             Duration::from_millis(config.fanout_window_ms),
-            metrics.clone(),
         );
     }
-    shared.tenancy.join_cluster(outbox.clone());
+    shared.tenancy.join_cluster(Arc::new(outbox.clone()));
     shared.pool.subscribe(Arc::new(outbox));
     let replica =
         shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
@@ -54,13 +69,13 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
 }
 
 async fn run(
-    shared: Arc<Shared>,
+    shared: Arc<Sharing>,
     url: String,
     config: ClusterConfig,
     replica: u64,
     rx: mpsc::Receiver<Local>,
 ) -> Result<(), async_nats::Error> {
-    let metrics = shared.metrics.cluster.clone();
+    let metrics = shared.metrics.clone();
     let (conn_tx, conn_rx) = watch::channel(false);
     let callback_metrics = metrics.clone();
     let options = async_nats::ConnectOptions::new()
@@ -117,7 +132,7 @@ async fn run(
         config: config.clone(),
         last_sent: Instant::now(),
     };
-    tokio::spawn(publisher.run(rx, hello_rx, conn_rx, shared.stop.subscribe()));
+    tokio::spawn(publisher.run(rx, hello_rx, conn_rx, shared.stop.clone()));
     let receiver = Receiver {
         table: PeerTable::new(
             Nanos::from_millis(config.peer_timeout_ms),
@@ -341,7 +356,7 @@ impl Publisher {
 
 /// Applies peers' events to the pool.
 struct Receiver {
-    shared: Arc<Shared>,
+    shared: Arc<Sharing>,
     table: PeerTable,
     metrics: Arc<ClusterMetrics>,
     hello_tx: mpsc::Sender<(u64, u64)>,
@@ -352,7 +367,7 @@ struct Receiver {
 
 impl Receiver {
     async fn run(mut self, mut events: async_nats::Subscriber, mut warm: async_nats::Subscriber) {
-        let mut stop = self.shared.stop.subscribe();
+        let mut stop = self.shared.stop.clone();
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tokio::select! {

@@ -13,7 +13,7 @@ pub struct DirectionLabel {
 }
 
 /// See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ClusterMetrics {
     /// Receipt time minus the sender's publish time of peers' messages.
     pub lag: Histogram,

@@ -33,13 +33,13 @@ mod wire;
 
 pub use metrics::ClusterMetrics;
 
+use crate::tenancy::{Announcement, Announcer};
 use kvgate_core::Request;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-pub(crate) use link::spawn;
-pub(crate) use wire::now_micros;
+pub(crate) use link::{spawn, Sharing};
 
 /// `cluster:` in the configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +86,8 @@ impl Default for ClusterConfig {
 }
 
 impl ClusterConfig {
-    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
-        let invalid = |field: &str, why: &str| crate::ConfigError::Invalid {
+    pub(crate) fn validate(&self) -> Result<(), crate::error::ConfigError> {
+        let invalid = |field: &str, why: &str| crate::error::ConfigError::Invalid {
             field: format!("cluster.{field}"),
             why: why.into(),
         };
@@ -175,6 +175,31 @@ impl crate::pool::Subscriber for Outbox {
             PoolEvent::Dispatched { endpoint, request } => self.dispatched(endpoint, request),
             PoolEvent::Progress(progress) => self.send(Local::Progress(progress)),
         }
+    }
+}
+
+/// The link carries tenancy's announcements to the peers.
+impl Announcer for Outbox {
+    fn announce(&self, what: Announcement) {
+        self.send(match what {
+            Announcement::Fanout(event) => Local::Fanout(event),
+            Announcement::Limits {
+                scopes,
+                requests,
+                input,
+                output,
+            } => Local::Limits {
+                scopes,
+                requests,
+                input,
+                output,
+            },
+            Announcement::Spend(spent) => Local::Spend(spent),
+        });
+    }
+
+    fn peers(&self) -> i64 {
+        self.metrics.peers.get()
     }
 }
 

@@ -27,12 +27,7 @@ pub(crate) struct Header {
     pub(crate) at_us: u64,
 }
 
-/// Wall-clock microseconds since the epoch.
-pub(crate) fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
+pub(crate) use crate::clock::now_micros;
 
 /// One event. Requests are named by the sender's own ids, endpoints by base URL.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

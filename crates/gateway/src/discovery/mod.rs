@@ -12,12 +12,12 @@
 
 mod k8s;
 
-use crate::config::EndpointConfig;
-use crate::reload::EndpointSet;
-use crate::state::Shared;
+use crate::endpoint_config::EndpointConfig;
+use crate::metrics::{Counter, Family, ReasonLabel};
+use crate::pool::EndpointSet;
+use crate::watch::EngineWatch;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -72,11 +72,11 @@ impl Default for InferencePoolConfig {
 }
 
 impl DiscoveryConfig {
-    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), crate::error::ConfigError> {
         let Some(p) = &self.inference_pool else {
             return Ok(());
         };
-        let invalid = |field: &str, why: &str| crate::ConfigError::Invalid {
+        let invalid = |field: &str, why: &str| crate::error::ConfigError::Invalid {
             field: format!("discovery.inference_pool.{field}"),
             why: why.into(),
         };
@@ -205,9 +205,14 @@ impl Api {
     }
 }
 
-/// Polls the InferencePool, when one is configured, until the gateway stops.
-pub(crate) fn spawn(shared: Arc<Shared>) {
-    let Some(p) = shared.config.discovery.inference_pool.clone() else {
+/// Polls the InferencePool, when one is configured, until the gateway stops: its ready pods
+/// join the watched pool, gone ones leave; `polls` counts the polls by result.
+pub(crate) fn spawn(
+    config: &DiscoveryConfig,
+    watch: EngineWatch,
+    polls: Family<ReasonLabel, Counter>,
+) {
+    let Some(p) = config.inference_pool.clone() else {
         return;
     };
     let api = match Api::resolve(&p) {
@@ -217,22 +222,22 @@ pub(crate) fn spawn(shared: Arc<Shared>) {
             return;
         }
     };
-    let mut stop = shared.stop.subscribe();
+    let mut stop = watch.stop.clone();
     tokio::spawn(async move {
         let mut set = EndpointSet::default();
         let mut last_error: Option<String> = None;
         loop {
             let result = api.endpoints(&p).await;
             let label = if result.is_ok() { "ok" } else { "error" };
-            shared
-                .metrics
-                .discovery
-                .get_or_create(&crate::metrics::reason(label))
-                .inc();
+            polls.get_or_create(&crate::metrics::reason(label)).inc();
             match result {
                 Ok(wanted) => {
                     last_error = None;
-                    let (joined, left) = set.sync(&shared, &wanted);
+                    let (joined, left) = set.sync(&watch.pool, &wanted);
+                    for &id in &joined {
+                        watch.start(id);
+                    }
+                    let joined = joined.len();
                     if joined + left > 0 {
                         tracing::info!(
                             "discovery: InferencePool {}/{}: {} ready pods ({joined} joined, {left} left)",

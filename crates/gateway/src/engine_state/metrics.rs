@@ -15,7 +15,7 @@ pub struct StreamLabels {
 }
 
 /// See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineStateMetrics {
     /// Prompts tokenized, by result (`ok`, `error`).
     pub tokenized: Family<ReasonLabel, Counter>,

@@ -1,6 +1,6 @@
 //! What the engines really hold, rather than what the gateway guesses: prompts tokenized as
 //! the engine will tokenize them ([`Tokenizers`]), and the engines' own KV-cache events
-//! ([`subscriber`]) laid over the prefix index by `kvgate_core::index::events`.
+//! (read by `crate::watch`, decoded by [`decode`]) laid over the prefix index by `kvgate_core::index::events`.
 //!
 //! The two go together: KV events name blocks of token ids, so only a request whose prompt the
 //! gateway tokenized exactly can be matched against them. Requests without tokens (no tokenizer
@@ -8,9 +8,12 @@
 //! index, and so does an endpoint whose event stream lost messages.
 
 mod decode;
+pub mod exposition;
 mod metrics;
-pub(crate) mod subscriber;
 
+pub(crate) use decode::decode;
+
+pub use exposition::Incarnation;
 pub use metrics::{EngineStateMetrics, StreamLabels};
 
 use kvgate_tokenize::ChatTokenizer;
@@ -43,8 +46,8 @@ impl Default for KvEventsConfig {
 }
 
 impl KvEventsConfig {
-    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
-        let bad = |field: &str, why: &str| crate::ConfigError::Invalid {
+    pub(crate) fn validate(&self) -> Result<(), crate::error::ConfigError> {
+        let bad = |field: &str, why: &str| crate::error::ConfigError::Invalid {
             field: format!("kv_events.{field}"),
             why: why.into(),
         };
@@ -102,13 +105,16 @@ pub struct Tokenizers {
 
 impl Tokenizers {
     /// Loads every directory of `dirs` (model name, or `*` for any model).
-    pub(crate) fn load(dirs: &BTreeMap<String, PathBuf>) -> Result<Self, crate::ConfigError> {
+    pub(crate) fn load(
+        dirs: &BTreeMap<String, PathBuf>,
+    ) -> Result<Self, crate::error::ConfigError> {
         let mut out = Tokenizers::default();
         for (model, dir) in dirs {
-            let tokenizer = ChatTokenizer::load(dir).map_err(|e| crate::ConfigError::Invalid {
-                field: format!("tokenizers.{model}"),
-                why: format!("{}: {e}", dir.display()),
-            })?;
+            let tokenizer =
+                ChatTokenizer::load(dir).map_err(|e| crate::error::ConfigError::Invalid {
+                    field: format!("tokenizers.{model}"),
+                    why: format!("{}: {e}", dir.display()),
+                })?;
             let tokenizer = Arc::new(tokenizer);
             if model == "*" {
                 out.any = Some(tokenizer);

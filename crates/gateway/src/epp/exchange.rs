@@ -5,11 +5,11 @@
 //! ends before the response did leaves a cancelled dispatch, as a client that went away does.
 
 use super::wire;
-use crate::body::SseEvents;
 use crate::dispatch::Dispatch;
 use crate::error::ApiError;
 use crate::parse::Api;
 use crate::pool::Attempt;
+use crate::relay::SseEvents;
 use crate::state::Shared;
 use crate::usage::UsageTail;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
@@ -173,10 +173,11 @@ impl Exchange {
             return vec![self.refuse(&error, "bad_request")];
         };
         let body = std::mem::take(&mut self.body).freeze();
-        let inference = match crate::server::parse(&self.shared, api, &self.headers, body.clone()) {
-            Ok(i) => i,
-            Err(e) => return vec![self.refuse(&e, "bad_request")],
-        };
+        let inference =
+            match crate::proxy::intake::parse(&self.shared, api, &self.headers, body.clone()) {
+                Ok(i) => i,
+                Err(e) => return vec![self.refuse(&e, "bad_request")],
+            };
         let mut request = inference.request;
         request.id = self.shared.next_request.fetch_add(1, Ordering::Relaxed);
         let outside = self.outside_subset();
@@ -224,6 +225,7 @@ impl Exchange {
     fn count(&self, result: &'static str) {
         self.shared
             .metrics
+            .requests
             .epp_picks
             .get_or_create(&crate::metrics::reason(result))
             .inc();

@@ -12,11 +12,12 @@
 mod mutate;
 
 use crate::config::{EndpointConfig, RequestConfig};
+use crate::engine_state::exposition as scrape;
+use crate::listener::ConnectionMetrics;
 use crate::listener::Listening;
-use crate::metrics::ConnectionMetrics;
 use crate::parse::{self, Api, Inference};
 use crate::usage::{self, UsageStripper, UsageTail};
-use crate::{scrape, upstream, Config, Gateway};
+use crate::{upstream, Config, Gateway};
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use kvgate_core::policy::PolicyConfig;

@@ -5,17 +5,20 @@
 //! errors (out of descriptors) that free a connection and back off instead of spinning, and
 //! TLS ([`tls`]).
 
+mod config;
+mod metrics;
 pub(crate) mod table;
 pub(crate) mod tls;
 
-use crate::config::ListenerConfig;
-use crate::metrics::{reason, ConnectionMetrics};
+use crate::metrics::reason;
 use axum::body::Body;
 use axum::Router;
+pub use config::{ListenerConfig, TlsConfig};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+pub(crate) use metrics::ConnectionMetrics;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,8 @@
 //! require client certificates signed by a CA of its own (mTLS). ALPN offers HTTP/2 when the
 //! listener serves it.
 
-use crate::config::TlsConfig;
+use super::TlsConfig;
+use crate::error::TlsError;
 use arc_swap::ArcSwap;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -17,22 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-
-/// TLS files that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file could not be read or holds no usable PEM item.
-    #[error("{path}: {why}")]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        why: String,
-    },
-    /// rustls refused the key, the chain or the CA.
-    #[error("TLS: {0}")]
-    Rustls(String),
-}
 
 fn file_error(path: &Path, why: impl ToString) -> TlsError {
     TlsError::File {

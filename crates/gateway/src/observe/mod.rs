@@ -5,9 +5,8 @@ pub(crate) mod access_log;
 pub mod decisions;
 pub(crate) mod otel;
 pub(crate) mod series;
-pub(crate) mod ui;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Access log and decision records.

@@ -13,7 +13,7 @@
 //! spans (the processor's queue is bounded), never slows requests.
 
 use super::ObservabilityConfig;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use axum::http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{

@@ -3,7 +3,7 @@
 //! Retry-After window, last scrape) is the dispatch core's member; readers get both in the
 //! published snapshot ([`super::Snapshot`]).
 
-use crate::config::EndpointConfig;
+use crate::endpoint_config::EndpointConfig;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use kvgate_core::dispatch::{MemberSpec, Serving, Status};
 use kvgate_core::EndpointId;
@@ -107,7 +107,7 @@ pub(crate) struct Endpoint {
     pub(crate) inflight: Arc<AtomicU32>,
     pub(crate) cadence: Arc<super::CadenceCell>,
     /// Which run of the engine its last scrape that said so came from.
-    pub(crate) incarnation: Option<crate::scrape::Incarnation>,
+    pub(crate) incarnation: Option<crate::engine_state::Incarnation>,
 }
 
 impl Endpoint {

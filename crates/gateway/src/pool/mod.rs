@@ -18,6 +18,8 @@
 
 mod cadence;
 mod endpoint;
+mod members;
+mod metrics;
 mod outcome;
 mod peer;
 mod snapshot;
@@ -25,14 +27,15 @@ mod target;
 
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
+pub(crate) use members::EndpointSet;
+pub use metrics::PoolMetrics;
 pub use peer::PeerEnd;
 pub(crate) use peer::{PoolEvent, Progress, Subscriber};
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
 pub use target::{Attempt, Target};
 
-use crate::config::EndpointConfig;
-use crate::metrics::{self, Metrics};
+use crate::endpoint_config::EndpointConfig;
 use crate::observe::decisions::{DecisionRecord, DecisionRing};
 use arc_swap::ArcSwap;
 use endpoint::{About, Endpoint, EndpointInfo};
@@ -79,15 +82,18 @@ impl Core {
     }
 }
 
-/// The dispatch core's parameters from the gateway's configuration.
-fn dispatch_config(config: &crate::Config) -> DispatchConfig {
-    DispatchConfig {
-        retry_budget: config.retry.budget.clone(),
-        hedge: config.hedge.clone(),
-        breaker: config.breaker.clone(),
-        spillover: config.spillover.clone(),
-        charge: config.tenancy.charge,
-    }
+/// What the pool is built from: the parts of the configuration it reads (the configuration
+/// composes them, [`crate::config::Config::pool_settings`]).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The dispatch core's parameters.
+    pub dispatch: DispatchConfig,
+    /// The routing policy.
+    pub policy: PolicyConfig,
+    /// The KV-event index's bound per endpoint.
+    pub max_event_entries: usize,
+    /// Decision records kept for `/admin/decisions`.
+    pub decision_records: usize,
 }
 
 /// The pool (see the module docs).
@@ -97,7 +103,7 @@ pub struct Pool {
     cache: RwLock<PrefixCache>,
     snapshot: ArcSwap<Snapshot>,
     clock: Clock,
-    metrics: Arc<Metrics>,
+    metrics: PoolMetrics,
     locks: AtomicU64,
     decisions: DecisionRing,
     /// What the policy learned of each endpoint at the last upkeep (policies that learn).
@@ -110,22 +116,22 @@ pub struct Pool {
 
 impl Pool {
     /// A pool with no endpoints.
-    pub fn new(config: &crate::Config, clock: Clock, metrics: Arc<Metrics>, seed: u64) -> Self {
+    pub fn new(settings: &Settings, clock: Clock, metrics: PoolMetrics, seed: u64) -> Self {
         let core = Core {
-            dispatch: DispatchCore::new(&dispatch_config(config), &config.policy, seed),
+            dispatch: DispatchCore::new(&settings.dispatch, &settings.policy, seed),
             endpoints: Vec::new(),
             next_id: 0,
         };
-        let max_event_entries = config.kv_events.max_entries_per_endpoint;
+        let max_event_entries = settings.max_event_entries;
         let pool = Pool {
-            cache: RwLock::new(dispatch::cache_for(&config.policy, max_event_entries)),
+            cache: RwLock::new(dispatch::cache_for(&settings.policy, max_event_entries)),
             max_event_entries,
             snapshot: ArcSwap::default(),
             core: Mutex::new(core),
             clock,
             metrics,
             locks: AtomicU64::new(0),
-            decisions: DecisionRing::new(config.observability.decision_records),
+            decisions: DecisionRing::new(settings.decision_records),
             learned: ArcSwap::default(),
             subscriber: Default::default(),
         };
@@ -202,7 +208,7 @@ impl Pool {
         let mut core = self.lock();
         let id = EndpointId(core.next_id);
         core.next_id += 1;
-        let label = metrics::endpoint(&config.display_name());
+        let label = crate::metrics::endpoint(&config.display_name());
         self.metrics.breaker.get_or_create(&label).set(0);
         self.metrics.endpoint_up.get_or_create(&label).set(1);
         let endpoint = Endpoint::new(id, config);
@@ -222,7 +228,7 @@ impl Pool {
             let gone = core.endpoints.remove(i);
             core.dispatch.remove(id);
             self.publish(&core);
-            let label = metrics::endpoint(&gone.about.name);
+            let label = crate::metrics::endpoint(&gone.about.name);
             self.metrics.endpoint_up.remove(&label);
             self.metrics.breaker.remove(&label);
             self.metrics.inflight.remove(&label);
@@ -371,8 +377,8 @@ impl Pool {
     /// forgets what it held there: else the policy keeps predicting hits on a cold engine and
     /// sends it the returning sessions it held, each a full prefill, all at once. The batch size
     /// learned from its scrapes goes too (a restart is how an operator changes it).
-    pub fn incarnation(&self, endpoint: EndpointId, run: crate::scrape::Incarnation) -> bool {
-        if run == crate::scrape::Incarnation::default() {
+    pub fn incarnation(&self, endpoint: EndpointId, run: crate::engine_state::Incarnation) -> bool {
+        if run == crate::engine_state::Incarnation::default() {
             return false;
         }
         let mut core = self.lock();
@@ -431,8 +437,8 @@ impl Pool {
         let snapshot = self.snapshot.load();
         for &(id, m) in &models {
             let Some(e) = snapshot.get(id) else { continue };
-            let label = metrics::endpoint(&e.about.name);
-            let set = |family: &metrics::Family<_, metrics::FloatGauge>, v: f64| {
+            let label = crate::metrics::endpoint(&e.about.name);
+            let set = |family: &crate::metrics::Family<_, crate::metrics::FloatGauge>, v: f64| {
                 family.get_or_create(&label).set(v);
             };
             set(&self.metrics.prefill_rate, m.prefill_tokens_per_second);

@@ -3,15 +3,13 @@
 //! replayed through the gateway's pool on a manual clock, and every pick must land where the
 //! simulated router's did, for the same reason.
 
-use super::{Clock, Pool, Target};
+use super::{Clock, Pool, PoolMetrics, Target};
 use crate::config::{Config, EndpointConfig};
-use crate::metrics::Metrics;
 use kvgate_core::dispatch::trace::{attempt_of, Trace, TraceEvent};
 use kvgate_core::dispatch::End;
 use kvgate_core::index::Prediction;
 use kvgate_core::{EndpointId, Nanos};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 fn recorded() -> Trace {
@@ -31,9 +29,9 @@ fn pool_for(trace: &Trace) -> Pool {
         config.kv_events.max_entries_per_endpoint = n;
     }
     Pool::new(
-        &config,
+        &config.pool_settings(),
         Clock::manual(),
-        Arc::new(Metrics::new()),
+        PoolMetrics::register(&mut Default::default()),
         trace.seed,
     )
 }

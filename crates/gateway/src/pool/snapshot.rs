@@ -3,7 +3,7 @@
 
 use super::endpoint::EndpointInfo;
 use super::Pool;
-use crate::config::EndpointConfig;
+use crate::endpoint_config::EndpointConfig;
 use crate::metrics;
 use kvgate_core::resilience::BreakerState;
 use kvgate_core::{EndpointId, Health, Observation};

@@ -8,6 +8,12 @@ fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<Endpoint
     pool_with(policy, endpoints, 2)
 }
 
+/// Cached-token predictions the pool scored exact.
+fn exact_predictions(pool: &Pool) -> u64 {
+    let exact = crate::metrics::ResultLabel { result: "exact" };
+    pool.metrics.cache_prediction.get_or_create(&exact).get()
+}
+
 fn pool_with(
     policy: &str,
     endpoints: &[(&str, Option<&str>)],
@@ -16,7 +22,12 @@ fn pool_with(
     let mut config = Config::default();
     config.set_policy(policy).unwrap();
     config.breaker.min_requests = breaker_min_requests;
-    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let pool = Pool::new(
+        &config.pool_settings(),
+        Clock::manual(),
+        PoolMetrics::register(&mut Default::default()),
+        7,
+    );
     let ids = endpoints
         .iter()
         .map(|(url, model)| {
@@ -226,7 +237,12 @@ fn a_straggler_from_before_the_trip_is_not_the_half_open_probe() {
     config.set_policy("round_robin").unwrap();
     config.breaker.min_requests = 2;
     config.breaker.open_ms = 1;
-    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let pool = Pool::new(
+        &config.pool_settings(),
+        Clock::manual(),
+        PoolMetrics::register(&mut Default::default()),
+        7,
+    );
     let id = pool.add(EndpointConfig::from_url("http://a:1"));
     let straggler = pool.pick(&request(1, None), &[], Attempt::First).unwrap();
     for i in 2..4 {
@@ -359,11 +375,7 @@ fn cache_predictions_are_scored_against_usage_whatever_the_policy() {
     let p = t.prediction.unwrap();
     assert_eq!(p.cached_tokens(250), 250);
     pool.completed(2, t.id, Nanos(3), 4, (Some(usage(240)), t.prediction));
-    let text = pool.metrics.encode();
-    assert!(
-        text.contains("kvgate_cache_prediction_total{result=\"exact\"} 2"),
-        "{text}"
-    );
+    assert_eq!(exact_predictions(&pool), 2);
 }
 
 #[test]
@@ -402,10 +414,7 @@ fn the_logged_cache_prediction_is_in_the_blocks_the_engine_reports() {
             t.prediction,
         ),
     );
-    assert!(pool
-        .metrics
-        .encode()
-        .contains("kvgate_cache_prediction_total{result=\"exact\"} 1"));
+    assert_eq!(exact_predictions(&pool), 1);
 }
 
 #[test]
@@ -413,7 +422,12 @@ fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispat
     let mut config = Config::default();
     config.set_policy("least_outstanding").unwrap();
     config.spillover.queue = Some(4);
-    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let pool = Pool::new(
+        &config.pool_settings(),
+        Clock::manual(),
+        PoolMetrics::register(&mut Default::default()),
+        7,
+    );
     let local = pool.add(EndpointConfig {
         model: Some("m".into()),
         served_as: vec!["chat".into()],
@@ -468,7 +482,12 @@ fn tiers_fail_over_and_spill_over_on_a_queue_and_only_the_final_choice_is_dispat
 #[test]
 fn a_deployment_at_its_own_rate_limit_yields_to_the_next_tier_until_it_refills() {
     let config = Config::default();
-    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let pool = Pool::new(
+        &config.pool_settings(),
+        Clock::manual(),
+        PoolMetrics::register(&mut Default::default()),
+        7,
+    );
     let limited = pool.add(EndpointConfig {
         limits: Some(kvgate_core::tenancy::LimitsConfig {
             rpm: Some(60.0),
@@ -499,7 +518,12 @@ fn a_spilled_session_stays_on_its_new_tier_and_a_failed_over_one_comes_back() {
     let mut config = Config::default();
     config.set_policy("least_outstanding").unwrap();
     config.spillover.queue = Some(2);
-    let pool = Pool::new(&config, Clock::manual(), Arc::new(Metrics::new()), 7);
+    let pool = Pool::new(
+        &config.pool_settings(),
+        Clock::manual(),
+        PoolMetrics::register(&mut Default::default()),
+        7,
+    );
     let local = pool.add(EndpointConfig::from_url("http://local:1"));
     let hosted = pool.add(EndpointConfig {
         tier: 1,
@@ -546,7 +570,7 @@ fn a_spilled_session_stays_on_its_new_tier_and_a_failed_over_one_comes_back() {
 
 #[test]
 fn a_restarted_engine_s_cached_prefixes_are_forgotten() {
-    use crate::scrape::Incarnation;
+    use crate::engine_state::Incarnation;
     let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
     let text = "You are a helpful agent. ".repeat(40);
     let t = pool

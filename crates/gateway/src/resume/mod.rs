@@ -4,7 +4,7 @@
 //! text appended to the prompt), and the new stream is spliced into the client's so the client
 //! reads one well-formed SSE stream (seed section 9.4: resume instead of failing).
 //!
-//! What is guaranteed, for a request that allows it (see [`unresumable`]):
+//! What is guaranteed, for a request that allows it (see `crate::parse::Inference::unresumable`):
 //! - the client receives only whole events: an event cut by the break was never sent, and the
 //!   continuation starts at an event boundary;
 //! - the text is the first stream's text followed by the continuation's, nothing lost or
@@ -26,23 +26,18 @@
 //! the error event.
 
 mod gate;
+mod heads;
+mod metrics;
 mod rehome;
-mod splice;
-mod stage;
+pub(crate) mod splice;
 mod transcript;
 
-use crate::dispatch::{AttemptOutcome, Dispatch, Sending};
-use crate::parse::Api;
-use crate::pool::Attempt;
-use crate::state::Shared;
-use bytes::Bytes;
-use kvgate_core::{EndpointId, Request, Usage};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
-use std::sync::Arc;
 
-pub(crate) use gate::Gates;
-pub(crate) use rehome::Rehome;
+pub(crate) use gate::{Gates, Place};
+pub(crate) use heads::{heads, one_token, Heads};
+pub(crate) use metrics::ResumeMetrics;
+pub(crate) use rehome::{Rehome, Turn};
 pub(crate) use splice::Splicer;
 pub(crate) use transcript::{EventCut, Transcript};
 
@@ -112,331 +107,21 @@ impl Default for ResumeConfig {
     }
 }
 
-/// Why a request's stream could not be continued exactly, or `None` when it can: only
-/// streams; one choice (`n`, `best_of`); no `logprobs` (the first engine's cannot be
-/// re-created); no structured output (a grammar would restart at the continuation); a
-/// completion prompt that is text (token ids cannot be extended with text) and no `echo`.
-pub(crate) fn unresumable(
-    api: Api,
-    stream: bool,
-    fields: &Map<String, Value>,
-) -> Option<&'static str> {
-    let set = |name: &str| {
-        fields
-            .get(name)
-            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
-    };
-    let above_one = |name: &str| {
-        fields
-            .get(name)
-            .and_then(Value::as_u64)
-            .is_some_and(|n| n > 1)
-    };
-    if !stream {
-        return Some("not_streamed");
-    }
-    if above_one("n") || above_one("best_of") {
-        return Some("n");
-    }
-    if set("logprobs") || set("top_logprobs") {
-        return Some("logprobs");
-    }
-    let structured = [
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "structured_outputs",
-    ];
-    let format = fields
-        .get("response_format")
-        .and_then(|f| f.get("type"))
-        .and_then(Value::as_str)
-        .is_some_and(|t| t != "text");
-    if format || structured.iter().any(|k| set(k)) {
-        return Some("structured_output");
-    }
-    if api == Api::Completions {
-        if set("echo") {
-            return Some("echo");
+impl ResumeConfig {
+    pub(crate) fn validate(&self) -> Result<(), crate::error::ConfigError> {
+        // A head shorter than vLLM's default block (16 tokens) would cache nothing.
+        if (1..16).contains(&self.stage_tokens) {
+            return Err(crate::error::ConfigError::invalid(
+                "resume.stage_tokens",
+                "must be 0 (off) or at least 16",
+            ));
         }
-        let text = match fields.get("prompt") {
-            Some(Value::String(_)) => true,
-            Some(Value::Array(items)) => items.len() == 1 && items[0].is_string(),
-            _ => false,
-        };
-        if !text {
-            return Some("token_prompt");
+        if self.rehome_s > 0 && self.rehome_sessions == 0 {
+            return Err(crate::error::ConfigError::invalid(
+                "resume.rehome_sessions",
+                "must be at least 1 when resume.rehome_s is on",
+            ));
         }
-    }
-    None
-}
-
-/// What a continuation needs of its request.
-#[derive(Debug)]
-pub(crate) struct Origin {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) request: Arc<Request>,
-    /// The body the first attempt sent (the client's, with `include_usage` if the gateway
-    /// added it).
-    pub(crate) body: Bytes,
-    pub(crate) sending: Sending,
-    /// Endpoints the request went to; a continuation goes elsewhere.
-    pub(crate) tried: Vec<EndpointId>,
-}
-
-/// One resumable stream's state: the events passed to the client so far, what they said, and
-/// a continuation on its way or spliced in.
-pub(crate) struct Resume {
-    origin: Origin,
-    cut: EventCut,
-    transcript: Transcript,
-    splicer: Option<Splicer>,
-    left: u32,
-    pending: Option<ContinuationFuture>,
-    /// What broke the stream last, told to the client if no continuation follows.
-    cause: String,
-}
-
-/// A continuation on its way: the attempt, once an endpoint took it, or why none did.
-pub(crate) type ContinuationFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<AttemptOutcome, &'static str>> + Send>,
->;
-
-impl std::fmt::Debug for Resume {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resume")
-            .field("transcript", &self.transcript)
-            .field("left", &self.left)
-            .field("pending", &self.pending.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Resume {
-    pub(crate) fn new(origin: Origin) -> Self {
-        let config = &origin.shared.config.resume;
-        Resume {
-            left: config.max_resumes,
-            transcript: Transcript::new(origin.sending.api, config.max_text_bytes),
-            cut: EventCut::default(),
-            splicer: None,
-            pending: None,
-            cause: String::new(),
-            origin,
-        }
-    }
-
-    /// Upstream bytes in, what the client gets out: whole events only (a partial one waits for
-    /// its end), a continuation's events spliced; the result is recorded.
-    pub(crate) fn through(&mut self, data: &Bytes) -> Bytes {
-        let whole = self.cut.push(data);
-        let out = match &mut self.splicer {
-            Some(s) if !whole.is_empty() => s.rewrite(&whole),
-            _ => whole,
-        };
-        self.transcript.record(&out);
-        out
-    }
-
-    /// What is left when the upstream body ended normally (a last event without its blank
-    /// line).
-    pub(crate) fn flush(&mut self) -> Bytes {
-        let rest = self.cut.take();
-        let out = match &mut self.splicer {
-            Some(s) if !rest.is_empty() => s.rewrite(&rest),
-            _ => rest,
-        };
-        self.transcript.record(&out);
-        out
-    }
-
-    /// When the client already has the whole answer (a `finish_reason` or `[DONE]` came), a
-    /// break needs no continuation: the bytes that end the stream (`[DONE]` if it had not
-    /// come).
-    pub(crate) fn ending(&mut self) -> Option<Bytes> {
-        self.transcript.read();
-        let t = &self.transcript;
-        (t.finished() || t.done()).then(|| match t.done() {
-            true => Bytes::new(),
-            false => Bytes::from_static(b"data: [DONE]\n\n"),
-        })
-    }
-
-    /// The upstream broke (`cause`): puts the continuation on its way to another endpoint, or
-    /// says why not.
-    pub(crate) fn start(&mut self, cause: &str) -> Result<(), &'static str> {
-        cause.clone_into(&mut self.cause);
-        self.cut = EventCut::default();
-        self.transcript.read();
-        if let Some(reason) = self.transcript.blocked() {
-            return Err(reason);
-        }
-        if self.left == 0 {
-            return Err("exhausted");
-        }
-        let o = &self.origin;
-        let body = splice::continuation(&o.body, o.sending.api, &self.transcript)?;
-        self.left -= 1;
-        let (shared, sending) = (o.shared.clone(), o.sending.clone());
-        let (request, tried) = (o.request.clone(), o.tried.clone());
-        let config = &o.shared.config.resume;
-        let yield_until = (config.yield_ms > 0).then(|| {
-            tokio::time::Instant::now() + std::time::Duration::from_millis(config.yield_ms)
-        });
-        self.pending = Some(Box::pin(async move {
-            let waited = shared.pool.clock().now();
-            let place =
-                |pinned, stream| place(&shared, &request, &tried, yield_until, pinned, stream);
-            let counts = stage::HeadCounts {
-                warmed: &shared.metrics.stream_resume_heads,
-                skipped: &shared.metrics.stream_resume_heads_skipped,
-                held: &shared.metrics.stream_resume_heads_held,
-            };
-            let heads = |pinned| place(pinned, false);
-            let warmed = stage::staged(&shared, &body, &sending, counts, heads).await;
-            // Held there until the continuation's first bytes (or its failure): its prefill
-            // is done ([`gate`]).
-            let (dispatch, _place, _) = match place(warmed, true).await {
-                Err(_) if warmed.is_some() => place(None, true).await?,
-                placed => placed?,
-            };
-            let now = shared.pool.clock().now();
-            shared
-                .metrics
-                .stream_resume_wait
-                .observe((now - waited).as_secs_f64());
-            let forwarded = sending.forwarded.clone();
-            Ok(sending.send(dispatch, body, forwarded).await)
-        }));
         Ok(())
-    }
-
-    /// What broke the stream last.
-    pub(crate) fn cause(&self) -> &str {
-        &self.cause
-    }
-
-    /// Whether a continuation is on its way.
-    pub(crate) fn is_pending(&self) -> bool {
-        self.pending.is_some()
-    }
-
-    /// The continuation on its way, if any.
-    pub(crate) fn pending(&mut self) -> Option<&mut ContinuationFuture> {
-        self.pending.as_mut()
-    }
-
-    /// The continuation's first bytes arrived from `endpoint` (or it failed, or found no
-    /// endpoint): from now on its events are spliced in, and a later continuation goes
-    /// elsewhere.
-    pub(crate) fn settled(&mut self, spliced: bool, endpoint: Option<EndpointId>) {
-        self.pending = None;
-        self.origin.tried.extend(endpoint);
-        if spliced {
-            self.splicer = Some(Splicer::new(&self.transcript));
-        }
-    }
-
-    /// The usage the continuation's engine reported, before it was adjusted for the client:
-    /// the engine's own numbers, for its calibration and cache-prediction scoring.
-    pub(crate) fn engine_usage(&self) -> Option<Option<Usage>> {
-        self.splicer.as_ref().map(Splicer::engine_usage)
-    }
-}
-
-/// Routes a continuation, or one of its heads, when an endpoint has room (and, while it
-/// yields, no request awaiting its first token), on `pinned` only when given; the attempt
-/// and its place at the [`gate`].
-async fn place(
-    shared: &Arc<Shared>,
-    request: &Request,
-    tried: &[EndpointId],
-    yield_until: Option<tokio::time::Instant>,
-    pinned: Option<EndpointId>,
-    stream: bool,
-) -> Result<(Dispatch, Option<gate::Place>, Option<usize>), &'static str> {
-    // A head (not streamed) warms an engine's prefix cache ahead of the requests queued there:
-    // it goes only where the gateway reads an engine's metrics. A hosted API may bill every
-    // head's prompt, and may not know `continue_final_message`.
-    let unread = match stream {
-        true => Vec::new(),
-        false => shared.pool.without_engine_metrics(),
-    };
-    let engines_left = || {
-        let ids = shared.pool.endpoint_ids();
-        ids.iter()
-            .any(|e| !tried.contains(e) && !unread.contains(e))
-    };
-    if !stream && !engines_left() {
-        return Err("no_engine");
-    }
-    let (mut target, place) = shared
-        .resume_gates
-        .place(yield_until, |full, yielding| {
-            let mut refused: Vec<EndpointId> =
-                tried.iter().chain(full).chain(&unread).copied().collect();
-            if yielding {
-                refused.extend(shared.pool.awaiting_first_token());
-            }
-            if let Some(pinned) = pinned {
-                let others = shared.pool.endpoint_ids().into_iter();
-                refused.extend(others.filter(|&e| e != pinned));
-            }
-            let target = shared.pool.pick(request, &refused, Attempt::Resume);
-            let target = target.map_err(|_| "no_endpoint")?;
-            let id = target.id;
-            Ok::<_, &'static str>((target, id))
-        })
-        .await?;
-    // The predictions were for the request's prompt, not for prompt plus text so far; what
-    // the endpoint holds of that prompt it holds of the continuation's too (a staged
-    // continuation's heads start past it, [`stage::warm`]).
-    let held = target.prediction.take().and_then(|p| p.cached_text_bytes());
-    target.predicted_ttft = None;
-    Ok((
-        Dispatch::new(shared.clone(), request.id, target, stream),
-        place,
-        held,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fields(json: &str) -> Map<String, Value> {
-        serde_json::from_str(json).unwrap()
-    }
-
-    #[test]
-    fn only_requests_a_continuation_can_keep_exact_are_resumable() {
-        let chat = |extra: &str| {
-            let json = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
-            unresumable(Api::Chat, true, &fields(&json))
-        };
-        assert_eq!(chat(""), None);
-        assert_eq!(chat(r#","n":1,"logprobs":false,"tools":[]"#), None);
-        assert_eq!(chat(r#","response_format":{"type":"text"}"#), None);
-        assert_eq!(chat(r#","n":2"#), Some("n"));
-        assert_eq!(chat(r#","logprobs":true"#), Some("logprobs"));
-        assert_eq!(chat(r#","top_logprobs":3"#), Some("logprobs"));
-        assert_eq!(
-            chat(r#","response_format":{"type":"json_object"}"#),
-            Some("structured_output")
-        );
-        assert_eq!(chat(r#","guided_regex":"a+""#), Some("structured_output"));
-        let body = fields(r#"{"messages":[]}"#);
-        assert_eq!(unresumable(Api::Chat, false, &body), Some("not_streamed"));
-        let completion = |json: &str| unresumable(Api::Completions, true, &fields(json));
-        assert_eq!(completion(r#"{"prompt":"once"}"#), None);
-        assert_eq!(completion(r#"{"prompt":["once"]}"#), None);
-        assert_eq!(completion(r#"{"prompt":[1,2,3]}"#), Some("token_prompt"));
-        assert_eq!(completion(r#"{"prompt":"once","echo":true}"#), Some("echo"));
-        assert_eq!(
-            completion(r#"{"prompt":"once","logprobs":2}"#),
-            Some("logprobs")
-        );
-        assert_eq!(completion(r#"{"prompt":"once","best_of":3}"#), Some("n"));
     }
 }

@@ -2,14 +2,14 @@
 //!
 //! A session's context is cached on the endpoint its last turn ran on. When that endpoint
 //! breaks a stream or refuses a connection, its cache may be gone (a crash, a restart); when its
-//! scrape shows a new process ([`crate::scrape::Incarnation`]), it is gone. Then the
+//! scrape shows a new process ([`crate::engine_state::Incarnation`]), it is gone. Then the
 //! session's next turn would recompute the whole conversation wherever it goes: on agentic
 //! traffic those recomputes are much of the TTFT tail after a loss (docs/routing.md, Limits, A
 //! lost replica). The gateway still has the turn it sent, so it sends that prompt again for one
 //! token, a warm-up, to another endpoint, during the session's think time: the next turn then
 //! finds all but its newest messages cached there, and the policy's index says so.
 //!
-//! Each warm-up is placed as a continuation is ([`super::place`]: the per-endpoint gate, only
+//! Each warm-up is placed as a continuation is (`crate::relay`'s `place`: the per-endpoint gate, only
 //! to endpoints whose engine metrics the gateway reads) and yields for the whole window to
 //! requests awaiting a first token; it is staged in heads when continuations are
 //! (`stage_tokens`), so a request arriving there waits behind one piece, not a conversation.
@@ -17,19 +17,16 @@
 //! It starts on the first sign, confirmed by a probe and not left to a health verdict: the sim
 //! measured that starting one to four seconds late keeps less than half of the gain
 //! (`rehome_delay_ms`, docs/routing.md). The sign is a stream broken or a connection failed
-//! there, confirmed when the engine then does not answer a scrape ([`Rehome::suspect`]), or a
-//! scrape showing a new process.
+//! there, confirmed when the engine then does not answer a scrape ([`Rehome::should_probe`]), or a
+//! scrape showing a new process. This is the record of sessions and decisions; the probes and
+//! warm-ups are sent by `crate::relay::rehome`.
 //! Only turns whose answers ended are warmed; a stream the endpoint broke is continued, and
 //! the continuation warms its session. Re-homing starts at most once per window per endpoint.
 
-use super::{place, stage, ResumeConfig};
-use crate::dispatch::Sending;
-use crate::metrics;
-use crate::state::Shared;
+use super::ResumeConfig;
+use crate::upstream::Sending;
 use bytes::Bytes;
 use kvgate_core::{EndpointId, Request};
-use prometheus_client::metrics::counter::Counter;
-use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,10 +68,10 @@ impl Turns {
 
 /// A session's last turn, as the gateway sent it.
 #[derive(Clone, Debug)]
-struct Turn {
-    request: Arc<Request>,
-    body: Bytes,
-    sending: Sending,
+pub(crate) struct Turn {
+    pub(crate) request: Arc<Request>,
+    pub(crate) body: Bytes,
+    pub(crate) sending: Sending,
     endpoint: EndpointId,
     /// When its answer ended; `None` while it is being answered.
     ended: Option<Instant>,
@@ -192,72 +189,48 @@ impl Rehome {
     }
 
     /// Whether request `id` is still the last turn of `session`.
-    fn current(&self, session: &str, id: u64) -> bool {
+    pub(crate) fn current(&self, session: &str, id: u64) -> bool {
         self.turns()
             .by_session
             .get(session)
             .is_some_and(|t| t.request.id == id)
     }
 
-    /// `endpoint` broke a stream or failed a connection: a crash, or only a flaky link. Asks
-    /// it at once (a scrape); re-homing starts if it does not answer, or if it answers as a new
-    /// process ([`crate::scrape::Incarnation`]). A dead engine refuses the connection at once,
-    /// so a crash loses next to nothing of the head start (the sim: starting one
-    /// second late keeps less than half of the gain), and a link that dropped one stream while
-    /// its engine still serves costs no wave of warm-ups. One probe per endpoint at a time, none
-    /// while re-homing for it started within the window, and none when no session's last turn
-    /// ended there within it (traffic without sessions has nothing to re-home).
-    pub(crate) fn suspect(&self, shared: &Arc<Shared>, endpoint: EndpointId) {
+    /// `endpoint` broke a stream or failed a connection: whether to probe it now. One probe per
+    /// endpoint at a time, none while re-homing for it started within the window, and none when
+    /// no session's last turn ended there within it (traffic without sessions has nothing to
+    /// re-home). A `true` must be followed by [`Rehome::probed`].
+    pub(crate) fn should_probe(&self, endpoint: EndpointId) -> bool {
         if !self.on() {
-            return;
+            return false;
         }
-        {
-            let now = Instant::now();
-            let mut t = self.turns();
-            if t.started
-                .get(&endpoint)
-                .is_some_and(|&at| self.recent(at, now))
-                || !t
-                    .by_session
-                    .values()
-                    .any(|turn| self.homed(turn, endpoint, now))
-                || !t.probing.insert(endpoint)
-            {
-                return;
-            }
-        }
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let answered = crate::scrape::scrape_once(&shared, endpoint).await;
-            shared.rehome.turns().probing.remove(&endpoint);
-            let result = match answered {
-                Some(true) => "answered",
-                Some(false) => "lost",
-                None => return,
-            };
-            let reason = metrics::reason(result);
-            shared.metrics.rehome_probes.get_or_create(&reason).inc();
-            if answered == Some(false) {
-                shared.rehome.lost(&shared, endpoint);
-            }
-        });
+        let now = Instant::now();
+        let mut t = self.turns();
+        let started = t
+            .started
+            .get(&endpoint)
+            .is_some_and(|&at| self.recent(at, now));
+        let homed = t
+            .by_session
+            .values()
+            .any(|turn| self.homed(turn, endpoint, now));
+        !started && homed && t.probing.insert(endpoint)
     }
 
-    /// `lost` is gone: it did not answer after a sign of loss, or its scrape showed a restart.
-    /// Warms elsewhere the sessions whose last turn ended there within the window, the most
-    /// recent first.
-    pub(crate) fn lost(&self, shared: &Arc<Shared>, lost: EndpointId) {
-        let now = Instant::now();
-        let until = now + self.window;
-        for (session, turn) in self.displaced(lost, now) {
-            tokio::spawn(warm(shared.clone(), lost, session, turn, until));
-        }
+    /// The probe of `endpoint` is over.
+    pub(crate) fn probed(&self, endpoint: EndpointId) {
+        self.turns().probing.remove(&endpoint);
+    }
+
+    /// How long after a loss its sessions' warm-ups may wait for a place.
+    pub(crate) fn window(&self) -> Duration {
+        self.window
     }
 
     /// The sessions to warm when `lost` is lost at `now`: those whose last turn ended there
     /// within the window, the most recent first; none when re-homing is off or started for
     /// `lost` within the window already.
-    fn displaced(&self, lost: EndpointId, now: Instant) -> Vec<(String, Turn)> {
+    pub(crate) fn displaced(&self, lost: EndpointId, now: Instant) -> Vec<(String, Turn)> {
         if !self.on() {
             return Vec::new();
         }
@@ -274,60 +247,6 @@ impl Rehome {
             .collect();
         displaced.sort_by(|a, b| b.1.ended.cmp(&a.1.ended).then_with(|| a.0.cmp(&b.0)));
         displaced
-    }
-}
-
-/// Sends `turn`'s prompt again for one token to an endpoint other than `lost` (staged when
-/// continuations are), yielding until `until`, unless the session's next turn comes first.
-async fn warm(shared: Arc<Shared>, lost: EndpointId, session: String, turn: Turn, until: Instant) {
-    let count = |why: &'static str| {
-        let reason = metrics::reason(why);
-        shared.metrics.rehome_warmups.get_or_create(&reason).inc();
-    };
-    let Ok(mut fields) = serde_json::from_slice::<Map<String, Value>>(&turn.body) else {
-        return count("unreadable");
-    };
-    stage::one_token(&mut fields);
-    let Ok(body) = serde_json::to_vec(&fields).map(Bytes::from) else {
-        return count("unreadable");
-    };
-    let id = turn.request.id;
-    let tried = [lost];
-    let live = || shared.rehome.current(&session, id);
-    // Placed as a continuation is; dropped (its dispatch cancelled) once the session's next
-    // turn has come, which may be while it waited at the gate.
-    let place = |pinned| {
-        let placed = place(&shared, &turn.request, &tried, Some(until), pinned, false);
-        async move {
-            if !live() {
-                return Err("superseded");
-            }
-            let placed = placed.await?;
-            match live() {
-                true => Ok(placed),
-                false => Err("superseded"),
-            }
-        }
-    };
-    // Only the heads that warmed are exported for re-homing; the ones that gave way are not.
-    let (skipped, held) = (Counter::default(), Counter::default());
-    let counts = stage::HeadCounts {
-        warmed: &shared.metrics.rehome_heads,
-        skipped: &skipped,
-        held: &held,
-    };
-    let warmed = stage::staged(&shared, &body, &turn.sending, counts, place).await;
-    let placed = match place(warmed).await {
-        Err("superseded") => Err("superseded"),
-        Err(_) if warmed.is_some() => place(None).await,
-        placed => placed,
-    };
-    match placed {
-        Ok((dispatch, _gate, _)) => match stage::send_one(&turn.sending, dispatch, body).await {
-            true => count("sent"),
-            false => count("failed"),
-        },
-        Err(why) => count(why),
     }
 }
 

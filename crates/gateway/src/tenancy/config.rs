@@ -127,15 +127,15 @@ impl Default for AgentConfig {
     }
 }
 
-fn invalid(field: String, why: impl Into<String>) -> crate::ConfigError {
-    crate::ConfigError::Invalid {
+fn invalid(field: String, why: impl Into<String>) -> crate::error::ConfigError {
+    crate::error::ConfigError::Invalid {
         field,
         why: why.into(),
     }
 }
 
 impl BudgetConfig {
-    fn validate(&self, field: &str) -> Result<(), crate::ConfigError> {
+    fn validate(&self, field: &str) -> Result<(), crate::error::ConfigError> {
         match (self.tokens, self.usd) {
             (Some(v), None) | (None, Some(v)) if v.is_finite() && v >= 0.0 => Ok(()),
             (Some(_), Some(_)) | (None, None) => Err(invalid(
@@ -152,7 +152,7 @@ fn check_share(
     limits: &LimitsConfig,
     budget: Option<&BudgetConfig>,
     at: impl Fn(&str) -> String,
-) -> Result<(), crate::ConfigError> {
+) -> Result<(), crate::error::ConfigError> {
     limits
         .validate()
         .map_err(|why| invalid(at("limits"), why))?;
@@ -161,7 +161,10 @@ fn check_share(
 
 impl KeyConfig {
     /// Checks one key (from the file or the admin API), naming fields through `at`.
-    pub(crate) fn check(&self, at: impl Fn(&str) -> String) -> Result<(), crate::ConfigError> {
+    pub(crate) fn check(
+        &self,
+        at: impl Fn(&str) -> String,
+    ) -> Result<(), crate::error::ConfigError> {
         if self.name.is_empty() {
             return Err(invalid(at("name"), "must be set"));
         }
@@ -173,7 +176,7 @@ impl KeyConfig {
 
 impl TenancyConfig {
     /// Checks keys, limits, weights, prices and budgets.
-    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+    pub fn validate(&self) -> Result<(), crate::error::ConfigError> {
         self.charge
             .validate()
             .map_err(|why| invalid("tenancy.charge".into(), why))?;

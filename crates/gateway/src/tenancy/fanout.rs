@@ -14,6 +14,7 @@
 //! first token as local followers are. Calls that arrive once a peer's claim was heard follow at
 //! once. The window is paid only by calls that lead, only while peers are present.
 
+use super::shared::{Announcement, Announcer};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,10 +39,9 @@ pub(crate) type Claim = (u64, u64);
 /// What the gate says to peers, and how it ranks itself among them.
 #[derive(Debug)]
 struct Peers {
-    outbox: crate::cluster::Outbox,
+    outbox: Arc<dyn Announcer>,
     replica: u64,
     window: Duration,
-    metrics: Arc<crate::cluster::ClusterMetrics>,
     /// The earliest rival claim heard per prefix, and when it was heard.
     claims: Mutex<HashMap<u64, (Claim, Instant)>>,
 }
@@ -100,7 +100,7 @@ impl Leader {
         }
         self.done = true;
         if let Some(p) = self.peers.get() {
-            p.outbox.send(crate::cluster::Local::Fanout(if seen {
+            p.outbox.announce(Announcement::Fanout(if seen {
                 FanoutEvent::Seen(self.key)
             } else {
                 FanoutEvent::Released(self.key)
@@ -137,18 +137,11 @@ impl FanoutGate {
 
     /// Joins a cluster: leaders claim their prefixes through `outbox` and wait `window` for
     /// rival claims while peers are present.
-    pub(crate) fn join_cluster(
-        &self,
-        outbox: crate::cluster::Outbox,
-        replica: u64,
-        window: Duration,
-        metrics: Arc<crate::cluster::ClusterMetrics>,
-    ) {
+    pub(crate) fn join_cluster(&self, outbox: Arc<dyn Announcer>, replica: u64, window: Duration) {
         let _ = self.peers.set(Peers {
             outbox,
             replica,
             window,
-            metrics,
             claims: Mutex::default(),
         });
     }
@@ -190,16 +183,14 @@ impl FanoutGate {
     /// only if no earlier rival claim was heard; otherwise steps down to follow the rival
     /// (with this replica's followers of it). Without peers the leader leads at once.
     pub(crate) async fn contest(&self, leader: Leader) -> Role {
-        let Some(p) = self.peers.get().filter(|p| p.metrics.peers.get() > 0) else {
+        let Some(p) = self.peers.get().filter(|p| p.outbox.peers() > 0) else {
             return Role::Lead(leader);
         };
         // Wall clocks: replicas on different hosts compare claims by them (NTP keeps them within
         // a millisecond or so; a worse skew only makes two leaders, as without a cluster).
-        let ours: Claim = (crate::cluster::now_micros(), p.replica);
+        let ours: Claim = (crate::clock::now_micros(), p.replica);
         p.outbox
-            .send(crate::cluster::Local::Fanout(FanoutEvent::Lead(
-                leader.key, ours,
-            )));
+            .announce(Announcement::Fanout(FanoutEvent::Lead(leader.key, ours)));
         tokio::time::sleep(p.window).await;
         let rival = p
             .claims
@@ -228,7 +219,7 @@ impl FanoutGate {
     /// and pile onto the engine holding the prefix. A uniform draw over three windows spreads
     /// them so that most see the earlier ones.
     pub(crate) fn release_jitter(&self) -> Option<Duration> {
-        let p = self.peers.get().filter(|p| p.metrics.peers.get() > 0)?;
+        let p = self.peers.get().filter(|p| p.outbox.peers() > 0)?;
         Some(p.window.mul_f64(3.0 * rand::random::<f64>()))
     }
 
@@ -343,22 +334,29 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(500));
     }
 
-    fn clustered() -> (
-        FanoutGate,
-        tokio::sync::mpsc::Receiver<crate::cluster::Local>,
-    ) {
-        let metrics = Arc::new(crate::cluster::ClusterMetrics::default());
-        metrics.peers.set(1);
-        let (outbox, rx) =
-            crate::cluster::Outbox::new(&crate::cluster::ClusterConfig::default(), metrics.clone());
+    /// A cluster of one peer, whose announcements the test reads.
+    #[derive(Debug)]
+    struct Heard(std::sync::mpsc::Sender<Announcement>);
+
+    impl Announcer for Heard {
+        fn announce(&self, what: Announcement) {
+            let _ = self.0.send(what);
+        }
+        fn peers(&self) -> i64 {
+            1
+        }
+    }
+
+    fn clustered() -> (FanoutGate, std::sync::mpsc::Receiver<Announcement>) {
+        let (tx, rx) = std::sync::mpsc::channel();
         let gate = FanoutGate::new(Duration::from_secs(2), Duration::from_secs(60));
-        gate.join_cluster(outbox, 5, Duration::from_millis(3), metrics);
+        gate.join_cluster(Arc::new(Heard(tx)), 5, Duration::from_millis(3));
         (gate, rx)
     }
 
     #[tokio::test(start_paused = true)]
     async fn across_replicas_the_earliest_claim_leads_and_the_others_follow_it() {
-        let (gate, mut out) = clustered();
+        let (gate, out) = clustered();
         let Role::Lead(leader) = gate.enter(9) else {
             panic!()
         };
@@ -373,7 +371,7 @@ mod tests {
         };
         assert!(matches!(
             out.try_recv(),
-            Ok(crate::cluster::Local::Fanout(FanoutEvent::Lead(9, (_, 5))))
+            Ok(Announcement::Fanout(FanoutEvent::Lead(9, (_, 5))))
         ));
         assert!(
             out.try_recv().is_err(),
@@ -386,7 +384,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_later_rival_does_not_unseat_a_leader_and_peers_follow_a_claim_heard() {
-        let (gate, mut out) = clustered();
+        let (gate, out) = clustered();
         let Role::Lead(leader) = gate.enter(3) else {
             panic!()
         };
@@ -398,7 +396,7 @@ mod tests {
         let _claim = out.try_recv().unwrap();
         assert!(matches!(
             out.try_recv(),
-            Ok(crate::cluster::Local::Fanout(FanoutEvent::Seen(3)))
+            Ok(Announcement::Fanout(FanoutEvent::Seen(3)))
         ));
         // A claim heard before any call here arrives: calls follow it at once, and go when
         // its leader fails.

@@ -43,7 +43,7 @@ pub struct AccountLabels {
 }
 
 /// See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TenantMetrics {
     /// Requests admitted past keys, limits and budgets.
     pub admitted: Family<TenantLabel, Counter>,

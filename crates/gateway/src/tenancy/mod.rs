@@ -11,7 +11,6 @@
 pub mod config;
 pub mod metrics;
 
-pub(crate) mod admin;
 pub(crate) mod budget;
 mod fanout;
 mod hold;
@@ -21,15 +20,15 @@ mod shared;
 
 pub use config::{AgentConfig, BudgetConfig, KeyConfig, TenancyConfig, TenantConfig};
 pub use metrics::TenantMetrics;
+pub(crate) use shared::{Announcement, Announcer};
 
-pub(crate) use hold::{hold, Held};
+pub(crate) use hold::Held;
 
 pub use fanout::FanoutEvent;
 use fanout::FanoutGate;
 use sessions::SessionCaps;
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use axum::http::HeaderMap;
 use budget::{Account, Budgets, Refusal, Reservation, Store};
 use keys::KeyStore;
@@ -93,9 +92,9 @@ pub(crate) struct Tenancy {
     named: RwLock<HashSet<String>>,
     fanout: Option<FanoutGate>,
     sessions: Option<SessionCaps>,
-    metrics: Arc<Metrics>,
+    metrics: TenantMetrics,
     /// Where limits taken and spend settled go to peer replicas, in a cluster.
-    outbox: std::sync::OnceLock<crate::cluster::Outbox>,
+    outbox: std::sync::OnceLock<Arc<dyn shared::Announcer>>,
 }
 
 fn rate_limited(e: &Exceeded, tenant: &str) -> ApiError {
@@ -153,9 +152,9 @@ impl Tenancy {
     /// Builds the state; opens the store and loads keys added through the admin API.
     pub(crate) fn new(
         config: &TenancyConfig,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, crate::ConfigError> {
-        let store_err = |e: budget::StoreError| crate::ConfigError::Invalid {
+        metrics: TenantMetrics,
+    ) -> Result<Self, crate::error::ConfigError> {
+        let store_err = |e: budget::StoreError| crate::error::ConfigError::Invalid {
             field: "tenancy.store".into(),
             why: e.to_string(),
         };
@@ -179,10 +178,11 @@ impl Tenancy {
             .chain(stored_keys.into_iter().flatten())
         {
             named.insert(k.tenant.clone().unwrap_or_else(|| k.name.clone()));
-            keys.insert(k).map_err(|why| crate::ConfigError::Invalid {
-                field: "tenancy.keys".into(),
-                why,
-            })?;
+            keys.insert(k)
+                .map_err(|why| crate::error::ConfigError::Invalid {
+                    field: "tenancy.keys".into(),
+                    why,
+                })?;
         }
         let agents = &config.agents;
         Ok(Tenancy {
@@ -214,7 +214,6 @@ impl Tenancy {
 
     fn refuse(&self, tenant: &str, reason: &'static str) {
         self.metrics
-            .tenants
             .refused
             .get_or_create(&RefusalLabels {
                 tenant: tenant.to_owned(),
@@ -312,7 +311,6 @@ impl Tenancy {
             }
         };
         self.metrics
-            .tenants
             .admitted
             .get_or_create(&TenantLabel {
                 tenant: label.clone(),
@@ -407,7 +405,7 @@ impl Tenancy {
             .settle(lease.reservation, actual, price.or(lease.price.as_ref()));
         self.share_spend(spent);
         let w = &self.config.charge.weights;
-        let m = &self.metrics.tenants;
+        let m = &self.metrics;
         for (kind, n) in [
             ("input", actual.input),
             ("cached_input", actual.cached_input),
@@ -463,7 +461,6 @@ impl Tenancy {
         for (id, b) in self.accounts() {
             let unit = if b.usd.is_some() { "usd" } else { "tokens" };
             self.metrics
-                .tenants
                 .spend
                 .get_or_create(&AccountLabels {
                     account: id.clone(),

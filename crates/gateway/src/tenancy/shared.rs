@@ -13,15 +13,41 @@
 //! estimates in flight at the other replicas. Concurrency caps (`max_concurrent`) stay per
 //! replica. A replica that was away (NATS down, restarted) misses what peers took meanwhile.
 
-use super::Tenancy;
-use crate::cluster::{Local, Outbox};
+use super::{FanoutEvent, Tenancy};
 use kvgate_core::tenancy::{Charge, LimitsConfig, RateLimiter};
 use kvgate_core::Nanos;
+use std::sync::Arc;
+
+/// What tenancy tells the other replicas of a cluster.
+#[derive(Debug)]
+pub(crate) enum Announcement {
+    /// The fan-out gate's claims and releases.
+    Fanout(FanoutEvent),
+    /// Taken from rate limiters (negative: given back): requests, limited input and output
+    /// tokens.
+    Limits {
+        scopes: Vec<String>,
+        requests: f64,
+        input: f64,
+        output: f64,
+    },
+    /// Spent per budget account.
+    Spend(Vec<(String, f64)>),
+}
+
+/// Where tenancy's announcements go: the cluster's link, which implements it, so tenancy knows
+/// nothing of how replicas talk. It must not block: the request path announces.
+pub(crate) trait Announcer: std::fmt::Debug + Send + Sync {
+    /// Queues `what` for the peers.
+    fn announce(&self, what: Announcement);
+    /// Replicas heard from lately, this one not counted.
+    fn peers(&self) -> i64;
+}
 
 impl Tenancy {
-    /// From now on, limits taken and spend settled here go to `outbox`.
-    pub(crate) fn join_cluster(&self, outbox: Outbox) {
-        let _ = self.outbox.set(outbox);
+    /// From now on, limits taken and spend settled here go to `announcer`.
+    pub(crate) fn join_cluster(&self, announcer: Arc<dyn Announcer>) {
+        let _ = self.outbox.set(announcer);
     }
 
     /// Tells peers that `requests` requests and `plus - minus` tokens were taken from the
@@ -37,7 +63,7 @@ impl Tenancy {
             return;
         };
         let w = &self.config.charge.weights;
-        outbox.send(Local::Limits {
+        outbox.announce(Announcement::Limits {
             scopes: ids.to_vec(),
             requests,
             input: plus.limited_input(w) - minus.limited_input(w),
@@ -48,7 +74,7 @@ impl Tenancy {
     /// Tells peers what each account spent.
     pub(super) fn share_spend(&self, spent: Vec<(String, f64)>) {
         if let Some(outbox) = self.outbox.get().filter(|_| !spent.is_empty()) {
-            outbox.send(Local::Spend(spent));
+            outbox.announce(Announcement::Spend(spent));
         }
     }
 

@@ -1,5 +1,8 @@
-//! The response body handed to the client: the upstream body passed through frame by frame
-//! (no buffering), with the end of the request accounted when the stream ends.
+//! The relay of an answer to the client: the upstream body passed through frame by frame (no
+//! buffering, [`Tracked`]), with the end of the request accounted when the stream ends; a stream
+//! that breaks continued on another endpoint ([`continuation`], with staged heads, [`stage`]);
+//! and the sessions of a lost endpoint re-homed ([`rehome`]). The rules and records these
+//! follow are `crate::resume`'s; this is where their requests are sent.
 //!
 //! After the first token nothing is retried (docs/background.md#the-commit-point). If the upstream
 //! connection breaks mid-stream, a server-sent-events response is continued on another endpoint
@@ -7,10 +10,15 @@
 //! final `data: {"error": ...}` event and ends. Any other response is aborted so the client sees a
 //! truncated body, never a silent success.
 
+mod continuation;
+pub(crate) mod rehome;
+mod stage;
+
+pub(crate) use continuation::{Origin, Resume};
+
 use crate::admission::Permit;
 use crate::dispatch::Dispatch;
 use crate::ending::Ending;
-use crate::resume::Resume;
 use crate::upstream::error_chain;
 use crate::usage::{UsageStripper, UsageTail};
 use bytes::{Bytes, BytesMut};
@@ -209,7 +217,8 @@ impl Tracked {
 
     fn resumes(&self, result: &'static str) {
         let m = &self.ending.shared().metrics;
-        m.stream_resumes
+        m.resume
+            .stream_resumes
             .get_or_create(&crate::metrics::reason(result))
             .inc();
     }

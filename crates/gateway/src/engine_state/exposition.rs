@@ -1,9 +1,5 @@
-//! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a random
-//! phase so scrapes of a large pool do not arrive together (signals are always stale,
-//! docs/background.md#stale-signals-and-herding; spreading them keeps the staleness uniform). Each
-//! round asks `/health` first: a 5xx there takes the endpoint out of routing at once. A round that
-//! fails to connect or times out counts towards unhealthy; any HTTP answer counts as alive.
-//! Endpoints that do not name their model are asked once through `/v1/models`.
+//! What an engine's own answers say: its load and which process it is, from its Prometheus
+//! exposition (`/metrics`), and the models it serves (`/v1/models`).
 //!
 //! Recognised names (summed over label sets, usage the maximum):
 //! - vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
@@ -12,13 +8,7 @@
 //!   `vllm:cache_config_info` (whose `block_size` label sizes the engine's cache in tokens);
 //! - SGLang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`.
 
-use crate::state::Shared;
-use axum::http::{Method, Request, StatusCode};
-use bytes::Bytes;
-use http_body_util::Full;
-use kvgate_core::{EndpointId, Observation};
-use std::sync::Arc;
-use std::time::Duration;
+use kvgate_core::Observation;
 
 /// Which run of an engine a scrape came from. A restarted engine at the same address has lost
 /// its prefix cache, and only its metrics say so when the restart broke no request of ours (a
@@ -161,125 +151,6 @@ pub fn parse_models(body: &[u8]) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-async fn get(shared: &Shared, base: &str, path: &str) -> Result<(StatusCode, Bytes), ()> {
-    let request = Request::builder()
-        .method(Method::GET)
-        .uri(format!("{base}{path}"))
-        .body(Full::new(Bytes::new()))
-        .map_err(|_| ())?;
-    let timeout = Duration::from_millis(shared.config.scrape.timeout_ms);
-    crate::upstream::fetch(&shared.client, request, 4 * 1024 * 1024, timeout)
-        .await
-        .map_err(|error| {
-            tracing::debug!(url = %format!("{base}{path}"), %error, "scrape failed");
-        })
-}
-
-/// Scrapes one endpoint now: whether its engine answered (any HTTP status), `None` when the
-/// endpoint has left the pool.
-pub(crate) async fn scrape_once(shared: &Arc<Shared>, id: EndpointId) -> Option<bool> {
-    let base = shared.pool.base_of(id)?;
-    let sent_at = shared.pool.clock().now();
-    let name = shared
-        .pool
-        .name_of(id)
-        .map(|n| n.to_string())
-        .unwrap_or_default();
-    // The engine's own verdict first: vLLM and SGLang answer /health with 200 when serving and
-    // 5xx when not (the emulated engine's `drain` fault too). No /health (404) says nothing.
-    let health = get(shared, &base, "/health").await;
-    if let Ok((status, _)) = &health {
-        shared.pool.reported_health(id, !status.is_server_error());
-    }
-    let reached = health.is_ok();
-    let metrics = match health {
-        Ok(_) => get(shared, &base, "/metrics").await,
-        Err(()) => Err(()),
-    };
-    match metrics {
-        Ok((status, body)) => {
-            let (observation, run) = status
-                .is_success()
-                .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
-                .flatten()
-                .unwrap_or_default();
-            if shared.pool.incarnation(id, run) {
-                restarted(shared, id, &name);
-            }
-            shared.pool.observed(id, observation, sent_at);
-            shared
-                .metrics
-                .scrapes
-                .get_or_create(&crate::metrics::ScrapeLabels {
-                    endpoint: name,
-                    result: "ok",
-                })
-                .inc();
-        }
-        Err(()) => {
-            let unhealthy = shared
-                .pool
-                .scrape_failed(id, shared.config.scrape.unhealthy_after);
-            if unhealthy && !reached {
-                // An engine that died between requests breaks no stream: this is the first
-                // sign that its sessions' cache is gone.
-                shared.rehome.lost(shared, id);
-            }
-            shared
-                .metrics
-                .scrapes
-                .get_or_create(&crate::metrics::ScrapeLabels {
-                    endpoint: name,
-                    result: "error",
-                })
-                .inc();
-            return Some(reached);
-        }
-    }
-    if shared.pool.needs_models(id) {
-        if let Ok((status, body)) = get(shared, &base, "/v1/models").await {
-            let models = parse_models(&body);
-            if status.is_success() && !models.is_empty() {
-                shared.pool.set_models(id, models);
-            }
-        }
-    }
-    Some(true)
-}
-
-/// The engine at `id` restarted: the pool has forgotten what the index held there; its
-/// sessions are re-homed when that is on (a restart loses a cache as a crash does).
-fn restarted(shared: &Arc<Shared>, id: EndpointId, name: &str) {
-    tracing::info!(endpoint = %name, "engine restarted; its cached prefixes are forgotten");
-    let label = crate::metrics::endpoint(name);
-    shared.metrics.restarts.get_or_create(&label).inc();
-    shared.rehome.lost(shared, id);
-}
-
-/// Starts the scrape loop of one endpoint; it ends when the endpoint leaves the pool or the
-/// gateway stops.
-pub(crate) fn spawn(shared: Arc<Shared>, id: EndpointId) {
-    let mut stop = shared.stop.subscribe();
-    tokio::spawn(async move {
-        let interval = Duration::from_millis(shared.config.scrape.interval_ms);
-        // First scrape at once (a new endpoint needs its model and health), then a random phase.
-        if scrape_once(&shared, id).await.is_none() {
-            return;
-        }
-        let mut next = tokio::time::Instant::now() + shared.pool.jitter(interval);
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep_until(next) => {}
-                _ = stop.changed() => return,
-            }
-            next += interval;
-            if scrape_once(&shared, id).await.is_none() {
-                return;
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -5,14 +5,12 @@
 //! request: a socket that fails is reopened after a pause, a message that does not decode is
 //! counted and skipped (the next batch then shows a gap, so the endpoint stops being trusted).
 
-use super::decode::decode;
-use super::{EventSource, StreamLabels};
+use super::EngineWatch;
+use crate::engine_state::{decode, EventSource, StreamLabels};
 use crate::metrics;
-use crate::state::Shared;
 use futures_util::{Stream, StreamExt};
 use kvgate_core::index::events::{BatchOutcome, Trust};
 use kvgate_core::EndpointId;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
@@ -24,15 +22,10 @@ const RETRY: Duration = Duration::from_millis(500);
 /// before are lost, so operators and tests need to see when it is there.
 fn count_connections(
     mut monitor: impl Stream<Item = SocketEvent> + Unpin + Send + 'static,
-    shared: &Shared,
+    watch: &EngineWatch,
     label: metrics::EndpointLabel,
 ) {
-    let counter = shared
-        .metrics
-        .engine_state
-        .connections
-        .get_or_create(&label)
-        .clone();
+    let counter = watch.engine_state.connections.get_or_create(&label).clone();
     tokio::spawn(async move {
         while let Some(event) = monitor.next().await {
             if matches!(
@@ -47,11 +40,11 @@ fn count_connections(
 
 async fn open(
     source: &EventSource,
-    shared: &Shared,
+    watch: &EngineWatch,
     label: &metrics::EndpointLabel,
 ) -> Result<SubSocket, zeromq::ZmqError> {
     let mut socket = SubSocket::new();
-    count_connections(socket.monitor(), shared, label.clone());
+    count_connections(socket.monitor(), watch, label.clone());
     match source {
         EventSource::Bind(address) => {
             socket.bind(address).await?;
@@ -63,28 +56,28 @@ async fn open(
 }
 
 /// Starts `id`'s subscriber when its configuration names a source.
-pub(crate) fn spawn(shared: Arc<Shared>, id: EndpointId) {
-    let Some(spec) = shared.pool.kv_events_of(id) else {
+pub(crate) fn spawn(watch: EngineWatch, id: EndpointId) {
+    let Some(spec) = watch.pool.kv_events_of(id) else {
         return;
     };
     let Ok(source) = EventSource::parse(&spec) else {
         return;
     };
-    let mut stop = shared.stop.subscribe();
+    let mut stop = watch.stop.clone();
     tokio::spawn(async move {
         tokio::select! {
-            () = run(&shared, id, &source) => {}
+            () = run(&watch, id, &source) => {}
             _ = stop.changed() => {}
         }
     });
 }
 
-async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
-    let idle = Duration::from_millis(shared.config.kv_events.idle_reconnect_ms);
+async fn run(watch: &EngineWatch, id: EndpointId, source: &EventSource) {
+    let idle = Duration::from_millis(watch.kv_events.idle_reconnect_ms);
     let mut warned = false;
-    while let Some(name) = shared.pool.name_of(id) {
+    while let Some(name) = watch.pool.name_of(id) {
         let label = metrics::endpoint(&name);
-        let mut socket = match open(source, shared, &label).await {
+        let mut socket = match open(source, watch, &label).await {
             Ok(s) => s,
             Err(e) => {
                 if !warned {
@@ -98,14 +91,14 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
         warned = false;
         loop {
             // The endpoint left the pool: stop (and free a bound address for its successor).
-            if shared.pool.name_of(id).is_none() {
+            if watch.pool.name_of(id).is_none() {
                 return;
             }
             let message = match tokio::time::timeout(idle, socket.recv()).await {
                 Ok(Ok(m)) => m,
                 Ok(Err(e)) => {
                     tracing::info!(endpoint = %name, error = %e, "KV-event socket failed; reopening");
-                    incident(shared, &label, "disconnect");
+                    incident(watch, &label, "disconnect");
                     tokio::time::sleep(RETRY).await;
                     break;
                 }
@@ -119,11 +112,11 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::debug!(endpoint = %name, error = %e, "undecodable KV-event message");
-                    incident(shared, &label, "decode_error");
+                    incident(watch, &label, "decode_error");
                     continue;
                 }
             };
-            let m = &shared.metrics.engine_state;
+            let m = &watch.engine_state;
             m.batches.get_or_create(&label).inc();
             m.events
                 .get_or_create(&label)
@@ -134,7 +127,7 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
                     .map_or(0.0, |d| d.as_secs_f64());
                 m.lag_seconds.observe((now - ts).max(0.0));
             }
-            let Some((outcome, status)) = shared.pool.kv_batch(id, batch.seq, &batch.events) else {
+            let Some((outcome, status)) = watch.pool.kv_batch(id, batch.seq, &batch.events) else {
                 return;
             };
             let kind = match outcome {
@@ -149,7 +142,7 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
                 BatchOutcome::Stale => Some("stale"),
             };
             if let Some(kind) = kind {
-                incident(shared, &label, kind);
+                incident(watch, &label, kind);
             }
             m.entries
                 .get_or_create(&label)
@@ -162,9 +155,8 @@ async fn run(shared: &Shared, id: EndpointId, source: &EventSource) {
     }
 }
 
-fn incident(shared: &Shared, label: &metrics::EndpointLabel, kind: &'static str) {
-    shared
-        .metrics
+fn incident(watch: &EngineWatch, label: &metrics::EndpointLabel, kind: &'static str) {
+    watch
         .engine_state
         .incidents
         .get_or_create(&StreamLabels {

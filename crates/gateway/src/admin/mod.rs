@@ -7,9 +7,11 @@
 //!   (at most `limit`, default 50; only those of request `ID` when given);
 //! - `GET /admin/config`: the watched configuration file, reloads applied and rejected, and
 //!   the last one's result (with the reason a rejected file was not applied);
-//! - `/admin/status` and `/admin/keys`: see [`crate::tenancy::admin`].
+//! - `/admin/status` and `/admin/keys`: see [`tenancy`].
 
-use crate::config::EndpointConfig;
+mod tenancy;
+
+use crate::endpoint_config::EndpointConfig;
 use crate::error::ApiError;
 use crate::state::Shared;
 use axum::extract::rejection::QueryRejection;
@@ -103,8 +105,7 @@ async fn add(
         .validate()
         .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?;
     let id = s.pool.add(config);
-    crate::scrape::spawn(s.clone(), id);
-    crate::engine_state::subscriber::spawn(s.clone(), id);
+    s.watch.start(id);
     Ok((StatusCode::CREATED, Json(serde_json::json!({ "id": id }))))
 }
 
@@ -166,5 +167,5 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/admin/endpoints/{id}", axum::routing::delete(remove))
         .route("/admin/endpoints/{id}/drain", post(drain))
         .route("/admin/endpoints/{id}/undrain", post(undrain))
-        .merge(crate::tenancy::admin::router())
+        .merge(tenancy::router())
 }

@@ -2,7 +2,8 @@
 //! aliases), checked across endpoints and against every other section that names a model, so
 //! a group that cannot work fails at load (or a reload keeps the running configuration).
 
-use crate::config::{Config, ConfigError};
+use super::Config;
+use crate::error::ConfigError;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Checks the names of `config`:

@@ -4,8 +4,9 @@
 //! page asks for it and keeps it for the browser tab only).
 
 use crate::error::ApiError;
-use crate::metrics::{self, Metrics};
+use crate::metrics;
 use crate::state::Shared;
+use crate::telemetry::Metrics;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
@@ -50,15 +51,16 @@ fn row(
     learned: &[(EndpointId, EndpointModel)],
 ) -> EndpointRow {
     let name = status.name.clone();
-    let checked = counter(&m.cache_checked_tokens, &name);
+    let checked = counter(&m.usage.cache_checked_tokens, &name);
     // A model with no samples behind it is the fleet's prior, not something measured there.
     let model = learned
         .iter()
         .find(|(id, model)| *id == status.id && model.samples > 0.0)
         .map(|&(_, model)| model);
     EndpointRow {
-        hit_ratio: (checked > 0).then(|| counter(&m.cached_tokens, &name) as f64 / checked as f64),
-        output_tokens: counter(&m.output_tokens, &name),
+        hit_ratio: (checked > 0)
+            .then(|| counter(&m.usage.cached_tokens, &name) as f64 / checked as f64),
+        output_tokens: counter(&m.usage.output_tokens, &name),
         speed_factor: model.map(|m| m.speed_factor),
         prefill_tokens_per_second: model.map(|m| m.prefill_tokens_per_second),
         status,
@@ -96,7 +98,7 @@ async fn state(
     Ok(Json(serde_json::json!({
         "policy": policy,
         "now": now,
-        "queue_depth": s.metrics.queue_depth.get(),
+        "queue_depth": s.metrics.admission.queue_depth.get(),
         "endpoints": endpoints,
         "decisions": s.pool.decisions(DECISIONS, None),
         "ttft": s.ttft_series.summary(now.saturating_sub(HISTORY_SECS)),

@@ -13,7 +13,7 @@ fn assert_invalid(yaml: &str) {
 
 #[test]
 fn the_readme_complete_file_parses_and_names_every_default() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let start = readme.find("A complete file").unwrap();
     let block = &readme[start..];
     let yaml = block

@@ -8,11 +8,10 @@
 //!
 //! Keys added here are kept in the tenancy store when there is one, so they survive restarts.
 
-use super::keys;
-use super::KeyConfig;
-use crate::admin::authorize;
+use super::authorize;
 use crate::error::ApiError;
 use crate::state::Shared;
+use crate::tenancy::{keys, KeyConfig};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get};
@@ -62,7 +61,7 @@ async fn add(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     authorize(&s, &headers)?;
-    let mut key: KeyConfig = crate::admin::json_body(&body, "key config")?;
+    let mut key: KeyConfig = super::json_body(&body, "key config")?;
     let created = if key.key_sha256.is_empty() {
         let k = keys::generate().map_err(|_| ApiError::upstream("no system randomness"))?;
         key.key_sha256 = keys::hex(&keys::digest(&k));

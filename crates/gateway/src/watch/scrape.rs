@@ -1,0 +1,177 @@
+//! Live signals: each endpoint's `/metrics` scraped on an interval, every loop starting at a random
+//! phase so scrapes of a large pool do not arrive together (signals are always stale,
+//! docs/background.md#stale-signals-and-herding; spreading them keeps the staleness uniform). Each
+//! round asks `/health` first: a 5xx there takes the endpoint out of routing at once. A round that
+//! fails to connect or times out counts towards unhealthy; any HTTP answer counts as alive.
+//! Endpoints that do not name their model are asked once through `/v1/models`.
+//! What the engines' answers say is read by `crate::engine_state::exposition`.
+
+use super::EngineWatch;
+use crate::engine_state::exposition::{parse_models, parse_scrape};
+use crate::error::ConfigError;
+use axum::http::{Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::Full;
+use kvgate_core::EndpointId;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+async fn get(watch: &EngineWatch, base: &str, path: &str) -> Result<(StatusCode, Bytes), ()> {
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(format!("{base}{path}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|_| ())?;
+    let timeout = Duration::from_millis(watch.scrape.timeout_ms);
+    crate::upstream::fetch(&watch.client, request, 4 * 1024 * 1024, timeout)
+        .await
+        .map_err(|error| {
+            tracing::debug!(url = %format!("{base}{path}"), %error, "scrape failed");
+        })
+}
+
+/// Scrapes one endpoint now: whether its engine answered (any HTTP status), `None` when the
+/// endpoint has left the pool.
+pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<bool> {
+    let base = watch.pool.base_of(id)?;
+    let sent_at = watch.pool.clock().now();
+    let name = watch
+        .pool
+        .name_of(id)
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    // The engine's own verdict first: vLLM and SGLang answer /health with 200 when serving and
+    // 5xx when not (the emulated engine's `drain` fault too). No /health (404) says nothing.
+    let health = get(watch, &base, "/health").await;
+    if let Ok((status, _)) = &health {
+        watch.pool.reported_health(id, !status.is_server_error());
+    }
+    let reached = health.is_ok();
+    let metrics = match health {
+        Ok(_) => get(watch, &base, "/metrics").await,
+        Err(()) => Err(()),
+    };
+    match metrics {
+        Ok((status, body)) => {
+            let (observation, run) = status
+                .is_success()
+                .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
+                .flatten()
+                .unwrap_or_default();
+            if watch.pool.incarnation(id, run) {
+                restarted(watch, id, &name);
+            }
+            watch.pool.observed(id, observation, sent_at);
+            watch
+                .metrics
+                .scrapes
+                .get_or_create(&crate::metrics::ScrapeLabels {
+                    endpoint: name,
+                    result: "ok",
+                })
+                .inc();
+        }
+        Err(()) => {
+            let unhealthy = watch.pool.scrape_failed(id, watch.scrape.unhealthy_after);
+            if unhealthy && !reached {
+                // An engine that died between requests breaks no stream: this is the first
+                // sign that its sessions' cache is gone.
+                watch.losses.lost(id);
+            }
+            watch
+                .metrics
+                .scrapes
+                .get_or_create(&crate::metrics::ScrapeLabels {
+                    endpoint: name,
+                    result: "error",
+                })
+                .inc();
+            return Some(reached);
+        }
+    }
+    if watch.pool.needs_models(id) {
+        if let Ok((status, body)) = get(watch, &base, "/v1/models").await {
+            let models = parse_models(&body);
+            if status.is_success() && !models.is_empty() {
+                watch.pool.set_models(id, models);
+            }
+        }
+    }
+    Some(true)
+}
+
+/// The engine at `id` restarted: the pool has forgotten what the index held there; its
+/// sessions are re-homed when that is on (a restart loses a cache as a crash does).
+fn restarted(watch: &EngineWatch, id: EndpointId, name: &str) {
+    tracing::info!(endpoint = %name, "engine restarted; its cached prefixes are forgotten");
+    let label = crate::metrics::endpoint(name);
+    watch.metrics.restarts.get_or_create(&label).inc();
+    watch.losses.lost(id);
+}
+
+/// Starts the scrape loop of one endpoint; it ends when the endpoint leaves the pool or the
+/// gateway stops.
+pub(crate) fn spawn(watch: EngineWatch, id: EndpointId) {
+    let mut stop = watch.stop.clone();
+    tokio::spawn(async move {
+        let interval = Duration::from_millis(watch.scrape.interval_ms);
+        // First scrape at once (a new endpoint needs its model and health), then a random phase.
+        if scrape_once(&watch, id).await.is_none() {
+            return;
+        }
+        let mut next = tokio::time::Instant::now() + watch.pool.jitter(interval);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                _ = stop.changed() => return,
+            }
+            next += interval;
+            if scrape_once(&watch, id).await.is_none() {
+                return;
+            }
+        }
+    });
+}
+
+/// Engine metrics scraping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrapeConfig {
+    /// Period of each endpoint's scrape; each loop starts at a random phase within it.
+    pub interval_ms: u64,
+    /// Timeout of one scrape.
+    pub timeout_ms: u64,
+    /// Consecutive failed scrapes after which an endpoint is unhealthy.
+    pub unhealthy_after: u32,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        ScrapeConfig {
+            interval_ms: 500,
+            timeout_ms: 1_000,
+            unhealthy_after: 2,
+        }
+    }
+}
+
+impl ScrapeConfig {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        // Both are added to `Instant`s, which overflow far below u64::MAX milliseconds; a day
+        // is beyond any useful period or timeout.
+        const DAY_MS: u64 = 86_400_000;
+        if !(1..=DAY_MS).contains(&self.interval_ms) {
+            return Err(ConfigError::invalid(
+                "scrape.interval_ms",
+                "must be between 1 and 86400000",
+            ));
+        }
+        if !(1..=DAY_MS).contains(&self.timeout_ms) {
+            return Err(ConfigError::invalid(
+                "scrape.timeout_ms",
+                "must be between 1 and 86400000",
+            ));
+        }
+        Ok(())
+    }
+}
