@@ -132,6 +132,10 @@ fn immediate(r: &ProcessingResponse) -> (i32, String) {
 }
 
 fn picker(engines: &[&Proc]) -> (Proc, String) {
+    picker_with(engines, &[])
+}
+
+fn picker_with(engines: &[&Proc], extra: &[&str]) -> (Proc, String) {
     let mut args = vec![
         "epp",
         "--listen",
@@ -147,6 +151,7 @@ fn picker(engines: &[&Proc]) -> (Proc, String) {
         args.push("--endpoint");
         args.push(&e.url);
     }
+    args.extend_from_slice(extra);
     let p = spawn(&args, "kvgate epp listening on");
     let metrics = p
         .line
@@ -408,4 +413,108 @@ async fn readiness_follows_the_pool_and_liveness_stays() {
     assert_eq!(status("liveness").await, serving);
     let service = "envoy.service.ext_proc.v3.ExternalProcessor";
     assert_eq!(status(service).await, not_serving);
+}
+
+/// The access log's lines once it has `n`.
+fn access_lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        if lines.len() >= n {
+            return lines
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_applies_keys_and_rate_limits_and_writes_the_access_log() {
+    let e0 = engine("e0", "0", &[]);
+    let dir = std::env::temp_dir().join(format!("kvgate-epp-tenancy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let _ = std::fs::remove_file(&log);
+    let yaml = format!(
+        "tenancy:\n  keys:\n    - {{name: alpha, key_sha256: \"{}\", tenant: team-a, limits: {{rpm: 1}}}}\n",
+        support::sha256("kvg-alpha")
+    );
+    let config = support::config_file("epp-tenancy", &yaml);
+    let (epp, _) = picker_with(
+        &[&e0],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let payload =
+        br#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}"#;
+    let keyed = |key: &'static str| {
+        let mut h = CHAT.to_vec();
+        h.push(("authorization", key));
+        h
+    };
+
+    // No key: refused before the body is parsed, as `kvgate serve` refuses it.
+    let mut s = Stream::open(&epp.url).await;
+    s.send(
+        headers(CHAT, false, false),
+        Some((FULL_DUPLEX_STREAMED, None)),
+    )
+    .await;
+    s.send(body(payload, true, false), None).await;
+    let (status, error) = immediate(&s.next().await);
+    assert_eq!(status, 401, "{error}");
+
+    // The key: picked; the answer streams back through the picker and settles the request.
+    let mut s = Stream::open(&epp.url).await;
+    s.send(
+        headers(&keyed("Bearer kvg-alpha"), false, false),
+        Some((FULL_DUPLEX_STREAMED, None)),
+    )
+    .await;
+    s.send(body(payload, true, false), None).await;
+    assert_eq!(destination(&s.next().await), host_port(&e0.url));
+    let _body = s.next().await;
+    s.send(headers(&[(":status", "200")], false, true), None)
+        .await;
+    let _ = s.next().await;
+    let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\ndata: [DONE]\n\n";
+    s.send(body(sse, true, true), None).await;
+    let _ = s.next().await;
+
+    // The key's limit of one request a minute is spent: 429 from the picker.
+    let mut s = Stream::open(&epp.url).await;
+    s.send(
+        headers(&keyed("Bearer kvg-alpha"), false, false),
+        Some((FULL_DUPLEX_STREAMED, None)),
+    )
+    .await;
+    s.send(body(payload, true, false), None).await;
+    let (status, error) = immediate(&s.next().await);
+    assert_eq!(status, 429, "{error}");
+
+    let lines = access_lines(&log, 3);
+    let by_status = |code: u64| {
+        lines
+            .iter()
+            .find(|l| l["status"] == code)
+            .unwrap_or_else(|| panic!("no {code} in {lines:?}"))
+    };
+    assert_eq!(by_status(401)["outcome"], "refused");
+    assert_eq!(by_status(429)["outcome"], "refused");
+    let ok = by_status(200);
+    assert_eq!(ok["outcome"], "ok", "{ok}");
+    assert_eq!(ok["tenant"], "team-a", "{ok}");
+    assert_eq!(ok["endpoint"], host_port(&e0.url).as_str(), "{ok}");
+    assert_eq!(ok["prompt_tokens"], 9, "{ok}");
+    assert_eq!(ok["output_tokens"], 2, "{ok}");
+    assert_eq!(ok["attempts"], 1, "{ok}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -105,6 +105,11 @@ impl Dispatch {
         }
     }
 
+    /// Whether the client asked for a stream.
+    pub(crate) fn stream(&self) -> bool {
+        self.stream
+    }
+
     /// The first bytes of a 2xx answer arrived.
     pub(crate) fn first_token(&mut self) {
         let now = self.shared.pool.clock().now();

@@ -113,6 +113,19 @@ impl Ending {
         self.outcome = outcome;
     }
 
+    /// The answer ended: an `ok` one with `usage` as the client saw it (`None` when the engine
+    /// sent none) and `tokens` output tokens counted on the stream; one that was not ok (an
+    /// error status passed through) ends as an upstream error, its body's "tokens" not output.
+    pub(crate) fn answered(&mut self, ok: bool, usage: Option<Usage>, tokens: u32) {
+        if ok {
+            self.facts.usage = usage;
+            self.facts.output_tokens = Some(usage.map_or(tokens, |u| u.output_tokens));
+            self.outcome = Outcome::Ok;
+        } else {
+            self.outcome = Outcome::UpstreamError;
+        }
+    }
+
     /// Names the endpoint that answered (or last failed).
     pub(crate) fn at(&mut self, endpoint: Arc<str>) {
         self.endpoint = Some(endpoint);

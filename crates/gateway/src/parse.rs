@@ -6,13 +6,12 @@
 //! prompt for completions. Two turns of one conversation therefore share a text prefix (prefix
 //! caching keys on the leading tokens).
 
-use crate::error::{ApiError, ConfigError};
+use crate::error::ApiError;
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use kvgate_core::request::estimate_tokens;
 use kvgate_core::{Priority, Prompt, ReasoningEffort, Request};
 use kvgate_tokenize::ChatTokenizer;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -93,24 +92,7 @@ pub fn parse_with<'t>(
     limits: &RequestConfig,
     tokenizer_for: impl FnOnce(Option<&str>) -> Option<&'t ChatTokenizer>,
 ) -> Result<Inference, ApiError> {
-    if body.len() > limits.max_body_bytes {
-        return Err(ApiError::too_large(limits.max_body_bytes));
-    }
-    if let Err(e) = std::str::from_utf8(&body) {
-        return Err(ApiError::invalid(
-            "invalid_encoding",
-            format!("the body is not valid UTF-8 (at byte {})", e.valid_up_to()),
-        ));
-    }
-    let value: Value = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}"))
-    })?;
-    let Value::Object(mut fields) = value else {
-        return Err(ApiError::invalid(
-            "invalid_type",
-            "the body must be a JSON object",
-        ));
-    };
+    let mut fields = json_object(&body, limits.max_body_bytes)?;
     let model = optional_str(&fields, "model")?.map(str::to_string);
     let stream = match fields.get("stream") {
         None | Some(Value::Null) => false,
@@ -127,17 +109,10 @@ pub fn parse_with<'t>(
     let mut prompt_tokens = estimate_tokens(&text);
     let mut tokens = None;
     let tokenized = tokenizer_for(model.as_deref()).map(|tokenizer| {
-        let started = std::time::Instant::now();
-        let ids = match api {
-            Api::Chat => tokenizer.chat_prompt(&fields),
-            Api::Completions => tokenizer.completion_prompt(&fields),
-        };
-        ids.map(|ids| {
-            prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-            tokens = Some(ids);
-            started.elapsed()
-        })
-        .map_err(|e| e.to_string())
+        let (ids, took) = tokenize(tokenizer, api, &fields)?;
+        prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        tokens = Some(ids);
+        Ok(took)
     });
     let session = session(headers, &fields, limits);
     let unresumable = resumable::unresumable(api, stream, &fields);
@@ -163,18 +138,7 @@ pub fn parse_with<'t>(
             _ => Priority::Interactive,
         },
     };
-    let deadline = match header_str(headers, &limits.deadline_header) {
-        None => None,
-        Some(v) => Some(Duration::from_millis(v.trim().parse().map_err(|_| {
-            ApiError::invalid(
-                "invalid_header",
-                format!(
-                    "{} must be a whole number of milliseconds",
-                    limits.deadline_header
-                ),
-            )
-        })?)),
-    };
+    let deadline = deadline(headers, &limits.deadline_header)?;
     Ok(Inference {
         api,
         body,
@@ -186,6 +150,58 @@ pub fn parse_with<'t>(
         tokenized,
         unresumable,
     })
+}
+
+/// The body as a JSON object, or the error that says why it is not one.
+fn json_object(body: &[u8], max_bytes: usize) -> Result<Map<String, Value>, ApiError> {
+    if body.len() > max_bytes {
+        return Err(ApiError::too_large(max_bytes));
+    }
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(ApiError::invalid(
+            "invalid_encoding",
+            format!("the body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        ));
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    match value {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(ApiError::invalid(
+            "invalid_type",
+            "the body must be a JSON object",
+        )),
+    }
+}
+
+/// The prompt's token ids as the engine will encode them, and how long that took.
+fn tokenize(
+    tokenizer: &ChatTokenizer,
+    api: Api,
+    fields: &Map<String, Value>,
+) -> Result<(Vec<u32>, Duration), String> {
+    let started = std::time::Instant::now();
+    let ids = match api {
+        Api::Chat => tokenizer.chat_prompt(fields),
+        Api::Completions => tokenizer.completion_prompt(fields),
+    };
+    ids.map(|ids| (ids, started.elapsed()))
+        .map_err(|e| e.to_string())
+}
+
+/// The request's deadline from the `header` naming it in milliseconds, if present.
+fn deadline(headers: &HeaderMap, header: &str) -> Result<Option<Duration>, ApiError> {
+    let Some(v) = header_str(headers, header) else {
+        return Ok(None);
+    };
+    let ms = v.trim().parse().map_err(|_| {
+        ApiError::invalid(
+            "invalid_header",
+            format!("{header} must be a whole number of milliseconds"),
+        )
+    })?;
+    Ok(Some(Duration::from_millis(ms)))
 }
 
 /// The session: the first of the session headers present, else the first body field that is
@@ -447,63 +463,10 @@ fn tenant(headers: &HeaderMap, tenant_header: &str) -> Option<String> {
     (!key.is_empty()).then(|| format!("key:{:016x}", xxh3_64(key.as_bytes())))
 }
 
-/// Request parsing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RequestConfig {
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
-    /// Largest accepted `max_tokens` / `max_completion_tokens`.
-    pub max_tokens_limit: u64,
-    /// Header naming the tenant; else the hashed API key.
-    pub tenant_header: String,
-    /// Header naming the session.
-    pub session_header: String,
-    /// Further headers read as the session when `session_header` is absent, in order (the
-    /// conventions of other gateways and SDKs).
-    pub session_fallback_headers: Vec<String>,
-    /// Top-level body fields read as the session when no header names one (OpenAI's `user`
-    /// identifies the end user, whose conversations share a prefix).
-    pub session_body_fields: Vec<String>,
-    /// Ask streaming upstreams for a final usage chunk (`stream_options.include_usage`) when the
-    /// client did not, and strip that chunk from what the client receives: usage's
-    /// `cached_tokens` is how kvgate learns whether its cache prediction held.
-    pub stream_usage: bool,
-    /// Header carrying the request's deadline in milliseconds from arrival.
-    pub deadline_header: String,
-    /// Header carrying the priority (`interactive` or `batch`).
-    pub priority_header: String,
-}
-
-impl Default for RequestConfig {
-    fn default() -> Self {
-        RequestConfig {
-            max_body_bytes: 8 * 1024 * 1024,
-            max_tokens_limit: 1 << 20,
-            tenant_header: "x-kvgate-tenant".into(),
-            session_header: "x-kvgate-session".into(),
-            session_fallback_headers: vec!["x-session-id".into(), "session_id".into()],
-            session_body_fields: vec!["user".into()],
-            stream_usage: true,
-            deadline_header: "x-kvgate-deadline-ms".into(),
-            priority_header: "x-kvgate-priority".into(),
-        }
-    }
-}
-
-impl RequestConfig {
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_body_bytes == 0 {
-            return Err(ConfigError::invalid(
-                "requests.max_body_bytes",
-                "must be positive",
-            ));
-        }
-        Ok(())
-    }
-}
-
+mod config;
 mod resumable;
+
+pub use config::RequestConfig;
 
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,7 @@
 mod link;
 mod metrics;
 mod peers;
+mod receiver;
 mod wire;
 
 pub use metrics::ClusterMetrics;

@@ -3,12 +3,20 @@
 //! refuse, 503 when no endpoint can take it), then the response passes through and tells the
 //! pool what a proxied request would have told it (first token, usage, end). A stream that
 //! ends before the response did leaves a cancelled dispatch, as a client that went away does.
+//!
+//! The request passes the proxy's first stages on the same code (`crate::proxy`): the client's
+//! key, the body parsed, tenancy's lease (rate limits, budgets); its [`Ending`] writes the access
+//! log line, the request metrics and the span, and settles the lease, as a proxied request's
+//! does. The admission queue and the agent controls' holds are not applied: the data plane
+//! waits on the picker's answer within its message timeout (Envoy's ext_proc: 200 ms by
+//! default), so a picker does not queue.
 
 use super::wire;
 use crate::dispatch::Dispatch;
+use crate::ending::Ending;
 use crate::error::ApiError;
-use crate::parse::Api;
 use crate::pool::Attempt;
+use crate::proxy::{admit, intake};
 use crate::relay::SseEvents;
 use crate::state::Shared;
 use crate::usage::UsageTail;
@@ -16,10 +24,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::BytesMut;
 use envoy_types::pb::envoy::config::core::v3::HeaderMap as EnvoyHeaders;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request::Request, ProcessingRequest, ProcessingResponse,
+    processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
+use kvgate_core::resilience::Outcome;
 use kvgate_core::EndpointId;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// `ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED`: the proxy streams the body without
@@ -40,6 +48,8 @@ pub(crate) struct Exchange {
     first: bool,
     usage: UsageTail,
     events: SseEvents,
+    /// How the request ends, from its headers' arrival; dropped (written) when it ended.
+    ending: Option<Ending>,
 }
 
 impl Exchange {
@@ -56,6 +66,7 @@ impl Exchange {
             first: false,
             usage: UsageTail::default(),
             events: SseEvents::default(),
+            ending: None,
         }
     }
 
@@ -71,78 +82,97 @@ impl Exchange {
             self.subset = Some(subset);
         }
         match message.request {
-            Some(Request::RequestHeaders(h)) => {
-                self.read_headers(h.headers.as_ref());
-                if h.end_of_stream {
-                    let error =
-                        ApiError::invalid("invalid_body", "an inference request needs a body");
-                    return vec![self.refuse(&error, "bad_request")];
-                }
-                // Buffered: the body comes once the headers are answered, and the pick rides on
-                // the body's answer. Full duplex: the headers wait for the pick.
-                if self.duplex.0 {
-                    Vec::new()
-                } else {
-                    vec![wire::headers_continue()]
-                }
-            }
+            Some(Request::RequestHeaders(h)) => self.request_headers(&h),
             Some(Request::RequestBody(b)) => {
                 self.body.extend_from_slice(&b.body);
                 let limit = self.shared.config.requests.max_body_bytes;
                 if self.body.len() > limit {
-                    return vec![self.refuse(&ApiError::too_large(limit), "bad_request")];
+                    let error = ApiError::too_large(limit);
+                    return vec![self.refuse(&error, "bad_request", Some(Outcome::ClientError))];
                 }
                 if !b.end_of_stream {
                     return Vec::new();
                 }
                 self.pick()
             }
-            Some(Request::ResponseHeaders(h)) => {
-                let status = h
-                    .headers
-                    .iter()
-                    .flat_map(|m| &m.headers)
-                    .find(|v| v.key == ":status")
-                    .and_then(|v| header_text(v).parse::<u16>().ok());
-                if let (Some(status), Some(d)) = (status, &self.dispatch) {
-                    if !(200..300).contains(&status) {
-                        self.ok = false;
-                        d.refused(status);
-                    }
-                }
-                if h.end_of_stream {
-                    self.complete();
-                }
-                vec![wire::response_headers_continue()]
-            }
-            Some(Request::ResponseBody(b)) => {
-                if !b.body.is_empty() {
-                    if let Some(d) = self.dispatch.as_mut().filter(|_| self.ok) {
-                        // Each later piece of a stream is an engine iteration, as in a relayed
-                        // stream: it ticks the endpoint's iteration clock.
-                        if self.first {
-                            d.tokens();
-                        } else {
-                            self.first = true;
-                            d.first_token();
-                        }
-                    }
-                    self.usage.feed(&b.body);
-                    self.events.feed(&b.body);
-                }
-                if b.end_of_stream {
-                    self.complete();
-                }
-                vec![if self.duplex.1 {
-                    wire::streamed_body(b.body, b.end_of_stream, false)
-                } else {
-                    wire::response_body_continue()
-                }]
-            }
+            Some(Request::ResponseHeaders(h)) => self.response_headers(&h),
+            Some(Request::ResponseBody(b)) => self.response_body(b),
             Some(Request::RequestTrailers(_)) | Some(Request::ResponseTrailers(_)) | None => {
                 Vec::new()
             }
         }
+    }
+
+    /// The request's headers: it arrived.
+    fn request_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
+        self.read_headers(h.headers.as_ref());
+        let mut ending = Ending::new(self.shared.clone());
+        ending.client_request_id(self.headers.get("x-request-id"));
+        ending.trace(&self.headers);
+        self.ending = Some(ending);
+        if h.end_of_stream {
+            let error = ApiError::invalid("invalid_body", "an inference request needs a body");
+            return vec![self.refuse(&error, "bad_request", Some(Outcome::ClientError))];
+        }
+        // Buffered: the body comes once the headers are answered, and the pick rides on the
+        // body's answer. Full duplex: the headers wait for the pick.
+        if self.duplex.0 {
+            Vec::new()
+        } else {
+            vec![wire::headers_continue()]
+        }
+    }
+
+    /// The response's headers: a status other than 2xx passes to the client as it is.
+    fn response_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
+        let status = h
+            .headers
+            .iter()
+            .flat_map(|m| &m.headers)
+            .find(|v| v.key == ":status")
+            .and_then(|v| header_text(v).parse::<u16>().ok());
+        if let (Some(status), Some(d)) = (status, &self.dispatch) {
+            if !(200..300).contains(&status) {
+                self.ok = false;
+                d.refused(status);
+            }
+        }
+        if let Some(e) = &mut self.ending {
+            e.facts().status = status;
+        }
+        if h.end_of_stream {
+            self.complete();
+        }
+        vec![wire::response_headers_continue()]
+    }
+
+    /// A piece of the response's body: its first is the first token; each later piece of a
+    /// stream is an engine iteration, as in a relayed stream, and ticks the endpoint's
+    /// iteration clock.
+    fn response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        if !b.body.is_empty() {
+            if let Some(d) = self.dispatch.as_mut().filter(|_| self.ok) {
+                if self.first {
+                    d.tokens();
+                } else {
+                    self.first = true;
+                    d.first_token();
+                    if let Some(e) = self.ending.as_mut().filter(|_| d.stream()) {
+                        e.facts().first_token = Some(std::time::Instant::now());
+                    }
+                }
+            }
+            self.usage.feed(&b.body);
+            self.events.feed(&b.body);
+        }
+        if b.end_of_stream {
+            self.complete();
+        }
+        vec![if self.duplex.1 {
+            wire::streamed_body(b.body, b.end_of_stream, false)
+        } else {
+            wire::response_body_continue()
+        }]
     }
 
     fn read_headers(&mut self, headers: Option<&EnvoyHeaders>) {
@@ -158,35 +188,56 @@ impl Exchange {
         }
     }
 
-    /// The body is complete: parse it as the gateway would, pick, and answer with the pick.
+    /// The body is complete: the proxy's first stages (key, parse, lease), then the pick.
     fn pick(&mut self) -> Vec<ProcessingResponse> {
         let path = self.path.split('?').next().unwrap_or_default();
-        let api = if path.ends_with("/chat/completions") {
-            Api::Chat
-        } else if path.ends_with("/completions") {
-            Api::Completions
-        } else {
+        let Some(api) = intake::api_of(path) else {
             let error = ApiError::invalid(
                 "invalid_path",
                 format!("{path:?} is not /v1/chat/completions or /v1/completions"),
             );
-            return vec![self.refuse(&error, "bad_request")];
+            return vec![self.refuse(&error, "bad_request", Some(Outcome::ClientError))];
+        };
+        let key = match intake::identify(&self.shared, &self.headers) {
+            Ok(key) => key,
+            Err(e) => return vec![self.refuse(&e, "refused", Some(Outcome::Refused))],
         };
         let body = std::mem::take(&mut self.body).freeze();
-        let inference =
-            match crate::proxy::intake::parse(&self.shared, api, &self.headers, body.clone()) {
-                Ok(i) => i,
-                Err(e) => return vec![self.refuse(&e, "bad_request")],
-            };
+        let mut inference = match intake::parse(&self.shared, api, &self.headers, body.clone()) {
+            Ok(i) => i,
+            Err(e) => return vec![self.refuse(&e, "bad_request", Some(Outcome::ClientError))],
+        };
+        let Some(ending) = self.ending.as_mut() else {
+            return Vec::new(); // a body before its headers: the stream is broken
+        };
+        ending.describe(&inference.request, inference.api, inference.stream);
+        let arrived = self.shared.pool.clock().now();
+        if let Err(e) = admit::lease(&self.shared, key, &mut inference, arrived, ending) {
+            // The lease set the outcome.
+            return vec![self.refuse(&e, "refused", None)];
+        }
         let mut request = inference.request;
-        request.id = self.shared.next_request.fetch_add(1, Ordering::Relaxed);
+        request.id = ending.id();
         let outside = self.outside_subset();
         let picked = match self.shared.pool.pick(&request, &outside, Attempt::First) {
             Ok(t) => t,
-            Err(r) => return vec![self.refuse(&ApiError::no_endpoint(r), "no_endpoint")],
+            Err(r) => {
+                let error = ApiError::no_endpoint(r);
+                return vec![self.refuse(&error, "no_endpoint", Some(Outcome::NoEndpoint))];
+            }
         };
         let address = address(&picked.base);
         self.count("picked");
+        if let Some(ending) = &mut self.ending {
+            ending.at(picked.name.clone());
+            let facts = ending.facts();
+            facts.attempts = 1;
+            facts.decision = Some(picked.decision.clone());
+            facts.prediction = picked.prediction;
+            facts.price = picked
+                .price
+                .or_else(|| self.shared.tenancy.price(request.model.as_deref()));
+        }
         self.dispatch = Some(Dispatch::new(
             self.shared.clone(),
             request.id,
@@ -217,8 +268,20 @@ impl Exchange {
             .collect()
     }
 
-    fn refuse(&self, error: &ApiError, why: &'static str) -> ProcessingResponse {
+    /// Answers at once with `error`; the request ends with `outcome` (`None`: already set).
+    fn refuse(
+        &mut self,
+        error: &ApiError,
+        why: &'static str,
+        outcome: Option<Outcome>,
+    ) -> ProcessingResponse {
         self.count(why);
+        if let Some(mut ending) = self.ending.take() {
+            if let Some(outcome) = outcome {
+                ending.set(outcome);
+            }
+            ending.facts().status = Some(error.status.as_u16());
+        }
         wire::immediate(error)
     }
 
@@ -236,6 +299,9 @@ impl Exchange {
             let usage = self.usage.usage();
             let tokens = usage.map_or_else(|| self.events.finish(), |u| u.output_tokens);
             d.complete(if self.ok { tokens } else { 0 }, usage.filter(|_| self.ok));
+            if let Some(mut ending) = self.ending.take() {
+                ending.answered(self.ok, usage, tokens);
+            }
         }
     }
 }

@@ -27,15 +27,28 @@ pub(crate) struct Admitted {
     pub(crate) keyed: bool,
 }
 
-/// Admits `inference` of the client with `key`, arrived at `arrived`; the lease goes to
-/// `ending`, which settles it when the request ends.
-pub(crate) async fn admit(
+/// What tenancy granted a request: the response's `x-ratelimit-*`, and what the queue needs.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    /// `x-ratelimit-*` for the response.
+    pub(crate) ratelimit_headers: Box<[(&'static str, String)]>,
+    tenant: String,
+    weight: f64,
+    cost: f64,
+    /// Whether the client presented a key of the gateway's.
+    pub(crate) keyed: bool,
+}
+
+/// The part of admission that never waits, the endpoint picker's whole: the model must be
+/// served somewhere and tenancy must grant a lease (key, rate limits, budgets), which goes to
+/// `ending` to be settled when the request ends.
+pub(crate) fn lease(
     shared: &Shared,
     key: Option<Arc<KeyConfig>>,
     inference: &mut Inference,
     arrived: Nanos,
     ending: &mut Ending,
-) -> Result<Admitted, ApiError> {
+) -> Result<Leased, ApiError> {
     if let Some(model) = &inference.request.model {
         if !shared.pool.serves(model) {
             ending.set(Outcome::ClientError);
@@ -46,14 +59,33 @@ pub(crate) async fn admit(
         .tenancy
         .admit(key, &mut inference.request, arrived)
         .inspect_err(|_| ending.set(Outcome::Refused))?;
-    let ratelimit_headers = std::mem::take(&mut lease.ratelimit_headers);
-    let (tenant, weight, cost, keyed) = (
-        lease.tenant.clone(),
-        lease.weight,
-        lease.admission_cost(&shared.tenancy),
-        lease.keyed,
-    );
+    let leased = Leased {
+        ratelimit_headers: std::mem::take(&mut lease.ratelimit_headers),
+        tenant: lease.tenant.clone(),
+        weight: lease.weight,
+        cost: lease.admission_cost(&shared.tenancy),
+        keyed: lease.keyed,
+    };
     ending.lease(lease);
+    Ok(leased)
+}
+
+/// Admits `inference` of the client with `key`, arrived at `arrived`: its [`lease`], then the
+/// agent controls' hold and the queue.
+pub(crate) async fn admit(
+    shared: &Shared,
+    key: Option<Arc<KeyConfig>>,
+    inference: &mut Inference,
+    arrived: Nanos,
+    ending: &mut Ending,
+) -> Result<Admitted, ApiError> {
+    let Leased {
+        ratelimit_headers,
+        tenant,
+        weight,
+        cost,
+        keyed,
+    } = lease(shared, key, inference, arrived, ending)?;
     // Before the queue: a held call takes no slot while it waits.
     let queue_timeout = Duration::from_millis(shared.config.admission.queue_timeout_ms);
     let held = shared

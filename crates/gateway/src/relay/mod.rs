@@ -163,17 +163,7 @@ impl Tracked {
                 None => self.events.finish(),
             };
             d.complete(tokens, engine);
-            if self.ok {
-                // An error body's "tokens" are not output.
-                let facts = self.ending.facts();
-                facts.usage = usage;
-                facts.output_tokens = Some(usage.map_or(tokens, |u| u.output_tokens));
-            }
-            self.ending.set(if self.ok {
-                Outcome::Ok
-            } else {
-                Outcome::UpstreamError
-            });
+            self.ending.answered(self.ok, usage, tokens);
         }
         self._permit = None;
     }

@@ -15,6 +15,8 @@ pub(crate) mod budget;
 mod fanout;
 mod hold;
 pub(crate) mod keys;
+mod limits;
+mod manage;
 mod sessions;
 mod shared;
 
@@ -95,48 +97,6 @@ pub(crate) struct Tenancy {
     metrics: TenantMetrics,
     /// Where limits taken and spend settled go to peer replicas, in a cluster.
     outbox: std::sync::OnceLock<Arc<dyn shared::Announcer>>,
-}
-
-fn rate_limited(e: &Exceeded, tenant: &str) -> ApiError {
-    let secs = e.retry_after.as_secs_f64();
-    let mut err = ApiError::rate_limited(format!(
-        "rate limit of {} {} per minute reached for {tenant}; retry in {:.1} s",
-        e.limit,
-        e.kind.label().replace('_', " "),
-        secs
-    ));
-    err.retry_after_secs = Some(secs.ceil().max(1.0) as u64);
-    err
-}
-
-/// OpenAI's `x-ratelimit-*` headers for the limiter's rates.
-fn ratelimit_headers(l: &mut RateLimiter, now: Nanos) -> Vec<(&'static str, String)> {
-    use kvgate_core::tenancy::LimitKind::*;
-    let mut out = Vec::new();
-    for (kind, limit, remaining, reset) in l.snapshot(now) {
-        let (l_name, r_name, t_name) = match kind {
-            Requests => (
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-            ),
-            InputTokens => (
-                "x-ratelimit-limit-input-tokens",
-                "x-ratelimit-remaining-input-tokens",
-                "x-ratelimit-reset-input-tokens",
-            ),
-            OutputTokens => (
-                "x-ratelimit-limit-output-tokens",
-                "x-ratelimit-remaining-output-tokens",
-                "x-ratelimit-reset-output-tokens",
-            ),
-            Concurrency => continue,
-        };
-        out.push((l_name, format!("{limit:.0}")));
-        out.push((r_name, format!("{:.0}", remaining.floor())));
-        out.push((t_name, format!("{reset:.3}s")));
-    }
-    out
 }
 
 impl Tenancy {
@@ -331,62 +291,6 @@ impl Tenancy {
         })
     }
 
-    /// Checks every scope, then commits to all of them; the ids committed and the first one's
-    /// `x-ratelimit-*` headers.
-    fn take_limits(
-        &self,
-        scopes: &[(String, &LimitsConfig)],
-        estimate: &Charge,
-        now: Nanos,
-        label: &str,
-        tenant: &str,
-    ) -> Result<(Vec<String>, Headers), ApiError> {
-        if scopes.is_empty() {
-            return Ok((Vec::new(), Box::new([])));
-        }
-        let weights = self.config.charge.weights;
-        let mut limiters = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, config) in scopes {
-            let l = limiters
-                .entry(id.clone())
-                .or_insert_with(|| RateLimiter::new(config, weights, now));
-            if let Err(e) = l.check(now, estimate) {
-                self.refuse(label, e.kind.label());
-                let mut err = rate_limited(&e, if tenant.is_empty() { id } else { tenant });
-                err.headers = ratelimit_headers(l, now).into_boxed_slice();
-                return Err(err);
-            }
-        }
-        let mut ids = Vec::with_capacity(scopes.len());
-        let mut headers = Vec::new();
-        for (id, _) in scopes {
-            if let Some(l) = limiters.get_mut(id) {
-                l.commit(now, estimate);
-                if ids.is_empty() {
-                    headers = ratelimit_headers(l, now);
-                }
-                ids.push(id.clone());
-            }
-        }
-        drop(limiters);
-        self.share_limits(&ids, 1.0, estimate, &Charge::default());
-        Ok((ids, headers.into_boxed_slice()))
-    }
-
-    fn release_limits(&self, ids: &[String], estimate: &Charge, actual: &Charge, now: Nanos) {
-        if ids.is_empty() {
-            return;
-        }
-        let mut limiters = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
-        for id in ids {
-            if let Some(l) = limiters.get_mut(id) {
-                l.settle(now, estimate, actual);
-            }
-        }
-        drop(limiters);
-        self.share_limits(ids, 0.0, actual, estimate);
-    }
-
     /// The request ended having used `actual`: limits, budgets and metrics learn it. Returns
     /// the weighted service still to charge to the fair queue (what `actual` weighs minus what
     /// admission and streaming charged). Budgets in dollars are charged at `price`, the
@@ -493,80 +397,5 @@ impl Tenancy {
     /// Whether anything needs flushing at all.
     pub(crate) fn persists(&self) -> bool {
         self.budgets.store().is_some()
-    }
-
-    /// Keys, limits, budgets and sessions, for the admin status.
-    pub(crate) fn status(&self, now: Nanos) -> serde_json::Value {
-        let mut limiters = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
-        let limits: serde_json::Map<String, serde_json::Value> = limiters
-            .iter_mut()
-            .map(|(id, l)| {
-                let rates: Vec<_> = l
-                    .snapshot(now)
-                    .into_iter()
-                    .map(|(kind, limit, remaining, reset)| {
-                        serde_json::json!({"limit": kind.label(), "per_minute": limit, "remaining": remaining, "full_in_secs": reset})
-                    })
-                    .collect();
-                (id.clone(), serde_json::json!({"rates": rates, "in_flight": l.in_flight()}))
-            })
-            .collect();
-        drop(limiters);
-        let budgets: Vec<_> = self
-            .accounts()
-            .into_iter()
-            .map(|(id, b)| {
-                let (spent, reserved) = self.budgets.usage(&id);
-                serde_json::json!({"account": id, "tokens": b.tokens, "usd": b.usd, "spent": spent, "in_flight": reserved})
-            })
-            .collect();
-        serde_json::json!({
-            "keys_required": self.keys.enforced(),
-            "keys": self.keys_json(),
-            "tenants": self.config.tenants,
-            "limits": limits,
-            "budgets": budgets,
-            "sessions_capped": self.sessions.as_ref().map(SessionCaps::active),
-            "fanout_prefixes_tracked": self.fanout.as_ref().map(FanoutGate::tracked),
-        })
-    }
-
-    /// Every key as the admin API shows it: never the digest.
-    pub(crate) fn keys_json(&self) -> Vec<serde_json::Value> {
-        self.keys
-            .list()
-            .iter()
-            .map(|k| serde_json::json!({"name": k.name, "tenant": k.tenant.as_deref().unwrap_or(&k.name), "models": k.models, "limits": k.limits, "budget": k.budget}))
-            .collect()
-    }
-
-    /// Adds a key through the admin API (persisted when there is a store).
-    pub(crate) fn add_key(&self, key: KeyConfig) -> Result<(), ApiError> {
-        let bad = |why: String| ApiError::invalid("invalid_value", why);
-        key.check(|f| f.to_owned())
-            .map_err(|e| bad(e.to_string()))?;
-        if key.budget.is_some() && self.budgets.store().is_none() {
-            return Err(bad("budgets need tenancy.store".into()));
-        }
-        if let Some(store) = self.budgets.store() {
-            store
-                .put_key(&key.name, Some(&key))
-                .map_err(|e| ApiError::upstream(e.to_string()))?;
-        }
-        self.named
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.tenant.clone().unwrap_or_else(|| key.name.clone()));
-        self.keys.insert(key).map_err(bad)
-    }
-
-    /// Removes a key; whether it existed.
-    pub(crate) fn remove_key(&self, name: &str) -> Result<bool, ApiError> {
-        if let Some(store) = self.budgets.store() {
-            store
-                .put_key(name, None)
-                .map_err(|e| ApiError::upstream(e.to_string()))?;
-        }
-        Ok(self.keys.remove(name))
     }
 }
