@@ -6,13 +6,13 @@
 
 use crate::metrics::{EndpointLabel, PolicyLabel};
 use crate::observe::otel::{self, LiveSpan};
-use crate::pool::Target;
+use crate::pool::{Attempt, Target};
 use crate::state::Shared;
 use crate::upstream::{self, AttemptError, Ready, Sending};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use kvgate_core::decision::FailureKind;
-use kvgate_core::{Nanos, Usage};
+use kvgate_core::{EndpointId, Nanos, Rejection, Request, Usage};
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use std::future::Future;
@@ -90,8 +90,23 @@ pub(crate) struct Dispatch {
 }
 
 impl Dispatch {
+    /// Starts an attempt: the pool picks an endpoint for `request` among those not `refused`
+    /// (and records the dispatch), and the attempt is tracked from now. Every attempt starts
+    /// here: the proxy's first attempts, retries and hedges, continuations, their staged
+    /// heads, re-homing's warm-ups and the endpoint picker's picks.
+    pub(crate) fn pick(
+        shared: &Arc<Shared>,
+        request: &Request,
+        refused: &[EndpointId],
+        attempt: Attempt,
+        stream: bool,
+    ) -> Result<Self, Rejection> {
+        let target = shared.pool.pick(request, refused, attempt)?;
+        Ok(Dispatch::new(shared.clone(), request.id, target, stream))
+    }
+
     /// Starts tracking an attempt that the pool already recorded as dispatched.
-    pub(crate) fn new(shared: Arc<Shared>, request: u64, target: Target, stream: bool) -> Self {
+    fn new(shared: Arc<Shared>, request: u64, target: Target, stream: bool) -> Self {
         let sent = shared.pool.clock().now();
         Dispatch {
             shared,

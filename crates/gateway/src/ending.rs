@@ -8,6 +8,7 @@ use crate::observe::access_log::AccessRecord;
 use crate::observe::decisions::DecisionRecord;
 use crate::observe::otel::{self, LiveSpan};
 use crate::parse::Api;
+use crate::pool::Target;
 use crate::state::Shared;
 use axum::http::{HeaderMap, HeaderValue};
 use kvgate_core::resilience::Outcome;
@@ -124,6 +125,26 @@ impl Ending {
         } else {
             self.outcome = Outcome::UpstreamError;
         }
+    }
+
+    /// How many attempts ran and what the answering one (`answered`; else the `last`
+    /// decision) went by: its decision, the cache prediction and the price that cost it (its
+    /// deployment's, else `model`'s in `tenancy.prices`).
+    pub(crate) fn attempts(
+        &mut self,
+        count: usize,
+        answered: Option<&Target>,
+        last: Option<Arc<DecisionRecord>>,
+        model: Option<&str>,
+    ) {
+        let price = answered
+            .and_then(|t| t.price)
+            .or_else(|| self.shared.tenancy.price(model));
+        let facts = &mut self.facts;
+        facts.attempts = u32::try_from(count).unwrap_or(u32::MAX);
+        facts.decision = answered.map(|t| t.decision.clone()).or(last);
+        facts.prediction = answered.and_then(|t| t.prediction);
+        facts.price = price;
     }
 
     /// Names the endpoint that answered (or last failed).

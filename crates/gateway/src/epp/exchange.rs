@@ -219,31 +219,22 @@ impl Exchange {
         let mut request = inference.request;
         request.id = ending.id();
         let outside = self.outside_subset();
-        let picked = match self.shared.pool.pick(&request, &outside, Attempt::First) {
-            Ok(t) => t,
-            Err(r) => {
-                let error = ApiError::no_endpoint(r);
-                return vec![self.refuse(&error, "no_endpoint", Some(Outcome::NoEndpoint))];
-            }
-        };
-        let address = address(&picked.base);
+        let stream = inference.stream;
+        let dispatch =
+            match Dispatch::pick(&self.shared, &request, &outside, Attempt::First, stream) {
+                Ok(d) => d,
+                Err(r) => {
+                    let error = ApiError::no_endpoint(r);
+                    return vec![self.refuse(&error, "no_endpoint", Some(Outcome::NoEndpoint))];
+                }
+            };
+        let address = address(&dispatch.target.base);
         self.count("picked");
         if let Some(ending) = &mut self.ending {
-            ending.at(picked.name.clone());
-            let facts = ending.facts();
-            facts.attempts = 1;
-            facts.decision = Some(picked.decision.clone());
-            facts.prediction = picked.prediction;
-            facts.price = picked
-                .price
-                .or_else(|| self.shared.tenancy.price(request.model.as_deref()));
+            ending.at(dispatch.target.name.clone());
+            ending.attempts(1, Some(&dispatch.target), None, request.model.as_deref());
         }
-        self.dispatch = Some(Dispatch::new(
-            self.shared.clone(),
-            request.id,
-            picked,
-            inference.stream,
-        ));
+        self.dispatch = Some(dispatch);
         if self.duplex.0 {
             vec![
                 wire::headers_with_destination(&address),

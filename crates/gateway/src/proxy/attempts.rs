@@ -234,7 +234,9 @@ impl Run {
     /// hedging delay. A retry's backoff is slept before this, so the ledger entry, the
     /// `Dispatched` event, a breaker probe slot and the TTFT clock all start at the send.
     fn launch(&mut self, attempt: Attempt) -> Result<Option<Duration>, Rejection> {
-        let target = self.shared.pool.pick(&self.request, &self.tried, attempt)?;
+        let (request, tried) = (&self.request, &self.tried);
+        let mut dispatch = Dispatch::pick(&self.shared, request, tried, attempt, self.stream)?;
+        let target = &dispatch.target;
         let hedge_after = target.hedge_after;
         self.tried.push(target.id);
         self.last_decision = Some(target.decision.clone());
@@ -242,9 +244,7 @@ impl Run {
             self.hedged_to = Some(target.id);
         }
         let mut forwarded = self.sending.forwarded.clone();
-        let span = self.attempt_span(&target, attempt, &mut forwarded);
-        let mut dispatch = Dispatch::new(self.shared.clone(), self.request.id, target, self.stream);
-        dispatch.span = span;
+        dispatch.span = self.attempt_span(&dispatch.target, attempt, &mut forwarded);
         self.running
             .push(dispatch.send(&self.sending, self.body.clone(), forwarded));
         Ok(hedge_after)
@@ -329,15 +329,14 @@ impl Run {
     /// Tells the access log how many attempts ran and why the last (or the winning one, the
     /// `answered` attempt) went where it went.
     fn account(&self, ending: &mut Ending, answered: Option<&Dispatch>) {
-        let facts = ending.facts();
-        facts.attempts = u32::try_from(self.tried.len()).unwrap_or(u32::MAX);
-        facts.decision = answered
-            .map(|d| d.target.decision.clone())
-            .or_else(|| self.last_decision.clone());
-        facts.prediction = answered.and_then(|d| d.target.prediction);
-        facts.price = answered
-            .and_then(|d| d.target.price)
-            .or_else(|| self.shared.tenancy.price(self.request.model.as_deref()));
+        let answered = answered.map(|d| &d.target);
+        let model = self.request.model.as_deref();
+        ending.attempts(
+            self.tried.len(),
+            answered,
+            self.last_decision.clone(),
+            model,
+        );
     }
 
     /// What continues the answer elsewhere if its stream breaks, or why nothing can.

@@ -212,7 +212,7 @@ pub(crate) async fn place(
     if !stream && !engines_left() {
         return Err("no_engine");
     }
-    let (mut target, place) = shared
+    let (mut dispatch, place) = shared
         .resume_gates
         .place(yield_until, |full, yielding| {
             let mut refused: Vec<EndpointId> =
@@ -224,20 +224,17 @@ pub(crate) async fn place(
                 let others = shared.pool.endpoint_ids().into_iter();
                 refused.extend(others.filter(|&e| e != pinned));
             }
-            let target = shared.pool.pick(request, &refused, Attempt::Resume);
-            let target = target.map_err(|_| "no_endpoint")?;
-            let id = target.id;
-            Ok::<_, &'static str>((target, id))
+            let dispatch = Dispatch::pick(shared, request, &refused, Attempt::Resume, stream);
+            let dispatch = dispatch.map_err(|_| "no_endpoint")?;
+            let id = dispatch.target.id;
+            Ok::<_, &'static str>((dispatch, id))
         })
         .await?;
     // The predictions were for the request's prompt, not for prompt plus text so far; what
     // the endpoint holds of that prompt it holds of the continuation's too (a staged
     // continuation's heads start past it, [`stage::warm`]).
+    let target = &mut dispatch.target;
     let held = target.prediction.take().and_then(|p| p.cached_text_bytes());
     target.predicted_ttft = None;
-    Ok((
-        Dispatch::new(shared.clone(), request.id, target, stream),
-        place,
-        held,
-    ))
+    Ok((dispatch, place, held))
 }
