@@ -1,12 +1,14 @@
 //! kvgate's gateway: an OpenAI-compatible HTTP proxy that picks a replica for every request with
 //! a kvgate-core policy, on live (and honestly stale) engine signals.
 //!
-//! One request: bounded and validated body ([`parse`]) -> admission (concurrency limit, bounded
-//! queue, deadline) -> the policy picks from a snapshot of the pool ([`pool`]) -> the attempt is
-//! sent and, until its first bytes arrive, may be retried elsewhere (connect errors, 5xx, 429
-//! with Retry-After; retry budget, full-jitter backoff, per-endpoint circuit breaker) or hedged
-//! at a TTFT percentile -> the response streams through frame by frame -> the end is reported to
-//! the policy and the metrics. After the first byte nothing is retried.
+//! One request passes the proxy's stages: the client's key, a bounded and validated body
+//! ([`parse`]), admission (tenancy, agent controls, the fair queue), the policy's pick from a
+//! snapshot of the pool ([`pool`]) and attempts that, until the first bytes arrive, may be
+//! retried elsewhere (connect errors, 5xx, 429 with Retry-After; retry budget, full-jitter
+//! backoff, per-endpoint circuit breaker) or hedged at a TTFT percentile, then the answer
+//! streamed through frame by frame, and the end reported once to the policy, the metrics and
+//! the access log. After the first byte nothing is retried. The modules sit in layers that
+//! import only downward (docs/architecture.md).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
