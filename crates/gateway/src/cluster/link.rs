@@ -4,10 +4,8 @@
 use super::peers::PeerTable;
 use super::receiver::Receiver;
 use super::wire::{Batcher, Header, WireEvent};
-use super::{ClusterConfig, ClusterMetrics, Local, Outbox};
-use crate::pool::Pool;
+use super::{ClusterConfig, ClusterMetrics, Local, Outbox, Sharing};
 use crate::pool::Progress;
-use crate::tenancy::Tenancy;
 use async_nats::connection::State;
 use kvgate_core::{Nanos, Request};
 use std::collections::{HashSet, VecDeque};
@@ -22,20 +20,6 @@ const MESSAGE_BYTES: usize = 512 * 1024;
 
 /// Events per batch at most, so one burst does not delay the first of them for long.
 const MAX_BATCH_EVENTS: usize = 512;
-
-/// What the link shares and with what: the gateway's pool and tenancy, which it feeds with
-/// the peers' news and whose own news it carries out.
-#[derive(Debug)]
-pub(crate) struct Sharing {
-    pub(crate) config: ClusterConfig,
-    pub(crate) pool: Arc<Pool>,
-    pub(crate) tenancy: Arc<Tenancy>,
-    pub(crate) metrics: Arc<ClusterMetrics>,
-    /// The gateway's seed, part of this replica's id.
-    pub(crate) seed: u64,
-    /// Turns true when the gateway stops.
-    pub(crate) stop: watch::Receiver<bool>,
-}
 
 /// Starts sharing when `cluster.url` is set: the pool's outbox is installed before the first
 /// request, the connection and both tasks run until the gateway stops.

@@ -26,21 +26,49 @@
 //! those still in flight, the ledger. While NATS is unreachable a replica routes on local
 //! state alone (`kvgate_cluster_connected` 0, one warning) and reconnects on its own.
 
+#[cfg(feature = "cluster")]
 mod link;
 mod metrics;
+#[cfg(feature = "cluster")]
+mod outbox;
+#[cfg(feature = "cluster")]
 mod peers;
+#[cfg(feature = "cluster")]
 mod receiver;
+#[cfg(feature = "cluster")]
 mod wire;
 
 pub use metrics::ClusterMetrics;
 
-use crate::tenancy::{Announcement, Announcer};
-use kvgate_core::Request;
+use crate::pool::Pool;
+use crate::tenancy::Tenancy;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 
-pub(crate) use link::{spawn, Sharing};
+#[cfg(feature = "cluster")]
+pub(crate) use link::spawn;
+#[cfg(feature = "cluster")]
+use outbox::{Local, Outbox};
+
+/// What the link shares and with what: the gateway's pool and tenancy, which it feeds with
+/// the peers' news and whose own news it carries out.
+#[derive(Debug)]
+pub(crate) struct Sharing {
+    pub(crate) config: ClusterConfig,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) tenancy: Arc<Tenancy>,
+    pub(crate) metrics: Arc<ClusterMetrics>,
+    /// The gateway's seed, part of this replica's id.
+    pub(crate) seed: u64,
+    /// Turns true when the gateway stops.
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+/// Without the `cluster` feature there is nothing to start: a configuration naming a NATS
+/// server is refused when it is validated.
+#[cfg(not(feature = "cluster"))]
+pub(crate) fn spawn(_: Sharing) {}
 
 /// `cluster:` in the configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,8 +120,16 @@ impl ClusterConfig {
             field: format!("cluster.{field}"),
             why: why.into(),
         };
-        if let Some(url) = &self.url {
-            for server in url.split(',') {
+        if let Some(_url) = &self.url {
+            if !cfg!(feature = "cluster") {
+                return Err(invalid(
+                    "url",
+                    "this build has no cluster support (the gateway's `cluster` feature; the \
+                     `kvgate` binary has it)",
+                ));
+            }
+            #[cfg(feature = "cluster")]
+            for server in _url.split(',') {
                 server
                     .trim()
                     .parse::<async_nats::ServerAddr>()
@@ -132,105 +168,5 @@ impl ClusterConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// One thing this replica's pool learned, on its way to the peers. Endpoints are named by
-/// base URL, requests by this replica's own id.
-#[derive(Debug)]
-pub(crate) enum Local {
-    /// A request went to an endpoint.
-    Dispatched {
-        endpoint: Arc<str>,
-        request: Request,
-    },
-    /// What became of one of this replica's own requests since.
-    Progress(crate::pool::Progress),
-    /// The fan-out gate's claims and releases.
-    Fanout(crate::tenancy::FanoutEvent),
-    /// Taken from rate limiters (negative: given back): requests, limited input and output
-    /// tokens.
-    Limits {
-        scopes: Vec<String>,
-        requests: f64,
-        input: f64,
-        output: f64,
-    },
-    /// Spent per budget account.
-    Spend(Vec<(String, f64)>),
-}
-
-/// Where the pool drops what peers should hear; never blocks the request path.
-#[derive(Debug, Clone)]
-pub(crate) struct Outbox {
-    tx: mpsc::Sender<Local>,
-    metrics: Arc<ClusterMetrics>,
-    max_prompt_bytes: usize,
-}
-
-/// The link hears the pool's own requests and queues them for the peers.
-impl crate::pool::Subscriber for Outbox {
-    fn notify(&self, event: crate::pool::PoolEvent<'_>) {
-        use crate::pool::PoolEvent;
-        match event {
-            PoolEvent::Dispatched { endpoint, request } => self.dispatched(endpoint, request),
-            PoolEvent::Progress(progress) => self.send(Local::Progress(progress)),
-        }
-    }
-}
-
-/// The link carries tenancy's announcements to the peers.
-impl Announcer for Outbox {
-    fn announce(&self, what: Announcement) {
-        self.send(match what {
-            Announcement::Fanout(event) => Local::Fanout(event),
-            Announcement::Limits {
-                scopes,
-                requests,
-                input,
-                output,
-            } => Local::Limits {
-                scopes,
-                requests,
-                input,
-                output,
-            },
-            Announcement::Spend(spent) => Local::Spend(spent),
-        });
-    }
-
-    fn peers(&self) -> i64 {
-        self.metrics.peers.get()
-    }
-}
-
-impl Outbox {
-    pub(crate) fn new(
-        config: &ClusterConfig,
-        metrics: Arc<ClusterMetrics>,
-    ) -> (Self, mpsc::Receiver<Local>) {
-        let (tx, rx) = mpsc::channel(config.queue);
-        let outbox = Outbox {
-            tx,
-            metrics,
-            max_prompt_bytes: config.max_prompt_bytes,
-        };
-        (outbox, rx)
-    }
-
-    /// Queues `request`'s dispatch to `endpoint`, its prompt cut to `max_prompt_bytes` as it is
-    /// copied (a prompt of megabytes is never copied whole on the request path).
-    pub(crate) fn dispatched(&self, endpoint: Arc<str>, request: &Request) {
-        self.send(Local::Dispatched {
-            endpoint,
-            request: wire::capped(request, self.max_prompt_bytes),
-        });
-    }
-
-    /// Queues `event`; a full queue (NATS slower than the traffic) drops it, counted.
-    pub(crate) fn send(&self, event: Local) {
-        if self.tx.try_send(event).is_err() {
-            self.metrics.dropped("queue_full");
-        }
     }
 }

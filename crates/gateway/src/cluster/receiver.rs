@@ -1,10 +1,10 @@
 //! The receiving side of the link: peers' events applied to this replica's pool and tenancy,
 //! and a warm start taken from the first peer that answers a hello.
 
-use super::link::Sharing;
 use super::peers::PeerTable;
 use super::wire::{self, WireEvent};
 use super::ClusterMetrics;
+use super::Sharing;
 use crate::pool::PeerEnd;
 use futures_util::StreamExt;
 use kvgate_core::decision::FailureKind;

@@ -21,7 +21,6 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
-use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 use opentelemetry_sdk::Resource;
@@ -61,21 +60,7 @@ impl Tracing {
                 "OTEL_EXPORTER_OTLP_PROTOCOL: kvgate exports traces over http/protobuf only"
             );
         }
-        let mut builder = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-        if let Some(endpoint) = &config.otlp_traces_endpoint {
-            builder = builder.with_endpoint(endpoint.clone());
-        }
-        let exporter = builder.build().map_err(|e| ConfigError::Invalid {
-            field: "observability.otlp_traces_endpoint".into(),
-            why: e.to_string(),
-        })?;
-        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kvgate".into());
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(Resource::builder().with_service_name(service).build())
-            .build();
+        let provider = provider(config.otlp_traces_endpoint.as_deref())?;
         Ok(Some(Tracing {
             tracer: provider.tracer("kvgate"),
             provider,
@@ -121,6 +106,36 @@ impl Tracing {
             tracing::warn!(error = %e, "could not export traces");
         }
     }
+}
+
+/// Spans exported in batches over OTLP/HTTP to `endpoint` (else where the environment says),
+/// as the service `OTEL_SERVICE_NAME` (`kvgate` by default).
+#[cfg(feature = "otel")]
+fn provider(endpoint: Option<&str>) -> Result<SdkTracerProvider, ConfigError> {
+    use opentelemetry_otlp::WithExportConfig;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let exporter = builder
+        .build()
+        .map_err(|e| ConfigError::invalid("observability.otlp_traces_endpoint", e.to_string()))?;
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kvgate".into());
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build())
+}
+
+/// Without the `otel` feature there is no exporter: asking for traces is a configuration error.
+#[cfg(not(feature = "otel"))]
+fn provider(_: Option<&str>) -> Result<SdkTracerProvider, ConfigError> {
+    Err(ConfigError::invalid(
+        "observability.otlp_traces_endpoint",
+        "this build has no OTLP exporter (the gateway's `otel` feature; the `kvgate` binary has it)",
+    ))
 }
 
 impl Drop for Tracing {

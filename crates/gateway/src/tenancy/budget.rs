@@ -2,7 +2,7 @@
 //! restarts in an embedded database.
 //!
 //! Spend is held in memory and written to the store every `flush_ms` and at shutdown, in one
-//! transaction that is durable when it commits. The store is [`redb`], a pure-Rust embedded
+//! transaction that is durable when it commits. The store (`super::store`) is redb, a pure-Rust embedded
 //! key-value store with ACID transactions: one file, no server, no C toolchain (SQLite would
 //! bring all three questions for two small tables), and a crash between commits leaves the last
 //! committed state. A kill -9 therefore loses at most `flush_ms` of settled spend; requests in
@@ -12,95 +12,11 @@
 //! spent, what requests in flight reserved, and this request's estimate; otherwise it is refused
 //! before it reaches an engine.
 
-use super::config::{BudgetConfig, KeyConfig};
+use super::config::BudgetConfig;
+pub(crate) use super::store::{Store, StoreError};
 use kvgate_core::tenancy::{Charge, Price};
-use redb::{Database, ReadableTable, TableDefinition};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::Mutex;
-
-const SPEND: TableDefinition<&str, f64> = TableDefinition::new("spend");
-const KEYS: TableDefinition<&str, &str> = TableDefinition::new("keys");
-
-/// The store failed.
-#[derive(Debug, thiserror::Error)]
-#[error("tenancy store: {0}")]
-pub(crate) struct StoreError(String);
-
-fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
-}
-
-/// The embedded database.
-#[derive(Debug)]
-pub(crate) struct Store {
-    db: Database,
-}
-
-impl Store {
-    /// Opens (or creates) the file.
-    pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
-        let db =
-            Database::create(path).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
-        let tx = db.begin_write().map_err(err)?;
-        tx.open_table(SPEND).map_err(err)?;
-        tx.open_table(KEYS).map_err(err)?;
-        tx.commit().map_err(err)?;
-        Ok(Store { db })
-    }
-
-    fn spend(&self) -> Result<HashMap<String, f64>, StoreError> {
-        let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(SPEND).map_err(err)?;
-        let mut out = HashMap::new();
-        for row in table.iter().map_err(err)? {
-            let (k, v) = row.map_err(err)?;
-            out.insert(k.value().to_owned(), v.value());
-        }
-        Ok(out)
-    }
-
-    fn write_spend(&self, rows: &[(String, f64)]) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(err)?;
-        {
-            let mut table = tx.open_table(SPEND).map_err(err)?;
-            for (k, v) in rows {
-                table.insert(k.as_str(), *v).map_err(err)?;
-            }
-        }
-        tx.commit().map_err(err)
-    }
-
-    /// Keys added through the admin API.
-    pub(crate) fn keys(&self) -> Result<Vec<KeyConfig>, StoreError> {
-        let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(KEYS).map_err(err)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(err)? {
-            let (_, v) = row.map_err(err)?;
-            out.push(serde_json::from_str(v.value()).map_err(err)?);
-        }
-        Ok(out)
-    }
-
-    /// Saves (or, with `None`, deletes) an admin-added key.
-    pub(crate) fn put_key(&self, name: &str, key: Option<&KeyConfig>) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(err)?;
-        {
-            let mut table = tx.open_table(KEYS).map_err(err)?;
-            match key {
-                Some(k) => {
-                    let json = serde_json::to_string(k).map_err(err)?;
-                    table.insert(name, json.as_str()).map_err(err)?;
-                }
-                None => {
-                    table.remove(name).map_err(err)?;
-                }
-            }
-        }
-        tx.commit().map_err(err)
-    }
-}
 
 /// A budget a request counts against: `key:NAME` or `tenant:NAME`.
 #[derive(Clone, Debug)]
@@ -310,6 +226,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "store")]
     #[test]
     fn spend_survives_reopening_and_refuses_what_would_exceed() {
         let dir = std::env::temp_dir().join(format!("kvgate-budget-{}", std::process::id()));

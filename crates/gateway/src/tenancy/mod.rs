@@ -19,6 +19,7 @@ mod limits;
 mod manage;
 mod sessions;
 mod shared;
+mod store;
 
 pub use config::{AgentConfig, BudgetConfig, KeyConfig, TenancyConfig, TenantConfig};
 pub use metrics::TenantMetrics;

@@ -3,7 +3,7 @@
 //! attempt, carrying the GenAI semantic conventions' attributes, under the client's `traceparent`,
 //! with each attempt's context sent upstream.
 
-mod common;
+#![allow(clippy::too_many_lines)]
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -39,7 +39,7 @@ async fn collector() -> (String, Spans) {
             }
         }),
     );
-    let url = format!("{}/v1/traces", common::serve(app).await);
+    let url = format!("{}/v1/traces", serve(app).await);
     (url, spans)
 }
 
@@ -79,7 +79,7 @@ async fn upstream(broken: bool) -> (String, Arc<Mutex<Vec<String>>>) {
             }
         }),
     );
-    let url = common::serve(app).await;
+    let url = serve(app).await;
     (url, seen)
 }
 
@@ -239,4 +239,12 @@ async fn spans_carry_genai_attributes_for_a_stream_and_a_failover() {
         assert_eq!(parts[1], CLIENT_TRACE, "{tp}");
         assert!(attempts.iter().any(|a| hex(&a.span_id) == parts[2]), "{tp}");
     }
+}
+
+/// Serves `app` on a free loopback port in the background; returns its `http://` base URL.
+async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
 }
