@@ -20,9 +20,11 @@ rm -f "$log"
 pids+=($!)
 for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; sleep 0.1; done
 
-"$PY" - "$N" $GW "$log" <<'PY'
+ratios="$ENGINE_DIR/logs/ttft-ratios.txt"
+diffs="$ENGINE_DIR/logs/cached-token-diffs.txt"
+"$PY" - "$N" $GW "$log" "$ratios" "$diffs" <<'PY'
 import json, random, re, sys, threading, time, urllib.error, urllib.request
-n, gw, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n, gw, log, ratios_file, diffs_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 rng = random.Random(7)
 systems = [f"Team {t}. " + " ".join(f"policy{t}-{i} applies to every answer." for i in range(rng.randrange(40, 160)))
            for t in range(4)]
@@ -67,11 +69,9 @@ rows = [json.loads(l) for l in open(log)]
 pairs = sorted((r["request_id"], r["ttft_ms"] / predicted[r["request_id"]]) for r in rows
                if r.get("ttft_ms") and r["request_id"] in predicted and r["attempts"] == 1)
 warm = pairs[len(pairs) // 4:]
-ratios = sorted(x for _, x in warm)
-within = sum(0.8 <= x <= 1.2 for x in ratios) / len(ratios)
-q = lambda p: ratios[min(len(ratios) - 1, int(p * len(ratios)))]
-print(f"requests {len(rows)}, streamed with a prediction {len(pairs)}, after a 25% warm-up {len(ratios)}")
-print(f"measured / predicted TTFT: within 20% {within:.0%}; p10 {q(0.1):.2f}, median {q(0.5):.2f}, p90 {q(0.9):.2f}")
+# Summarised by `kvgate stats` below, the one definition of a percentile.
+open(ratios_file, "w").writelines(f"{x}\n" for _, x in warm)
+print(f"requests {len(rows)}, streamed with a prediction {len(pairs)}, after a 25% warm-up {len(warm)}")
 cached = [r for r in rows if r.get("cached_tokens")]
 print(f"requests the engines served partly from cache: {len(cached)} of {len(rows)}")
 # The index's own figure, scored by the gateway against every usage (exact = within a block).
@@ -83,10 +83,11 @@ if total:
     print("cached-token predictions: " + ", ".join(
         f"{k} {scored.get(k, 0) / total:.0%}" for k in ("exact", "over", "under")) + f" of {total:.0f}")
 # The access log's figure, as the engine counts cached tokens (whole blocks, never the last token).
-diffs = sorted(r["predicted_cached_tokens"] - r["cached_tokens"] for r in rows
-               if r.get("predicted_cached_tokens") is not None and r.get("cached_tokens") is not None)
-if diffs:
-    print(f"access log predicted_cached_tokens - cached_tokens: median {diffs[len(diffs) // 2]}, "
-          f"p10 {diffs[len(diffs) // 10]}, p90 {diffs[9 * len(diffs) // 10]}, "
-          f"equal {sum(d == 0 for d in diffs) / len(diffs):.0%} of {len(diffs)}")
+diffs = [r["predicted_cached_tokens"] - r["cached_tokens"] for r in rows
+         if r.get("predicted_cached_tokens") is not None and r.get("cached_tokens") is not None]
+open(diffs_file, "w").writelines(f"{d}\n" for d in diffs)
 PY
+echo "measured / predicted TTFT (after the warm-up; 'within' is the share within 20%):"
+"$KVGATE" stats --percentiles 10 --within 0.8,1.2 "$ratios"
+echo "access log predicted_cached_tokens - cached_tokens ('within' is the share equal):"
+"$KVGATE" stats --percentiles 10 --within 0,0 "$diffs"

@@ -283,11 +283,17 @@ done
 
 if [[ "$scenario" == replica-loss ]]; then
     python3 - "$out" "$slo_ms" "$kill_at" "$kill" "$engines" "$kvgate" "${names[@]}" <<'EOF'
-import glob, json, re, statistics, subprocess, sys
+import glob, json, re, subprocess, sys
 out, slo_ms, kill_at, names = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[7:]
 kvgate = sys.argv[6]
 what = (f"engine {sys.argv[5]} killed {kill_at:g} s into each rate" if sys.argv[4] == "1"
         else f"{sys.argv[5]} engines, none killed (windows split at {kill_at:g} s)")
+
+def median(values):
+    """The median by `kvgate stats`, the one definition of a percentile."""
+    done = subprocess.run([kvgate, "stats", "--json"], input="".join(f"{v}\n" for v in values),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)["p50"]
 
 def summarise(records_path, *flags):
     """The bench's reports of a records file (kvgate's percentile, attainment and capacity)."""
@@ -332,7 +338,7 @@ def recomputes(path, recs):
     if ttft["p50"] is None:
         return "displaced n/a"
     return (f"displaced {len(turns)}: {ttft['p50']:.0f}/{ttft['p95']:.0f} ms, "
-            f"{100 * statistics.median(cached):.0f}% cached")
+            f"{100 * median(cached):.0f}% cached")
 
 print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
       " for 95% of requests. Per rate: sessions/s: req/s achieved, SLO%, failed before / after the"

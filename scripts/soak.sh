@@ -110,9 +110,15 @@ kill "$faulter" 2>/dev/null || true
 
 status=0
 python3 - "$samples" "$out/records.jsonl" "$out/samples-full.jsonl" "$duration" "$KVGATE" "$out/windows.json" <<'PY' || status=$?
-import json, statistics, subprocess, sys
+import json, subprocess, sys
 samples_path, records_path, full_path, duration = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 kvgate, windows_path = sys.argv[5], sys.argv[6]
+
+def median(values):
+    """The median by `kvgate stats`, the one definition of a percentile."""
+    done = subprocess.run([kvgate, "stats", "--json"], input="".join(f"{v}\n" for v in values),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)["p50"]
 samples = [json.loads(l) for l in open(samples_path) if l.strip()]
 records = [json.loads(l) for l in open(records_path) if l.strip()]
 # Each sample's 10 s window before it, summarised by the bench itself (kvgate's percentile).
@@ -132,7 +138,7 @@ with open(full_path, "w") as out:
 warmup = max(60.0, duration * 0.1)
 def level(key, lo, hi):
     v = [s[key] for s in samples if lo <= s["t_s"] < hi]
-    return statistics.median(v) if v else None
+    return median(v) if v else None
 end = samples[-1]["t_s"] if samples else 0
 broken = []
 for key in ("rss_mb", "open_fds"):

@@ -112,12 +112,7 @@ EOF
             wait "$ha" "$hb" 2>/dev/null || true
             local light
             light=$(p95 "$out/light-$order.json")
-            python3 - "$out/access-$order.jsonl" <<'PY'
-import json, sys
-q = sorted(r.get("queue_ms") or 0 for r in map(json.loads, open(sys.argv[1])) if r.get("tenant") == "light")
-if q:
-    print(f"light queue wait in the gateway: p50 {q[len(q) // 2]:.0f} ms, p95 {q[int(len(q) * 0.95)]:.0f} ms", file=sys.stderr)
-PY
+            echo "light queue wait in the gateway (ms): $("$kvgate" stats --field queue_ms --where tenant=light "$out/access-$order.jsonl")" >&2
             printf '| %s | %s ms | %s ms | %.2fx | %s | %s | %s |\n' "$order" "$alone" "$light" \
                 "$(python3 -c "print($light/$alone)")" "$((a1 - a0))" "$((b1 - b0))" \
                 "$(jain $((a1 - a0)) $((b1 - b0)))" >>"$out/fairness.md"

@@ -9,6 +9,7 @@ mod plot;
 mod policies;
 mod serve;
 mod sim;
+mod stats;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,8 @@ enum Command {
     Demo(demo::Args),
     /// Draw time series from JSON lines (one panel per field), as the soak records them.
     Plot(plot::Args),
+    /// Count, mean, percentiles and max of a column of numbers (or of a field of JSON lines).
+    Stats(stats::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Plot(args) => plot::run(&args),
+        Command::Stats(args) => stats::run(&args),
     }
 }
 
