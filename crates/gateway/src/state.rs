@@ -91,6 +91,7 @@ impl Shared {
         for e in &config.endpoints {
             pool.add(e.clone());
         }
+        let rehome = Rehome::new(&config.resume, pool.clock().clone());
         let (stop, stopped) = watch::channel(false);
         let (signal, losses) = LossSignal::channel();
         let watch = EngineWatch {
@@ -118,7 +119,7 @@ impl Shared {
             tracing,
             ttft_series: TtftSeries::default(),
             resume_gates: Arc::new(Gates::new(config.resume.per_endpoint)),
-            rehome: Rehome::new(&config.resume),
+            rehome,
             watch,
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),

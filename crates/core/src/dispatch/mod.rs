@@ -15,7 +15,12 @@
 //! outcome of the attempt comes back as events ([`DispatchCore::first_token`],
 //! [`DispatchCore::refused`], [`DispatchCore::ended`], [`DispatchCore::failed`]), with the
 //! cache told of the first token and the end, and its prediction scored by [`correct`].
+//!
+//! The rules for continuing a broken stream elsewhere and re-homing a lost endpoint's sessions
+//! are here too ([`ContinuationGate`], [`head_held`], [`RehomeBook`]), so the simulator's
+//! continuations and warm-ups follow the gateway's.
 
+mod continuation;
 mod core;
 mod dispatcher;
 mod events;
@@ -25,6 +30,7 @@ mod tiers;
 pub mod trace;
 
 pub use self::core::DispatchCore;
+pub use continuation::{head_held, ContinuationGate, RehomeBook};
 pub use dispatcher::Dispatcher;
 pub use events::End;
 pub use limits::DeploymentLimits;

@@ -188,7 +188,7 @@ impl Run {
         drop(std::mem::take(&mut self.running));
         shared
             .rehome
-            .answered(&self.request, &self.body, &self.sending, dispatch.target.id);
+            .answered(&self.request, &self.body, &self.sending);
         ending.at(dispatch.target.name.clone());
         self.account(ending, Some(&dispatch));
         permit.prefilled();

@@ -64,9 +64,8 @@ async fn probe(shared: Arc<Shared>, endpoint: EndpointId) {
 
 /// Warms elsewhere the sessions whose last turn ended on `lost` within the window.
 fn lost(shared: &Arc<Shared>, lost: EndpointId) {
-    let now = Instant::now();
-    let until = now + shared.rehome.window();
-    for (session, turn) in shared.rehome.displaced(lost, now) {
+    let until = Instant::now() + shared.rehome.window();
+    for (session, turn) in shared.rehome.displaced(lost) {
         tokio::spawn(warm(shared.clone(), lost, session, turn, until));
     }
 }

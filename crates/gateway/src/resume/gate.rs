@@ -17,8 +17,8 @@
 //! capacity, and one endpoint's queue of continuations (cache-affine policies send them all to
 //! the same place) waited while another endpoint had room.
 
+use kvgate_core::dispatch::ContinuationGate;
 use kvgate_core::EndpointId;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -28,13 +28,12 @@ use tokio::time::Instant;
 /// first token: well under a typical time to first token, and a pick is microseconds.
 pub(crate) const YIELD_POLL: Duration = Duration::from_millis(20);
 
-/// Continuations sent to each endpoint and not yet answered, with a limit per endpoint.
+/// Continuations sent to each endpoint and not yet answered, with a limit per endpoint: the
+/// dispatch core's `ContinuationGate` (the simulator counts them the same way), and the waiting.
 #[derive(Debug)]
 pub(crate) struct Gates {
     per_endpoint: u32,
-    /// Only endpoints with a continuation in flight have an entry, so endpoints that come and
-    /// go leave nothing behind.
-    open: Mutex<HashMap<EndpointId, u32>>,
+    open: Mutex<ContinuationGate>,
     /// Signalled whenever a place frees.
     freed: Notify,
 }
@@ -48,15 +47,7 @@ pub(crate) struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        {
-            let mut open = self.gates.lock();
-            if let Some(n) = open.get_mut(&self.endpoint) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&self.endpoint);
-                }
-            }
-        }
+        self.gates.lock().leave(self.endpoint);
         self.gates.freed.notify_waiters();
     }
 }
@@ -66,12 +57,12 @@ impl Gates {
     pub(crate) fn new(per_endpoint: u32) -> Self {
         Gates {
             per_endpoint,
-            open: Mutex::default(),
+            open: Mutex::new(ContinuationGate::new(per_endpoint)),
             freed: Notify::new(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, u32>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ContinuationGate> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -96,18 +87,11 @@ impl Gates {
             let until = yield_until.filter(|&u| Instant::now() < u);
             {
                 let mut open = self.lock();
-                let full: Vec<EndpointId> = match self.per_endpoint {
-                    0 => Vec::new(),
-                    limit => open
-                        .iter()
-                        .filter(|(_, &n)| n >= limit)
-                        .map(|(&e, _)| e)
-                        .collect(),
-                };
+                let full = open.full();
                 match pick(&full, until.is_some()) {
                     Ok((chosen, _)) if self.per_endpoint == 0 => return Ok((chosen, None)),
                     Ok((chosen, endpoint)) => {
-                        *open.entry(endpoint).or_default() += 1;
+                        open.enter(endpoint);
                         let place = Place {
                             gates: self.clone(),
                             endpoint,
@@ -198,12 +182,9 @@ mod tests {
             let only = move |_: &[EndpointId], _| Ok::<_, ()>(((), EndpointId(id)));
             drop(gates.place(None, only).await.unwrap());
         }
-        assert_eq!(
-            gates.lock().keys().copied().collect::<Vec<_>>(),
-            [EndpointId(0)]
-        );
+        assert_eq!(gates.lock().full(), [EndpointId(0)]);
         drop(held);
-        assert!(gates.lock().is_empty());
+        assert!(gates.lock().full().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

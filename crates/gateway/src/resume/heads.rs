@@ -23,6 +23,7 @@
 
 use crate::parse::Api;
 use bytes::Bytes;
+use kvgate_core::dispatch::head_held;
 use serde_json::{Map, Value};
 
 /// The warm-up bodies of a continuation, built one at a time as they are sent: a head is
@@ -79,7 +80,7 @@ impl Heads {
         match (head.key_len, held) {
             // The head's key ends in its message's closing newline, which the prompt's has
             // further on.
-            (Some(len), Some(held)) => len.saturating_sub(held + 1) < self.piece_bytes / 4,
+            (Some(len), Some(held)) => head_held(len.saturating_sub(held + 1), self.piece_bytes),
             _ => false,
         }
     }

@@ -24,47 +24,13 @@
 //! the continuation warms its session. Re-homing starts at most once per window per endpoint.
 
 use super::ResumeConfig;
+use crate::clock::Clock;
 use crate::upstream::Sending;
 use bytes::Bytes;
-use kvgate_core::{EndpointId, Request};
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use kvgate_core::dispatch::RehomeBook;
+use kvgate_core::{EndpointId, Nanos, Request};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::time::Instant;
-
-/// The last turn of each session, and when re-homing last started per endpoint.
-#[derive(Debug)]
-pub(crate) struct Rehome {
-    window: Duration,
-    capacity: usize,
-    max_bytes: usize,
-    turns: Mutex<Turns>,
-}
-
-#[derive(Debug, Default)]
-struct Turns {
-    by_session: HashMap<String, Turn>,
-    /// Sessions in the order their turns came, with the turn's request id: the oldest give
-    /// way first. An entry whose session has a newer turn since is stale and skipped.
-    order: VecDeque<(String, u64)>,
-    /// Sessions by the request id of a turn whose answer has not ended.
-    open: HashMap<u64, String>,
-    /// When re-homing last started for an endpoint.
-    started: HashMap<EndpointId, Instant>,
-    /// Endpoints being probed after a sign of loss.
-    probing: HashSet<EndpointId>,
-    /// The kept turns' bodies, bytes.
-    bytes: usize,
-}
-
-impl Turns {
-    fn remove(&mut self, session: &str) {
-        if let Some(old) = self.by_session.remove(session) {
-            self.open.remove(&old.request.id);
-            self.bytes -= old.body.len();
-        }
-    }
-}
 
 /// A session's last turn, as the gateway sent it.
 #[derive(Clone, Debug)]
@@ -72,181 +38,86 @@ pub(crate) struct Turn {
     pub(crate) request: Arc<Request>,
     pub(crate) body: Bytes,
     pub(crate) sending: Sending,
-    endpoint: EndpointId,
-    /// When its answer ended; `None` while it is being answered.
-    ended: Option<Instant>,
+}
+
+/// Each session's last turn and which endpoints re-homing started for: the dispatch core's
+/// record (`kvgate_core::dispatch::RehomeBook`, the simulator keeps the same) under a lock, on
+/// the pool's clock.
+#[derive(Debug)]
+pub(crate) struct Rehome {
+    clock: Clock,
+    book: Mutex<RehomeBook<String, Turn>>,
 }
 
 impl Rehome {
-    pub(crate) fn new(config: &ResumeConfig) -> Self {
+    pub(crate) fn new(config: &ResumeConfig, clock: Clock) -> Self {
+        let window = Nanos::from_millis(config.rehome_s.saturating_mul(1_000));
+        let book = RehomeBook::new(window, config.rehome_sessions, config.rehome_bytes);
         Rehome {
-            window: Duration::from_secs(config.rehome_s),
-            capacity: config.rehome_sessions.max(1),
-            max_bytes: config.rehome_bytes,
-            turns: Mutex::default(),
+            clock,
+            book: Mutex::new(book),
         }
     }
 
-    fn on(&self) -> bool {
-        !self.window.is_zero()
-    }
-
-    /// Whether `at` is within the window before `now`.
-    fn recent(&self, at: Instant, now: Instant) -> bool {
-        now.saturating_duration_since(at) < self.window
-    }
-
-    /// Whether `turn` ended on `endpoint` within the window before `now`: a session re-homing
-    /// `endpoint` would warm.
-    fn homed(&self, turn: &Turn, endpoint: EndpointId, now: Instant) -> bool {
-        turn.endpoint == endpoint && turn.ended.is_some_and(|e| self.recent(e, now))
-    }
-
-    fn turns(&self) -> std::sync::MutexGuard<'_, Turns> {
-        self.turns
+    fn book(&self) -> MutexGuard<'_, RehomeBook<String, Turn>> {
+        self.book
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Request `request` of a session is being answered by `endpoint` (its first bytes came):
-    /// it is the session's last turn now.
-    pub(crate) fn answered(
-        &self,
-        request: &Arc<Request>,
-        body: &Bytes,
-        sending: &Sending,
-        endpoint: EndpointId,
-    ) {
-        let Some(session) = sending.session.as_ref().filter(|_| self.on()) else {
+    /// Request `request` of a session is being answered (its first bytes came): it is the
+    /// session's last turn now. Requests without a session are not kept.
+    pub(crate) fn answered(&self, request: &Arc<Request>, body: &Bytes, sending: &Sending) {
+        let Some(session) = sending.session.clone() else {
             return;
         };
-        let mut t = self.turns();
         let turn = Turn {
             request: request.clone(),
             body: body.clone(),
             sending: sending.clone(),
-            endpoint,
-            ended: None,
         };
-        t.remove(session);
-        t.bytes += body.len();
-        t.by_session.insert(session.clone(), turn);
-        t.open.insert(request.id, session.clone());
-        t.order.push_back((session.clone(), request.id));
-        while t.by_session.len() > self.capacity || t.bytes > self.max_bytes {
-            let Some((oldest, id)) = t.order.pop_front() else {
-                break;
-            };
-            if t.by_session
-                .get(&oldest)
-                .is_some_and(|o| o.request.id == id)
-            {
-                t.remove(&oldest);
-            }
-        }
-        // A turn whose answer ended a window ago is never warmed: let it go, so that what is
-        // kept is the sessions active within the window, not the bounds' worth of old bodies.
-        let now = Instant::now();
-        while let Some((front, id)) = t.order.front() {
-            let expired = match t.by_session.get(front) {
-                Some(o) if o.request.id == *id => o.ended.is_some_and(|e| !self.recent(e, now)),
-                // Stale: the session has a newer turn behind.
-                _ => true,
-            };
-            if !expired {
-                break;
-            }
-            if let Some((front, id)) = t.order.pop_front() {
-                if t.by_session.get(&front).is_some_and(|o| o.request.id == id) {
-                    t.remove(&front);
-                }
-            }
-        }
-        // Sessions that keep coming back leave stale entries behind: drop them once they
-        // outnumber the live ones.
-        if t.order.len() > 2 * self.capacity {
-            let Turns {
-                order, by_session, ..
-            } = &mut *t;
-            order.retain(|(s, id)| by_session.get(s).is_some_and(|o| o.request.id == *id));
-        }
+        let now = self.clock.now();
+        self.book()
+            .remember(session, request.id, turn, body.len(), now);
     }
 
     /// Request `id`'s answer ended on `endpoint` (where a continuation finished it, when its
     /// stream broke): the session's context is cached there now.
     pub(crate) fn ended(&self, id: u64, endpoint: EndpointId) {
-        if !self.on() {
-            return;
-        }
-        let mut t = self.turns();
-        let Some(session) = t.open.remove(&id) else {
-            return;
-        };
-        if let Some(turn) = t.by_session.get_mut(&session) {
-            turn.ended = Some(Instant::now());
-            turn.endpoint = endpoint;
-        }
+        let now = self.clock.now();
+        self.book().ended(id, endpoint, now);
     }
 
     /// Whether request `id` is still the last turn of `session`.
     pub(crate) fn current(&self, session: &str, id: u64) -> bool {
-        self.turns()
-            .by_session
-            .get(session)
-            .is_some_and(|t| t.request.id == id)
+        self.book().current(&session.to_owned(), id)
     }
 
-    /// `endpoint` broke a stream or failed a connection: whether to probe it now. One probe per
-    /// endpoint at a time, none while re-homing for it started within the window, and none when
-    /// no session's last turn ended there within it (traffic without sessions has nothing to
-    /// re-home). A `true` must be followed by [`Rehome::probed`].
+    /// `endpoint` broke a stream or failed a connection: whether to probe it now
+    /// (`RehomeBook::should_probe`); a `true` must be followed by [`Rehome::probed`].
     pub(crate) fn should_probe(&self, endpoint: EndpointId) -> bool {
-        if !self.on() {
-            return false;
-        }
-        let now = Instant::now();
-        let mut t = self.turns();
-        let started = t
-            .started
-            .get(&endpoint)
-            .is_some_and(|&at| self.recent(at, now));
-        let homed = t
-            .by_session
-            .values()
-            .any(|turn| self.homed(turn, endpoint, now));
-        !started && homed && t.probing.insert(endpoint)
+        let now = self.clock.now();
+        self.book().should_probe(endpoint, now)
     }
 
     /// The probe of `endpoint` is over.
     pub(crate) fn probed(&self, endpoint: EndpointId) {
-        self.turns().probing.remove(&endpoint);
+        self.book().probed(endpoint);
     }
 
     /// How long after a loss its sessions' warm-ups may wait for a place.
     pub(crate) fn window(&self) -> Duration {
-        self.window
+        Duration::from_nanos(self.book().window().0)
     }
 
-    /// The sessions to warm when `lost` is lost at `now`: those whose last turn ended there
-    /// within the window, the most recent first; none when re-homing is off or started for
-    /// `lost` within the window already.
-    pub(crate) fn displaced(&self, lost: EndpointId, now: Instant) -> Vec<(String, Turn)> {
-        if !self.on() {
-            return Vec::new();
-        }
-        let mut t = self.turns();
-        if t.started.get(&lost).is_some_and(|&at| self.recent(at, now)) {
-            return Vec::new();
-        }
-        t.started.insert(lost, now);
-        let mut displaced: Vec<(String, Turn)> = t
-            .by_session
-            .iter()
-            .filter(|(_, turn)| self.homed(turn, lost, now))
-            .map(|(s, turn)| (s.clone(), turn.clone()))
-            .collect();
-        displaced.sort_by(|a, b| b.1.ended.cmp(&a.1.ended).then_with(|| a.0.cmp(&b.0)));
+    /// `lost` is gone now: the sessions to warm elsewhere, the most recent first.
+    pub(crate) fn displaced(&self, lost: EndpointId) -> Vec<(String, Turn)> {
+        let now = self.clock.now();
+        let displaced = self.book().displaced(lost, now);
         displaced
+            .into_iter()
+            .map(|(session, _, turn)| (session, turn))
+            .collect()
     }
 }
 
@@ -255,34 +126,6 @@ mod tests {
     use super::*;
     use crate::parse::Api;
     use axum::http::HeaderMap;
-
-    fn rehome(window_s: u64, sessions: usize) -> Rehome {
-        Rehome::new(&ResumeConfig {
-            rehome_s: window_s,
-            rehome_sessions: sessions,
-            ..ResumeConfig::default()
-        })
-    }
-
-    #[tokio::test]
-    async fn the_kept_bodies_stay_within_their_bound() {
-        let r = Rehome::new(&ResumeConfig {
-            rehome_s: 10,
-            rehome_bytes: 2_500,
-            ..ResumeConfig::default()
-        });
-        let body = Bytes::from(vec![b' '; 1_000]);
-        for (id, s) in ["s1", "s2", "s3"].iter().enumerate() {
-            let id = id as u64;
-            r.answered(&request(id), &body, &sending(Some(s)), EndpointId(0));
-            r.ended(id, EndpointId(0));
-        }
-        assert!(!r.current("s1", 0) && r.current("s2", 1) && r.current("s3", 2));
-        // A newer turn of a kept session replaces its body, not adds to it.
-        r.answered(&request(3), &body, &sending(Some("s3")), EndpointId(0));
-        assert!(r.current("s2", 1) && r.current("s3", 3));
-        assert_eq!(r.turns().bytes, 2_000);
-    }
 
     fn sending(session: Option<&str>) -> Sending {
         Sending {
@@ -302,91 +145,35 @@ mod tests {
         })
     }
 
-    /// Request `id` of `session` answered by endpoint `at` and ended there.
-    fn turn(r: &Rehome, session: &str, id: u64, at: u32) {
-        let body = Bytes::from_static(b"{}");
-        r.answered(&request(id), &body, &sending(Some(session)), EndpointId(at));
-        r.ended(id, EndpointId(at));
-    }
-
-    fn sessions(displaced: &[(String, Turn)]) -> Vec<&str> {
-        displaced.iter().map(|(s, _)| s.as_str()).collect()
-    }
-
+    /// The record's rules are the dispatch core's (tested there); this is what the gateway
+    /// feeds it: sessions by name, bodies by their bytes, time from the pool's clock.
     #[tokio::test]
-    async fn a_session_s_next_turn_replaces_its_last_and_only_ended_turns_are_warmed() {
-        let r = rehome(10, 16);
-        turn(&r, "s1", 1, 0);
-        assert!(r.current("s1", 1));
-        turn(&r, "s1", 2, 0);
-        assert!(!r.current("s1", 1) && r.current("s1", 2));
-        // Still being answered: a stream that breaks is continued, which warms its session.
-        let body = Bytes::from_static(b"{}");
-        r.answered(&request(3), &body, &sending(Some("s2")), EndpointId(0));
-        // Ended on endpoint 1 (a continuation finished it there): not endpoint 0's.
-        turn(&r, "s3", 4, 0);
-        r.answered(&request(5), &body, &sending(Some("s3")), EndpointId(0));
-        r.ended(5, EndpointId(1));
-        assert_eq!(
-            sessions(&r.displaced(EndpointId(0), Instant::now())),
-            ["s1"]
+    async fn the_gateway_keeps_sessions_turns_by_their_bytes_on_its_clock() {
+        let clock = Clock::manual();
+        let r = Rehome::new(
+            &ResumeConfig {
+                rehome_s: 10,
+                rehome_bytes: 2_500,
+                ..ResumeConfig::default()
+            },
+            clock.clone(),
         );
-        assert!(r.current("s2", 3));
-    }
-
-    #[tokio::test]
-    async fn re_homing_starts_once_per_window_per_endpoint_and_not_at_all_when_off() {
-        let r = rehome(10, 16);
-        turn(&r, "s1", 1, 0);
-        turn(&r, "s2", 2, 1);
-        let now = Instant::now();
-        assert_eq!(sessions(&r.displaced(EndpointId(0), now)), ["s1"]);
-        assert!(r
-            .displaced(EndpointId(0), now + Duration::from_secs(5))
-            .is_empty());
-        assert_eq!(sessions(&r.displaced(EndpointId(1), now)), ["s2"]);
-        // A window later the turns are too old to warm.
-        let later = now + Duration::from_secs(11);
-        assert!(r.displaced(EndpointId(0), later).is_empty());
-        let off = rehome(0, 16);
-        turn(&off, "s1", 1, 0);
-        assert!(!off.current("s1", 1));
-        assert!(off.displaced(EndpointId(0), now).is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn turns_that_ended_a_window_ago_are_let_go() {
-        let r = rehome(10, 16);
-        turn(&r, "s1", 1, 0);
-        tokio::time::advance(Duration::from_secs(6)).await;
-        turn(&r, "s2", 2, 0);
-        // Still being answered after the window: kept.
-        let body = Bytes::from_static(b"{}");
-        r.answered(&request(3), &body, &sending(Some("s3")), EndpointId(0));
-        tokio::time::advance(Duration::from_secs(5)).await;
-        turn(&r, "s4", 4, 0);
-        assert!(!r.current("s1", 1));
-        assert!(r.current("s2", 2) && r.current("s3", 3) && r.current("s4", 4));
-        assert_eq!(r.turns().bytes, 6);
-    }
-
-    #[tokio::test]
-    async fn the_oldest_sessions_give_way_and_requests_without_one_are_not_kept() {
-        let r = rehome(10, 2);
+        let body = Bytes::from(vec![b' '; 1_000]);
         for (id, s) in ["s1", "s2", "s3"].iter().enumerate() {
-            turn(&r, s, id as u64, 0);
+            let id = id as u64;
+            r.answered(&request(id), &body, &sending(Some(s)));
+            r.ended(id, EndpointId(0));
         }
         assert!(!r.current("s1", 0) && r.current("s2", 1) && r.current("s3", 2));
-        // A session that keeps coming back does not grow the bookkeeping.
-        for id in 3..100 {
-            turn(&r, "s3", id, 0);
-        }
-        let t = r.turns();
-        assert!(t.order.len() <= 5, "{}", t.order.len());
-        assert!(t.open.is_empty());
-        drop(t);
-        let body = Bytes::from_static(b"{}");
-        r.answered(&request(200), &body, &sending(None), EndpointId(0));
-        assert_eq!(r.turns().by_session.len(), 2);
+        r.answered(&request(9), &body, &sending(None));
+        assert_eq!(r.book().kept(), (2, 2_000), "no session, not kept");
+        clock.advance(Duration::from_secs(3));
+        let displaced = r.displaced(EndpointId(0));
+        let names: Vec<&str> = displaced.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(names, ["s2", "s3"]);
+        assert_eq!(displaced[1].1.request.id, 2);
+        clock.advance(Duration::from_secs(8));
+        r.answered(&request(10), &body, &sending(Some("s4")));
+        assert!(!r.current("s2", 1), "ended a window ago: let go");
     }
 }
