@@ -159,37 +159,36 @@ fn reference_variants(
     staggered: bool,
 ) -> Result<Vec<Variant>, Error> {
     let stale = [("load.own_dispatch_correction", json!(false))];
-    let variant = Variant::new;
     let lo_stale = p.policy("least_outstanding", &stale)?;
     let lo_own = p.policy("least_outstanding", &[])?;
     let p2c = p.policy("power_of_two", &stale)?;
     let both = p.policy("power_of_two", &[])?;
     Ok(vec![
-        variant(
+        Variant::new(
             "stale least-outstanding",
             lo_stale.clone(),
             routers,
             scrape,
             staggered,
         ),
-        variant(
+        Variant::new(
             "+ own dispatches",
             lo_own.clone(),
             routers,
             scrape,
             staggered,
         ),
-        variant("P2C", p2c, routers, scrape, staggered),
-        variant("both", both, routers, scrape, staggered),
-        variant("1 router + own dispatches", lo_own, 1, scrape, staggered),
-        variant(
+        Variant::new("P2C", p2c, routers, scrape, staggered),
+        Variant::new("both", both, routers, scrape, staggered),
+        Variant::new("1 router + own dispatches", lo_own, 1, scrape, staggered),
+        Variant::new(
             "stale, scrape every tick",
             lo_stale.clone(),
             routers,
             1,
             staggered,
         ),
-        variant("stale, staggered phases", lo_stale, routers, scrape, true),
+        Variant::new("stale, staggered phases", lo_stale, routers, scrape, true),
     ])
 }
 
