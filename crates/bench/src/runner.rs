@@ -249,18 +249,8 @@ pub async fn run_schedule(
             continue;
         };
         let at = start + Duration::from_secs_f64(at_s.max(0.0));
-        let body = client::body(&spec, opts);
-        for i in 0..n_targets {
-            let (sender, targets, tx, body) =
-                (sender.clone(), targets.clone(), tx.clone(), body.clone());
-            let session = spec.user.clone();
-            in_flight += 1;
-            tokio::spawn(async move {
-                let mut rec = sender.measure(&targets[i], body, at).await;
-                rec.session = session;
-                let _ = tx.send((i, tag, rec));
-            });
-        }
+        send_to_every_target(&spec, tag, at, opts, &sender, &targets, &tx);
+        in_flight += n_targets;
     }
     while in_flight > 0 {
         match rx.recv().await {
@@ -275,6 +265,30 @@ pub async fn run_schedule(
         records.sort_by(|a, b| a.scheduled_s.total_cmp(&b.scheduled_s));
     }
     out
+}
+
+/// Sends `spec` to every target, each request scheduled at `at`; each record comes back on
+/// `tx` with its target's index and the source's `tag`.
+fn send_to_every_target(
+    spec: &RequestSpec,
+    tag: u64,
+    at: Instant,
+    opts: &BodyOptions,
+    sender: &Arc<Sender>,
+    targets: &Arc<[Target]>,
+    tx: &mpsc::UnboundedSender<(usize, u64, Record)>,
+) {
+    let body = client::body(spec, opts);
+    for i in 0..targets.len() {
+        let (sender, targets, tx, body) =
+            (sender.clone(), targets.clone(), tx.clone(), body.clone());
+        let session = spec.user.clone();
+        tokio::spawn(async move {
+            let mut rec = sender.measure(&targets[i], body, at).await;
+            rec.session = session;
+            let _ = tx.send((i, tag, rec));
+        });
+    }
 }
 
 /// The arrival configuration for one offered `rate`.

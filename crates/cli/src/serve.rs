@@ -106,21 +106,8 @@ pub(crate) struct Args {
     pub(crate) threads: Option<usize>,
 }
 
-pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
-    let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            Config::from_yaml(&text).with_context(|| format!("loading {}", path.display()))?
-        }
-        None => Config::default(),
-    };
-    if let Some(listen) = &args.listen {
-        config.listen.clone_from(listen);
-    }
-    config
-        .endpoints
-        .extend(args.endpoints.iter().map(EndpointConfig::from_url));
+/// The policy flags: `--policy`, SGLang's cache-aware flags, then each `--policy-set`.
+fn apply_policy_flags(config: &mut Config, args: &Args) -> anyhow::Result<()> {
     if let Some(name) = &args.policy {
         config.set_policy(name)?;
     }
@@ -154,6 +141,44 @@ pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
             .with_context(|| format!("--policy-set {pair:?}: expected KEY=VALUE"))?;
         config.set_policy_param(key.trim(), value.trim())?;
     }
+    Ok(())
+}
+
+/// `--tls-cert` and `--tls-key`, and `--admin-client-ca`, which needs them.
+fn apply_tls_flags(config: &mut Config, args: &Args) -> anyhow::Result<()> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(kvgate_gateway::TlsConfig {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            admin_client_ca_file: None,
+        });
+    }
+    if let Some(ca) = &args.admin_client_ca {
+        let tls = config
+            .tls
+            .as_mut()
+            .context("--admin-client-ca needs TLS (--tls-cert and --tls-key)")?;
+        tls.admin_client_ca_file = Some(ca.clone());
+    }
+    Ok(())
+}
+
+pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Config::from_yaml(&text).with_context(|| format!("loading {}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    if let Some(listen) = &args.listen {
+        config.listen.clone_from(listen);
+    }
+    config
+        .endpoints
+        .extend(args.endpoints.iter().map(EndpointConfig::from_url));
+    apply_policy_flags(&mut config, args)?;
     if let Some(v) = args.max_attempts {
         config.retry.max_attempts = v;
     }
@@ -182,20 +207,7 @@ pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
     if args.admin_listen.is_some() {
         config.admin_listen.clone_from(&args.admin_listen);
     }
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        config.tls = Some(kvgate_gateway::TlsConfig {
-            cert_file: cert.clone(),
-            key_file: key.clone(),
-            admin_client_ca_file: None,
-        });
-    }
-    if let Some(ca) = &args.admin_client_ca {
-        let tls = config
-            .tls
-            .as_mut()
-            .context("--admin-client-ca needs TLS (--tls-cert and --tls-key)")?;
-        tls.admin_client_ca_file = Some(ca.clone());
-    }
+    apply_tls_flags(&mut config, args)?;
     let observability = &mut config.observability;
     if args.access_log.is_some() {
         observability.access_log.clone_from(&args.access_log);

@@ -6,6 +6,9 @@
 //! slower than its cost model, never faster) and generous elsewhere, so a busy 2-core machine
 //! does not break them. The tests hold one lock so their timing does not compete with each other.
 
+// Each test walks one scenario end to end; splitting it would scatter the story.
+#![allow(clippy::too_many_lines)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;

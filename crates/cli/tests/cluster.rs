@@ -4,6 +4,9 @@
 //! its peers, and killing the NATS server loses no request while the replicas route on; once it
 //! is back, sharing resumes.
 
+// Each test walks one scenario end to end; splitting it would scatter the story.
+#![allow(clippy::too_many_lines)]
+
 mod support;
 
 use std::process::{Child, Command, Stdio};

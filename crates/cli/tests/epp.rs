@@ -3,6 +3,9 @@
 //! pick comes back in the header and the `envoy.lb` metadata, the client sends the request
 //! where it was told, and the response streamed back through the picker reaches its pool.
 
+// Each test walks one scenario end to end; splitting it would scatter the story.
+#![allow(clippy::too_many_lines)]
+
 mod support;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};

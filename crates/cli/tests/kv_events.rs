@@ -3,6 +3,9 @@
 //! prompts with the same files; its predicted cached tokens must equal the engines' reported
 //! `cached_tokens`, through evictions, lost batches and an engine restart.
 
+// Each test walks one scenario end to end; splitting it would scatter the story.
+#![allow(clippy::too_many_lines)]
+
 mod support;
 
 use serde_json::json;

@@ -3,6 +3,9 @@
 //! kill -9, keys added through the admin API, bad configurations, and fan-out serialisation
 //! turning a parallel burst's misses into hits.
 
+// Each test walks one scenario end to end; splitting it would scatter the story.
+#![allow(clippy::too_many_lines)]
+
 mod support;
 
 use std::time::Duration;

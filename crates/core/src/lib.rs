@@ -21,6 +21,9 @@
 //! assert!(matches!(again, Decision::Route(_)));
 //! ```
 
+// Tests spell out whole scenarios step by step; the length limit is for the code they test.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod cadence;
 pub mod decision;
 pub mod dispatch;

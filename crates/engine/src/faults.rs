@@ -89,15 +89,24 @@ pub struct FaultSpecError {
     reason: String,
 }
 
-impl FromStr for Fault {
-    type Err = FaultSpecError;
+/// The `key=value` settings after a fault spec's kind; `None` where not given.
+#[derive(Debug)]
+struct FaultParams {
+    probability: f64,
+    /// `retry_after`, seconds.
+    secs: Option<u64>,
+    ms: Option<u64>,
+    after: Option<u32>,
+    factor: Option<f64>,
+}
 
-    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+impl FaultParams {
+    /// Parses `params`, the comma-separated settings of `spec`, each checked for its range.
+    fn parse(spec: &str, params: &str) -> Result<Self, FaultSpecError> {
         let err = |reason: &str| FaultSpecError {
             spec: spec.to_owned(),
             reason: reason.to_owned(),
         };
-        let (name, params) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
         let mut probability = 1.0;
         let (mut secs, mut ms, mut after, mut factor) = (None, None, None, None);
         for pair in params.split(',').filter(|p| !p.trim().is_empty()) {
@@ -148,6 +157,32 @@ impl FromStr for Fault {
                 other => return Err(err(&format!("unknown key `{other}`"))),
             }
         }
+        Ok(FaultParams {
+            probability,
+            secs,
+            ms,
+            after,
+            factor,
+        })
+    }
+}
+
+impl FromStr for Fault {
+    type Err = FaultSpecError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let err = |reason: &str| FaultSpecError {
+            spec: spec.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let (name, params) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
+        let FaultParams {
+            probability,
+            secs,
+            ms,
+            after,
+            factor,
+        } = FaultParams::parse(spec, params)?;
         let stall = ms.map(Duration::from_millis);
         let kind = match name {
             "429" => FaultKind::RateLimited { retry_after_secs: secs.unwrap_or(1) },

@@ -1,5 +1,6 @@
 //! HTTP routes: the OpenAI API, health, metrics and the admin API.
 
+use crate::config::EngineConfig;
 use crate::error::ApiError;
 use crate::faults::FaultKind;
 use crate::request::{self, Endpoint, Parsed};
@@ -173,6 +174,136 @@ fn output_length(parsed: &Parsed, limit: u32, mean: u32, seed: u64) -> u32 {
     (draw.clamp(1.0, f64::from(u32::MAX)) as u32).clamp(floor.min(limit), limit)
 }
 
+/// Reads the request's body (refused past `MAX_BODY_BYTES`) and parses it.
+async fn read_request(shared: &Shared, endpoint: Endpoint, body: Body) -> Result<Parsed, ApiError> {
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large or unreadable.",
+        ));
+    };
+    request::parse(endpoint, &bytes, shared.tokenizer.as_deref())
+}
+
+/// Refuses a request for another model, or one whose prompt and `max_tokens` do not fit the
+/// context, with vLLM's wording.
+fn check_limits(config: &EngineConfig, parsed: &Parsed) -> Result<(), ApiError> {
+    if let Some(model) = &parsed.model {
+        if model != &config.model {
+            return Err(ApiError {
+                param: Some("model"),
+                ..ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "The model `{model}` does not exist. Valid aliases: {}.",
+                        config.model
+                    ),
+                )
+            });
+        }
+    }
+    let prompt_tokens = parsed.prompt.len();
+    let requested = prompt_tokens + parsed.max_tokens.unwrap_or(0) as usize;
+    if let Some(max_tokens) = parsed
+        .max_tokens
+        .filter(|&m| m as usize > config.max_model_len)
+    {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "max_tokens={max_tokens} cannot be greater than max_model_len={}. Please request fewer output \
+                 tokens. (parameter=max_tokens, value={max_tokens})",
+                config.max_model_len
+            ),
+        ));
+    }
+    if prompt_tokens >= config.max_model_len || requested > config.max_model_len {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                 ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                config.max_model_len,
+                requested,
+                prompt_tokens,
+                parsed.max_tokens.unwrap_or(0)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Hands the request to the scheduler: a handle on its sequence, or an error when the engine
+/// is shutting down.
+fn submit(
+    shared: &Shared,
+    prompt: Vec<u32>,
+    output_tokens: u32,
+    finish: FinishReason,
+    arrived: Instant,
+) -> Result<SeqHandle, ApiError> {
+    let id = shared.next_id();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let submitted = shared.commands.send(Command::Submit {
+        request: SeqRequest {
+            id,
+            prompt,
+            max_output_tokens: output_tokens,
+        },
+        length_limited: finish == FinishReason::Length,
+        arrived,
+        updates: tx,
+    });
+    if submitted.is_err() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The engine is shutting down.",
+        ));
+    }
+    Ok(SeqHandle {
+        id,
+        updates: rx,
+        commands: shared.commands.clone(),
+        finished: false,
+    })
+}
+
+/// What a non-streamed response says besides its counts.
+struct Answer<'a> {
+    endpoint: Endpoint,
+    response_id: &'a str,
+    created: u64,
+    model: &'a str,
+    text_seed: u64,
+    prompt_tokens: u32,
+    finish: FinishReason,
+}
+
+impl Answer<'_> {
+    /// The whole answer in one JSON body, for the completion and cached token counts the
+    /// engine reported.
+    fn full_response(&self, (completion_tokens, cached_tokens): (u32, u32)) -> Response {
+        let text: String = (0..completion_tokens)
+            .map(|i| tokenizer::output_word(self.text_seed, i))
+            .collect();
+        let usage = Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+        };
+        let body = wire::full_response(
+            self.endpoint,
+            self.response_id,
+            self.created,
+            self.model,
+            &text,
+            self.finish,
+            usage,
+        );
+        Json(body).into_response()
+    }
+}
+
 async fn generate(
     shared: Arc<Shared>,
     conn: Connection,
@@ -184,66 +315,15 @@ async fn generate(
     if let Some(kind) = faults.refuse {
         return refuse(kind, &conn).await;
     }
-    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Request body too large or unreadable.",
-            )
-            .into_response()
-        }
-    };
-    let parsed = match request::parse(endpoint, &bytes, shared.tokenizer.as_deref()) {
+    let parsed = match read_request(&shared, endpoint, body).await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
     let config = &shared.config;
-    if let Some(model) = &parsed.model {
-        if model != &config.model {
-            return ApiError {
-                param: Some("model"),
-                ..ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "The model `{model}` does not exist. Valid aliases: {}.",
-                        config.model
-                    ),
-                )
-            }
-            .into_response();
-        }
+    if let Err(e) = check_limits(config, &parsed) {
+        return e.into_response();
     }
     let prompt_tokens = parsed.prompt.len();
-    let requested = prompt_tokens + parsed.max_tokens.unwrap_or(0) as usize;
-    if let Some(max_tokens) = parsed
-        .max_tokens
-        .filter(|&m| m as usize > config.max_model_len)
-    {
-        return ApiError::bad_param(
-            "max_tokens",
-            format!(
-                "max_tokens={max_tokens} cannot be greater than max_model_len={}. Please request fewer output \
-                 tokens. (parameter=max_tokens, value={max_tokens})",
-                config.max_model_len
-            ),
-        )
-        .into_response();
-    }
-    if prompt_tokens >= config.max_model_len || requested > config.max_model_len {
-        return ApiError::bad_param(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens \
-                 ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-                config.max_model_len,
-                requested,
-                prompt_tokens,
-                parsed.max_tokens.unwrap_or(0)
-            ),
-        )
-        .into_response();
-    }
     let limit = parsed
         .max_tokens
         .unwrap_or((config.max_model_len - prompt_tokens) as u32);
@@ -255,31 +335,11 @@ async fn generate(
         FinishReason::Stop
     };
 
-    let id = shared.next_id();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let submitted = shared.commands.send(Command::Submit {
-        request: SeqRequest {
-            id,
-            prompt: parsed.prompt,
-            max_output_tokens: output_tokens,
-        },
-        length_limited: finish == FinishReason::Length,
-        arrived,
-        updates: tx,
-    });
-    if submitted.is_err() {
-        return ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The engine is shutting down.",
-        )
-        .into_response();
-    }
-    let seq = SeqHandle {
-        id,
-        updates: rx,
-        commands: shared.commands.clone(),
-        finished: false,
+    let seq = match submit(&shared, parsed.prompt, output_tokens, finish, arrived) {
+        Ok(seq) => seq,
+        Err(e) => return e.into_response(),
     };
+    let id = seq.id;
     let response_id = wire::response_id(endpoint, id, shared.id_salt);
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -301,31 +361,20 @@ async fn generate(
         )
             .into_response()
     } else {
-        let (completion_tokens, cached_tokens) = match stream::collect(seq, &faults, &conn).await {
-            Some(counts) => counts,
-            None => {
-                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
-                    .into_response()
-            }
+        let Some(counts) = stream::collect(seq, &faults, &conn).await else {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
+                .into_response();
         };
-        let text: String = (0..completion_tokens)
-            .map(|i| tokenizer::output_word(text_seed, i))
-            .collect();
-        let usage = Usage {
-            prompt_tokens: prompt_tokens as u32,
-            completion_tokens,
-            cached_tokens,
-        };
-        let body = wire::full_response(
+        let answer = Answer {
             endpoint,
-            &response_id,
+            response_id: &response_id,
             created,
-            &config.model,
-            &text,
+            model: &config.model,
+            text_seed,
+            prompt_tokens: prompt_tokens as u32,
             finish,
-            usage,
-        );
-        Json(body).into_response()
+        };
+        answer.full_response(counts)
     };
     if let Ok(value) = HeaderValue::from_str(&config.id) {
         response.headers_mut().insert("x-kvgate-engine", value);
@@ -334,129 +383,4 @@ async fn generate(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::EngineConfig;
-    use crate::faults::FaultState;
-    use crate::metrics::MetricsState;
-    use axum::http::Request;
-    use std::sync::Mutex;
-    use tower::ServiceExt;
-
-    /// The router without a socket or a scheduler (for routes that do not generate).
-    fn app(faults: &[&str]) -> Router {
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let faults = faults.iter().map(|f| f.parse().unwrap()).collect();
-        let shared = Shared::new(
-            EngineConfig {
-                model: "m".to_owned(),
-                ..EngineConfig::default()
-            },
-            tx,
-            Arc::new(Mutex::new(MetricsState::default())),
-            Arc::new(FaultState::new(faults, 0)),
-            0.0,
-        );
-        router(Arc::new(shared))
-    }
-
-    async fn call(app: Router, method: &str, uri: &str, body: &str) -> (StatusCode, String) {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(Body::from(body.to_owned()))
-            .unwrap();
-        request
-            .extensions_mut()
-            .insert(Connection::for_test("127.0.0.1:1".parse().unwrap()));
-        let response = app.oneshot(request).await.unwrap();
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (status, String::from_utf8(bytes.to_vec()).unwrap())
-    }
-
-    #[tokio::test]
-    async fn routes_answer_without_a_socket() {
-        let (status, body) = call(app(&[]), "GET", "/v1/models", "").await;
-        assert_eq!(status, StatusCode::OK);
-        assert!(body.contains("\"id\":\"m\""));
-        assert_eq!(call(app(&[]), "GET", "/health", "").await.0, StatusCode::OK);
-        assert_eq!(
-            call(app(&["drain"]), "GET", "/health", "").await.0,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        let (status, body) = call(app(&[]), "GET", "/metrics", "").await;
-        assert_eq!(status, StatusCode::OK);
-        assert!(body.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0"));
-        assert_eq!(
-            call(app(&[]), "GET", "/nope", "").await.0,
-            StatusCode::NOT_FOUND
-        );
-        assert_eq!(
-            call(app(&[]), "PUT", "/v1/completions", "").await.0,
-            StatusCode::METHOD_NOT_ALLOWED
-        );
-    }
-
-    #[tokio::test]
-    async fn refusals_happen_before_the_engine_is_involved() {
-        let (status, body) = call(app(&[]), "POST", "/v1/completions", "{").await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert!(body.contains("\"type\":\"Bad Request\""), "{body}");
-        let (status, _) = call(
-            app(&[]),
-            "POST",
-            "/v1/completions",
-            r#"{"model":"x","prompt":"a"}"#,
-        )
-        .await;
-        assert_eq!(status, StatusCode::NOT_FOUND);
-        let (status, _) = call(
-            app(&["500"]),
-            "POST",
-            "/v1/completions",
-            r#"{"prompt":"a"}"#,
-        )
-        .await;
-        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-        let (status, body) = call(app(&["drain"]), "POST", "/v1/chat/completions", "{}").await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(body.contains("draining"));
-    }
-
-    fn parsed(ignore_eos: bool, min_tokens: u32) -> Parsed {
-        Parsed {
-            model: None,
-            prompt: vec![1, 2, 3],
-            max_tokens: Some(50),
-            min_tokens,
-            ignore_eos,
-            stream: false,
-            include_usage: false,
-        }
-    }
-
-    #[test]
-    fn ignore_eos_gives_exactly_the_limit() {
-        for seed in 0..100 {
-            assert_eq!(output_length(&parsed(true, 0), 50, 8, seed), 50);
-        }
-    }
-
-    #[test]
-    fn sampled_lengths_are_seeded_bounded_and_near_the_mean() {
-        let lengths: Vec<u32> = (0..2000)
-            .map(|seed| output_length(&parsed(false, 3), 10_000, 40, seed))
-            .collect();
-        assert!(lengths.iter().all(|&n| (3..=10_000).contains(&n)));
-        let mean = lengths.iter().map(|&n| f64::from(n)).sum::<f64>() / lengths.len() as f64;
-        assert!((36.0..44.0).contains(&mean), "{mean}");
-        let again: Vec<u32> = (0..2000)
-            .map(|seed| output_length(&parsed(false, 3), 10_000, 40, seed))
-            .collect();
-        assert_eq!(lengths, again);
-        assert!((0..100).all(|seed| output_length(&parsed(false, 0), 5, 40, seed) <= 5));
-    }
-}
+mod tests;

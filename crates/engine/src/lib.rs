@@ -18,6 +18,9 @@
 //!
 //! See `crates/engine/README.md` for flags, the fault spec and the KV-event format.
 
+// Tests spell out whole scenarios step by step; the length limit is for the code they test.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod admin;
 mod backend;
 mod config;

@@ -177,24 +177,8 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Renders the Prometheus text exposition (format 0.0.4). `started` is the process's start,
-/// unix seconds, shown unlabelled as prometheus_client's process collector shows it in vLLM.
-pub(crate) fn render(
-    state: &MetricsState,
-    cache: &CacheInfo,
-    model_name: &str,
-    started: f64,
-) -> String {
-    let mut w = Writer {
-        out: String::with_capacity(16 * 1024),
-        model_name,
-    };
-    w.header(
-        "process_start_time_seconds",
-        "gauge",
-        "Start time of the process since unix epoch in seconds.",
-    );
-    let _ = writeln!(w.out, "process_start_time_seconds {}", fmt_value(started));
+/// Requests running and waiting, and the KV cache's usage.
+fn scheduler_gauges(w: &mut Writer<'_>, state: &MetricsState) {
     w.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -226,6 +210,10 @@ pub(crate) fn render(
         "KV-cache usage. 1 means 100 percent usage.",
         state.kv_usage,
     );
+}
+
+/// Prefix cache, preemption, token and finished-request counts.
+fn counters(w: &mut Writer<'_>, state: &MetricsState) {
     w.counter(
         "vllm:prefix_cache_queries_total",
         "Prefix cache queries, in terms of number of queried tokens.",
@@ -269,6 +257,10 @@ pub(crate) fn render(
             n as f64,
         );
     }
+}
+
+/// The latency histograms, per phase of a request.
+fn histograms(w: &mut Writer<'_>, state: &MetricsState) {
     w.histogram(
         "vllm:time_to_first_token_seconds",
         "Histogram of time to first token in seconds.",
@@ -309,6 +301,10 @@ pub(crate) fn render(
         "Histogram of time spent in DECODE phase for request.",
         &state.decode,
     );
+}
+
+/// The cache configuration, as the labels of an info gauge.
+fn cache_config_info(w: &mut Writer<'_>, cache: &CacheInfo) {
     // The info gauge carries the cache configuration as labels (and `engine`, not `model_name`).
     w.header(
         "vllm:cache_config_info",
@@ -322,6 +318,30 @@ pub(crate) fn render(
         if cache.enable_prefix_caching { "True" } else { "False" },
         cache.num_gpu_blocks
     );
+}
+
+/// Renders the Prometheus text exposition (format 0.0.4). `started` is the process's start,
+/// unix seconds, shown unlabelled as prometheus_client's process collector shows it in vLLM.
+pub(crate) fn render(
+    state: &MetricsState,
+    cache: &CacheInfo,
+    model_name: &str,
+    started: f64,
+) -> String {
+    let mut w = Writer {
+        out: String::with_capacity(16 * 1024),
+        model_name,
+    };
+    w.header(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    );
+    let _ = writeln!(w.out, "process_start_time_seconds {}", fmt_value(started));
+    scheduler_gauges(&mut w, state);
+    counters(&mut w, state);
+    histograms(&mut w, state);
+    cache_config_info(&mut w, cache);
     w.out
 }
 

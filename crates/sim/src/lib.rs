@@ -8,6 +8,9 @@
 //! - [`fleet`]: replicas, routers and the event loop;
 //! - [`scenario`]: the named experiments and their reports.
 
+// Tests spell out whole scenarios step by step; the length limit is for the code they test.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod dist;
 pub mod fleet;
 pub mod model;

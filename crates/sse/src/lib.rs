@@ -19,6 +19,9 @@
 //! assert_eq!((chunks, done), (1, true));
 //! ```
 
+// Tests spell out whole scenarios step by step; the length limit is for the code they test.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod event;
 mod reader;
 

@@ -22,6 +22,9 @@
 //!   such as nulls for absent ones), `strftime_now`, multimodal parts. A prompt rendered
 //!   differently only makes the router's cache prediction wrong for that request.
 
+// Tests spell out whole scenarios step by step; the length limit is for the code they test.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod bpe;
 mod byte_level;
 mod json;

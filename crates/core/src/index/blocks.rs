@@ -206,15 +206,6 @@ impl BlockIndex {
     /// `device` blocks are all on the device, and so on down the tiers (a block on a faster tier
     /// after a slower one counts at the slower tier). Costs O(blocks + holders of those blocks).
     pub fn overlaps_of(&self, hashes: &[u64], now: Nanos) -> Overlaps {
-        const NONE: u8 = u8::MAX;
-        #[derive(Clone, Copy)]
-        struct Run {
-            blocks: u32,
-            tier: u8,
-            counts: [u32; 3],
-            touched: Nanos,
-            block_touched: Nanos,
-        }
         let cutoff = self
             .ttl
             .map_or(Nanos::ZERO, |ttl| now.saturating_since(ttl));
@@ -233,20 +224,11 @@ impl BlockIndex {
                 }
                 let e = x.endpoint.0 as usize;
                 if e >= runs.len() {
-                    runs.resize(
-                        e + 1,
-                        Run {
-                            blocks: 0,
-                            tier: NONE,
-                            counts: [0; 3],
-                            touched: Nanos::ZERO,
-                            block_touched: Nanos::ZERO,
-                        },
-                    );
+                    runs.resize(e + 1, Run::EMPTY);
                 }
                 let run = &mut runs[e];
                 if run.blocks == i {
-                    if run.tier == NONE {
+                    if run.tier == Run::NO_TIER {
                         touched.push(x.endpoint.0);
                         run.block_touched = x.at;
                     }
@@ -258,19 +240,7 @@ impl BlockIndex {
                 break;
             }
             for &e in &touched {
-                let run = &mut runs[e as usize];
-                // Once a block was found on a slower tier, later blocks count there too.
-                let floor = if run.counts[2] > 0 {
-                    2
-                } else if run.counts[1] > 0 {
-                    1
-                } else {
-                    0
-                };
-                run.counts[usize::from(run.tier.max(floor))] += 1;
-                run.blocks += 1;
-                run.tier = NONE;
-                run.touched = run.block_touched;
+                runs[e as usize].count_block();
                 if i == 0 {
                     started.push(e);
                 }
@@ -279,17 +249,7 @@ impl BlockIndex {
         started.sort_unstable();
         let endpoints = started
             .into_iter()
-            .map(|e| {
-                let run = &runs[e as usize];
-                Overlap {
-                    endpoint: EndpointId(e),
-                    device: run.counts[0],
-                    host: run.counts[1],
-                    disk: run.counts[2],
-                    touched: run.touched,
-                    pending: 0,
-                }
-            })
+            .map(|e| runs[e as usize].overlap(EndpointId(e)))
             .collect();
         Overlaps {
             total: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
@@ -423,113 +383,57 @@ impl PrefixIndex for BlockIndex {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
+/// One endpoint's run of leading blocks while [`BlockIndex::overlaps_of`] walks a prompt.
+#[derive(Clone, Copy)]
+struct Run {
+    blocks: u32,
+    /// The fastest tier holding the block being walked, or [`Run::NO_TIER`].
+    tier: u8,
+    counts: [u32; 3],
+    touched: Nanos,
+    block_touched: Nanos,
+}
 
-    fn stored(tokens: &[u32], parent: Option<u64>, ext0: u64, tier: Tier) -> KvEvent {
-        KvEvent::BlockStored {
-            block_hashes: (0..(tokens.len() / 4) as u64).map(|i| ext0 + i).collect(),
-            parent_block_hash: parent,
-            token_ids: tokens.to_vec(),
-            block_size: 4,
-            tier,
-        }
-    }
+impl Run {
+    /// No holder of the block being walked found yet.
+    const NO_TIER: u8 = u8::MAX;
 
-    #[test]
-    fn events_and_requests_hash_alike() {
-        let mut idx = BlockIndex::new(4, None);
-        let prompt: Vec<u32> = (0..14).collect();
-        idx.apply(
-            EndpointId(1),
-            &stored(&prompt[..8], None, 100, Tier::Device),
-            Nanos(0),
-        );
-        idx.apply(
-            EndpointId(1),
-            &stored(&prompt[8..12], Some(101), 200, Tier::Host),
-            Nanos(0),
-        );
-        idx.apply(
-            EndpointId(2),
-            &stored(&prompt[..4], None, 900, Tier::Device),
-            Nanos(0),
-        );
-        let hashes = block_hashes(&prompt, 4, ENGINE_SCOPE);
-        let o = idx.overlaps_of(&hashes, Nanos(0));
-        assert_eq!(o.total, 3);
-        assert_eq!(
-            o.of(EndpointId(1)),
-            Overlap {
-                endpoint: EndpointId(1),
-                device: 2,
-                host: 1,
-                disk: 0,
-                touched: Nanos(0),
-                pending: 0,
-            }
-        );
-        assert_eq!(o.of(EndpointId(2)).device, 1);
-        idx.apply(
-            EndpointId(1),
-            &KvEvent::BlockRemoved {
-                block_hashes: vec![101],
-                tier: Tier::Device,
-            },
-            Nanos(1),
-        );
-        assert_eq!(
-            idx.overlaps_of(&hashes, Nanos(1)).of(EndpointId(1)).total(),
+    const EMPTY: Run = Run {
+        blocks: 0,
+        tier: Self::NO_TIER,
+        counts: [0; 3],
+        touched: Nanos::ZERO,
+        block_touched: Nanos::ZERO,
+    };
+
+    /// Counts the block just walked at its tier and readies the run for the next block.
+    fn count_block(&mut self) {
+        // Once a block was found on a slower tier, later blocks count there too.
+        let floor = if self.counts[2] > 0 {
+            2
+        } else if self.counts[1] > 0 {
             1
-        );
-        assert!(idx.overlaps_of(&hashes, Nanos(1)).evicted);
-        assert_eq!(idx.evicted().collect::<Vec<_>>(), [EndpointId(1)]);
-        idx.apply(EndpointId(1), &KvEvent::AllBlocksCleared, Nanos(2));
-        assert_eq!(
-            idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(1)).total(),
+        } else {
             0
-        );
-        // A cleared cache starts empty: nothing in it has been evicted yet.
-        assert!(!idx.overlaps_of(&hashes, Nanos(2)).evicted);
-        assert_eq!(idx.evicted().count(), 0);
-        assert_eq!(
-            idx.overlaps_of(&hashes, Nanos(2)).of(EndpointId(2)).total(),
-            1
-        );
+        };
+        self.counts[usize::from(self.tier.max(floor))] += 1;
+        self.blocks += 1;
+        self.tier = Self::NO_TIER;
+        self.touched = self.block_touched;
     }
 
-    #[test]
-    fn unknown_parent_is_not_placed() {
-        let mut idx = BlockIndex::new(4, None);
-        idx.apply(
-            EndpointId(0),
-            &stored(&[1, 2, 3, 4], Some(77), 5, Tier::Device),
-            Nanos(0),
-        );
-        assert!(idx.is_empty());
-        assert_eq!(idx.unplaced(), 1);
-    }
-
-    proptest! {
-        /// The index agrees with a recount: an endpoint's overlap is the longest run of leading
-        /// blocks of the query that it was sent, per router-side insert.
-        #[test]
-        fn overlap_matches_a_recount(sent in prop::collection::vec((0u32..3, prop::collection::vec(0u32..3, 0..24)), 0..20),
-                                     query in prop::collection::vec(0u32..3, 0..24)) {
-            let mut idx = BlockIndex::new(4, None);
-            for (e, toks) in &sent {
-                idx.insert(&PrefixKey { scope: 0, text: None, tokens: Some(toks) }, EndpointId(*e), Nanos(0));
-            }
-            let got = idx.overlaps(&PrefixKey { scope: 0, text: None, tokens: Some(&query) }, Nanos(0));
-            for e in 0..3 {
-                let recount = sent.iter().filter(|(x, _)| *x == e)
-                    .map(|(_, t)| t.iter().zip(&query).take_while(|(a, b)| a == b).count() / 4)
-                    .max().unwrap_or(0)
-                    .min(query.len() / 4);
-                prop_assert_eq!(got.of(EndpointId(e)).device as usize, recount);
-            }
+    /// The run as `endpoint`'s overlap.
+    fn overlap(&self, endpoint: EndpointId) -> Overlap {
+        Overlap {
+            endpoint,
+            device: self.counts[0],
+            host: self.counts[1],
+            disk: self.counts[2],
+            touched: self.touched,
+            pending: 0,
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,7 +16,6 @@ impl Sim<'_> {
         let now = self.now;
         let is_closed = |i: usize| closed.get(i).copied().unwrap_or(false);
         let rec = self.out.records[id as usize];
-        let router_index = rec.router as usize;
         // A continuation's prediction is not the request's: its first token came long ago.
         let first_dispatch = rec.first_token.is_none();
         let (endpoint, label, prompt) = if self.config.oracle {
@@ -26,48 +25,10 @@ impl Sim<'_> {
             }
             (EndpointId(i as u32), "predicted", prompt)
         } else {
-            if self.config.scrape_interval == Nanos::ZERO {
-                self.scrape(router_index);
-            }
-            let mut request = request_of(&rec, id, prompt, self.config.session_names);
-            // Replicas this request already broke on are tried ones: a continuation goes
-            // elsewhere, as the gateway's resume does.
-            let tried: Vec<EndpointId> = (0..closed.len())
-                .filter(|&i| is_closed(i))
-                .map(|i| EndpointId(i as u32))
-                .collect();
-            let attempt = if tried.is_empty() {
-                Attempt::First
-            } else {
-                Attempt::Resume
+            let Some(picked) = self.core_pick(id, &rec, prompt, closed, first_dispatch) else {
+                return;
             };
-            let picked = self.routers[router_index].pick(&request, &tried, attempt, now);
-            let route = match picked {
-                Ok(picked) => picked.route,
-                Err(_) => {
-                    self.out.rejected += 1;
-                    self.out.records[id as usize].failed = true;
-                    return;
-                }
-            };
-            if let (
-                Reason::PredictedTtft {
-                    ttft_ms,
-                    cached_tokens,
-                },
-                true,
-            ) = (&route.reason, first_dispatch)
-            {
-                let rec = &mut self.out.records[id as usize];
-                rec.predicted_ttft_ms = Some(*ttft_ms as f32);
-                rec.predicted_cached = Some(*cached_tokens);
-            }
-            if self.config.share.is_some() {
-                let news = share::News::Dispatched(Box::new(request.clone()), route.endpoint);
-                self.share(router_index, news);
-            }
-            let prompt = request.prompt.tokens.take().unwrap_or_default();
-            (route.endpoint, route.reason.label(), prompt)
+            picked
         };
         self.out.reasons.add(label);
         let i = endpoint.0 as usize;
@@ -99,6 +60,63 @@ impl Sim<'_> {
             let at = align(now, replica.quantum);
             self.push(at, Kind::Step, i as u64);
         }
+    }
+    /// Request `id`'s pick by its router's dispatch core, among replicas not `closed`: the
+    /// replica, the reason's label and the prompt back; `None` (counted as rejected) when no
+    /// replica would take it.
+    fn core_pick(
+        &mut self,
+        id: u64,
+        rec: &RequestRecord,
+        prompt: Vec<u32>,
+        closed: &[bool],
+        first_dispatch: bool,
+    ) -> Option<(EndpointId, &'static str, Vec<u32>)> {
+        let now = self.now;
+        let is_closed = |i: usize| closed.get(i).copied().unwrap_or(false);
+        let router_index = rec.router as usize;
+        if self.config.scrape_interval == Nanos::ZERO {
+            self.scrape(router_index);
+        }
+        let mut request = request_of(rec, id, prompt, self.config.session_names);
+        // Replicas this request already broke on are tried ones: a continuation goes
+        // elsewhere, as the gateway's resume does.
+        let tried: Vec<EndpointId> = (0..closed.len())
+            .filter(|&i| is_closed(i))
+            .map(|i| EndpointId(i as u32))
+            .collect();
+        let attempt = if tried.is_empty() {
+            Attempt::First
+        } else {
+            Attempt::Resume
+        };
+        let picked = self.routers[router_index].pick(&request, &tried, attempt, now);
+        let route = match picked {
+            Ok(picked) => picked.route,
+            Err(_) => {
+                self.out.rejected += 1;
+                self.out.records[id as usize].failed = true;
+                return None;
+            }
+        };
+        if let (
+            Reason::PredictedTtft {
+                ttft_ms,
+                cached_tokens,
+            },
+            true,
+        ) = (&route.reason, first_dispatch)
+        {
+            let rec = &mut self.out.records[id as usize];
+            rec.predicted_ttft_ms = Some(*ttft_ms as f32);
+            rec.predicted_cached = Some(*cached_tokens);
+        }
+        if self.config.share.is_some() {
+            let news = share::News::Dispatched(Box::new(request.clone()), route.endpoint);
+            self.share(router_index, news);
+        }
+        let prompt = request.prompt.tokens.take().unwrap_or_default();
+        Some((route.endpoint, route.reason.label(), prompt))
     }
 }
 

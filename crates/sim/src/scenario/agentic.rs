@@ -28,23 +28,8 @@ const DEFAULT_POLICIES: [&str; 5] = [
     "cache_aware",
 ];
 
-pub(super) fn run(options: &Options) -> Result<Report, Error> {
-    let mut p = Params::new(&options.sets);
-    let replicas = p.u64("replicas", 8)?.max(1) as usize;
-    let defaults = AgenticConfig::default();
-    let per_replica = p.f64("session_rate_per_replica", 0.25)?;
-    let workload = AgenticConfig {
-        session_rate: per_replica * replicas as f64,
-        requests: p.u64("requests", 20_000)?,
-        tenants: p.u64("tenants", u64::from(defaults.tenants))? as u32,
-        system_tokens: p.u64("system_tokens", u64::from(defaults.system_tokens))? as u32,
-        turns: p.f64("turns", defaults.turns)?,
-        think_time_s: p.f64("think_time_s", defaults.think_time_s)?,
-        fanout_prob: p.f64("fanout_prob", defaults.fanout_prob)?,
-        fanout: p.u64("fanout", u64::from(defaults.fanout))? as u32,
-        max_context: p.u64("max_context", u64::from(defaults.max_context))? as u32,
-        ..defaults
-    };
+/// `replicas` engines like one H100 serving an ~8B model, behind routers scraping every 50 ms.
+fn fleet(p: &mut Params<'_>, replicas: usize) -> Result<FleetConfig, Error> {
     let engine = EngineConfig {
         max_num_seqs: p.u64("slots", 128)? as usize,
         kv_blocks: p.u64("kv_blocks", 16_384)? as usize,
@@ -56,7 +41,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         cost: CostModel::default(),
     };
     let speeds = p.list_f64("speeds", &[1.0])?;
-    let fleet = FleetConfig {
+    Ok(FleetConfig {
         replicas: (0..replicas)
             .map(|i| ReplicaConfig {
                 engine,
@@ -80,9 +65,29 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         rehome_delay: Nanos::ZERO,
         resume_stage: None,
         resume_stage_grow: true,
-        share: share(&mut p)?,
+        share: share(p)?,
         horizon: None,
+    })
+}
+
+pub(super) fn run(options: &Options) -> Result<Report, Error> {
+    let mut p = Params::new(&options.sets);
+    let replicas = p.u64("replicas", 8)?.max(1) as usize;
+    let defaults = AgenticConfig::default();
+    let per_replica = p.f64("session_rate_per_replica", 0.25)?;
+    let workload = AgenticConfig {
+        session_rate: per_replica * replicas as f64,
+        requests: p.u64("requests", 20_000)?,
+        tenants: p.u64("tenants", u64::from(defaults.tenants))? as u32,
+        system_tokens: p.u64("system_tokens", u64::from(defaults.system_tokens))? as u32,
+        turns: p.f64("turns", defaults.turns)?,
+        think_time_s: p.f64("think_time_s", defaults.think_time_s)?,
+        fanout_prob: p.f64("fanout_prob", defaults.fanout_prob)?,
+        fanout: p.u64("fanout", u64::from(defaults.fanout))? as u32,
+        max_context: p.u64("max_context", u64::from(defaults.max_context))? as u32,
+        ..defaults
     };
+    let fleet = fleet(&mut p, replicas)?;
     let slo = Slo {
         ttft: p.f64("slo_ttft_ms", 2_000.0)?,
         tpot: p.f64("slo_tpot_ms", 50.0)?,

@@ -62,6 +62,36 @@ fn chunk(slots: usize) -> u32 {
     TICK_TOKENS.saturating_sub(slots as u32).max(1)
 }
 
+/// The `index`th arrival as an engine request: its chunks of prompt tokens, distinct from
+/// every other request's so nothing is shared.
+fn request(index: usize, a: &Arrival, slots: usize) -> SeqRequest {
+    SeqRequest {
+        id: index as u64,
+        prompt: (0..a.chunks * chunk(slots))
+            .map(|t| t + index as u32 * 10_000)
+            .collect(),
+        max_output_tokens: a.output,
+    }
+}
+
+/// How many of `issued` requests met a TTFT SLO of `slo` ticks, given the TTFTs of those that
+/// got a first token.
+fn attainment(ttft: &[f64], slo: f64, issued: usize) -> Attainment {
+    Attainment {
+        met: ttft
+            .iter()
+            .filter(|&&t| {
+                Slo {
+                    ttft: Some(slo),
+                    tpot: None,
+                }
+                .met(Some(t), None)
+            })
+            .count() as u64,
+        issued: issued as u64,
+    }
+}
+
 fn simulate(
     name: &str,
     batching: Batching,
@@ -86,14 +116,7 @@ fn simulate(
     let mut timeline = Vec::new();
     while done < arrivals.len() {
         while next < arrivals.len() && arrivals[next].tick <= tick {
-            let a = &arrivals[next];
-            engine.submit(SeqRequest {
-                id: next as u64,
-                prompt: (0..a.chunks * chunk(slots))
-                    .map(|t| t + next as u32 * 10_000)
-                    .collect(),
-                max_output_tokens: a.output,
-            });
+            engine.submit(request(next, &arrivals[next], slots));
             next += 1;
         }
         let Some(it) = engine.step() else {
@@ -127,19 +150,7 @@ fn simulate(
         .map(|(id, t)| (t - arrivals[*id as usize].tick) as f64)
         .collect();
     ttft.sort_by(f64::total_cmp);
-    let attainment = Attainment {
-        met: ttft
-            .iter()
-            .filter(|&&t| {
-                Slo {
-                    ttft: Some(slo),
-                    tpot: None,
-                }
-                .met(Some(t), None)
-            })
-            .count() as u64,
-        issued: arrivals.len() as u64,
-    };
+    let attainment = attainment(&ttft, slo, arrivals.len());
     ModeResult {
         variant: name.to_string(),
         policy: "single replica".into(),
@@ -155,18 +166,12 @@ fn simulate(
     }
 }
 
-pub(super) fn run(options: &Options) -> Result<Report, Error> {
-    let mut p = Params::new(&options.sets);
-    let n = p.u64("requests", 8)?;
-    let gap = p.f64("mean_gap", 1.5)?;
-    let slots = p.u64("slots", 3)?.max(1) as usize;
-    let max_chunks = p.u64("max_chunks", 3)?.max(1) as u32;
-    let max_output = p.u64("max_output", 8)?.max(2) as u32;
-    let slo = p.f64("slo_ttft", 6.0)?;
-    let params = p.finish()?;
-    let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
+/// `n` arrivals about `gap` ticks apart (exponential), each of 1 to `max_chunks` prompt chunks
+/// and 2 to `max_output` output tokens, drawn from `seed`.
+fn draw_arrivals(seed: u64, n: u64, gap: f64, max_chunks: u32, max_output: u32) -> Vec<Arrival> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut clock = 0.0;
-    let arrivals: Vec<Arrival> = (0..n)
+    (0..n)
         .map(|i| {
             if i > 0 {
                 clock += exponential(&mut rng, gap);
@@ -177,21 +182,11 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
                 output: rng.random_range(2..=max_output),
             }
         })
-        .collect();
-    let modes = [
-        ("static", Batching::Static),
-        ("continuous", Batching::Continuous),
-        (
-            "chunked",
-            Batching::Chunked {
-                max_num_batched_tokens: TICK_TOKENS as usize,
-            },
-        ),
-    ];
-    let results: Vec<ModeResult> = modes
-        .iter()
-        .map(|(name, b)| simulate(name, *b, slots, &arrivals, slo))
-        .collect();
+        .collect()
+}
+
+/// The arrivals, then one row per mode.
+fn render(results: &[ModeResult], arrivals: &[Arrival]) -> String {
     let mut table = Table::new(&[
         "mode",
         "ticks to finish",
@@ -200,7 +195,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         "out tok/tick",
         "TTFT p95",
     ]);
-    for r in &results {
+    for r in results {
         table.row(vec![
             r.variant.clone(),
             r.ticks_to_finish.to_string(),
@@ -229,6 +224,34 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
     );
     text.push_str("\n\n");
     text.push_str(&table.render());
+    text
+}
+
+pub(super) fn run(options: &Options) -> Result<Report, Error> {
+    let mut p = Params::new(&options.sets);
+    let n = p.u64("requests", 8)?;
+    let gap = p.f64("mean_gap", 1.5)?;
+    let slots = p.u64("slots", 3)?.max(1) as usize;
+    let max_chunks = p.u64("max_chunks", 3)?.max(1) as u32;
+    let max_output = p.u64("max_output", 8)?.max(2) as u32;
+    let slo = p.f64("slo_ttft", 6.0)?;
+    let params = p.finish()?;
+    let arrivals = draw_arrivals(options.seed, n, gap, max_chunks, max_output);
+    let modes = [
+        ("static", Batching::Static),
+        ("continuous", Batching::Continuous),
+        (
+            "chunked",
+            Batching::Chunked {
+                max_num_batched_tokens: TICK_TOKENS as usize,
+            },
+        ),
+    ];
+    let results: Vec<ModeResult> = modes
+        .iter()
+        .map(|(name, b)| simulate(name, *b, slots, &arrivals, slo))
+        .collect();
+    let text = render(&results, &arrivals);
     Ok(Report {
         scenario: "batching".into(),
         seed: options.seed,

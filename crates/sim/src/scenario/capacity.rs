@@ -120,61 +120,7 @@ pub(super) fn sweep(
         .collect();
     let runs = par_map(&jobs, |&(r, rate)| {
         let (name, config) = &rows[r];
-        let mut fleet = exp.fleet.clone();
-        match config {
-            Some(c) => fleet.policy = c.clone(),
-            None => fleet.oracle = true,
-        }
-        // Long enough for every arrival at this rate, twice over, plus ten minutes to drain;
-        // what is still queued after that is a failure (the SLO is long lost).
-        let arrivals_s = exp.requests as f64 / (rate * exp.per_unit).max(1e-9);
-        fleet.horizon = Some(Nanos::from_secs_f64(
-            2.0 * (exp.warmup_secs + arrivals_s) + 600.0,
-        ));
-        let mut workload = (exp.workload)(rate);
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut outcome = fleet::run(&fleet, workload.as_mut(), &mut rng, seed);
-        // A warm-up's requests are not measured; the rate counts from the last of them.
-        let warm_end = outcome
-            .records
-            .iter()
-            .filter(|r| r.tag >= WARM_TAG)
-            .map(|r| r.arrival)
-            .max();
-        let all_output = outcome.output_tokens;
-        outcome.records.retain(|r| r.tag < WARM_TAG);
-        let mut summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
-        if let Some(from) = warm_end {
-            measured_only(&mut summary, &outcome, from, all_output);
-        }
-        let warm_end = warm_end.unwrap_or(Nanos(0));
-        let failed = outcome
-            .records
-            .iter()
-            .filter(|r| r.failed || r.finished.is_none())
-            .count() as u64;
-        let span = outcome
-            .last_arrival
-            .saturating_since(warm_end)
-            .as_secs_f64()
-            .max(1e-9);
-        let (passed, error_rate) = passes(&summary, failed, exp.slo);
-        let point = Point {
-            rate,
-            request_rate: round(outcome.records.len() as f64 / span, 3),
-            ttft_p95: summary.ttft_p95,
-            error_rate: round(error_rate, 4),
-            cache_hit_ratio: summary.cache_hit_ratio,
-            slo_attainment: summary.slo_attainment,
-            assigned: summary.assigned.clone(),
-            predicted_within_20pct: prediction_accuracy(&outcome, 0.0),
-            predicted_within_20pct_over_500ms: prediction_accuracy(&outcome, 500.0),
-            prediction_error_ms: prediction_error(&outcome),
-            cache_prediction: cache_prediction(&outcome),
-            passed,
-            extra: (exp.extra)(&outcome),
-        };
-        (point, summary)
+        run_point(exp, name, config.as_ref(), rate, seed)
     });
     let mut results: Vec<CapacityResult> = Vec::new();
     let mut runs = runs.into_iter();
@@ -184,33 +130,7 @@ pub(super) fn sweep(
             .iter()
             .map(|_| runs.next().expect("one run per job"))
             .unzip();
-        let first_fail = points.iter().position(|p| !p.passed);
-        let capacity = match first_fail {
-            None => points.last().map(|p| p.request_rate),
-            Some(0) => None,
-            Some(f) => Some({
-                let (ok, bad) = (&points[f - 1], &points[f]);
-                let by_ttft = bad.error_rate < MAX_ERROR_RATE && bad.ttft_p95 > ok.ttft_p95;
-                if by_ttft {
-                    let t = (exp.slo.ttft - ok.ttft_p95) / (bad.ttft_p95 - ok.ttft_p95);
-                    ok.request_rate + t.clamp(0.0, 1.0) * (bad.request_rate - ok.request_rate)
-                } else {
-                    ok.request_rate
-                }
-            }),
-        };
-        let at = first_fail.map_or(points.len() - 1, |f| f.saturating_sub(1));
-        results.push(CapacityResult {
-            capacity: capacity.map(|c| round(c, 3)),
-            lowest_rate_tried: capacity
-                .is_none()
-                .then(|| exp.rates.first().copied())
-                .flatten(),
-            saturated: first_fail.is_none(),
-            vs_oracle: None,
-            at_capacity: summaries[at].clone(),
-            points,
-        });
+        results.push(capacity_result(exp, points, &summaries));
     }
     let oracle = results
         .iter()
@@ -239,20 +159,126 @@ pub(super) fn sweep(
                 v
             })
             .collect(),
-        notes: vec![
-            format!(
-                "capacity: requests/s at which TTFT P95 meets {} ms with under {:.0}% failed \
-                 (interpolated between the last passing and first failing {}); '>=' when the \
-                 highest rate passed. Cells: TTFT P95 ms at each rate, * past the SLO.",
-                exp.slo.ttft,
-                MAX_ERROR_RATE * 100.0,
-                exp.rate_unit
-            ),
-            "oracle: routes each request where the true queue, the true cache contents and the \
-             true replica speed put its first token earliest (greedy, with perfect information)."
-                .into(),
-        ],
+        notes: notes(exp),
     }
+}
+
+/// Runs one row (`config`, or the oracle when `None`) at one rate on a fresh fleet.
+fn run_point(
+    exp: &Experiment<'_>,
+    name: &str,
+    config: Option<&PolicyConfig>,
+    rate: f64,
+    seed: u64,
+) -> (Point, PolicyResult) {
+    let mut fleet = exp.fleet.clone();
+    match config {
+        Some(c) => fleet.policy = c.clone(),
+        None => fleet.oracle = true,
+    }
+    // Long enough for every arrival at this rate, twice over, plus ten minutes to drain;
+    // what is still queued after that is a failure (the SLO is long lost).
+    let arrivals_s = exp.requests as f64 / (rate * exp.per_unit).max(1e-9);
+    fleet.horizon = Some(Nanos::from_secs_f64(
+        2.0 * (exp.warmup_secs + arrivals_s) + 600.0,
+    ));
+    let mut workload = (exp.workload)(rate);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut outcome = fleet::run(&fleet, workload.as_mut(), &mut rng, seed);
+    // A warm-up's requests are not measured; the rate counts from the last of them.
+    let warm_end = outcome
+        .records
+        .iter()
+        .filter(|r| r.tag >= WARM_TAG)
+        .map(|r| r.arrival)
+        .max();
+    let all_output = outcome.output_tokens;
+    outcome.records.retain(|r| r.tag < WARM_TAG);
+    let mut summary = summarise(name, None, &outcome, exp.slo, Window::WholeRun);
+    if let Some(from) = warm_end {
+        measured_only(&mut summary, &outcome, from, all_output);
+    }
+    let warm_end = warm_end.unwrap_or(Nanos(0));
+    let failed = outcome
+        .records
+        .iter()
+        .filter(|r| r.failed || r.finished.is_none())
+        .count() as u64;
+    let span = outcome
+        .last_arrival
+        .saturating_since(warm_end)
+        .as_secs_f64()
+        .max(1e-9);
+    let (passed, error_rate) = passes(&summary, failed, exp.slo);
+    let point = Point {
+        rate,
+        request_rate: round(outcome.records.len() as f64 / span, 3),
+        ttft_p95: summary.ttft_p95,
+        error_rate: round(error_rate, 4),
+        cache_hit_ratio: summary.cache_hit_ratio,
+        slo_attainment: summary.slo_attainment,
+        assigned: summary.assigned.clone(),
+        predicted_within_20pct: prediction_accuracy(&outcome, 0.0),
+        predicted_within_20pct_over_500ms: prediction_accuracy(&outcome, 500.0),
+        prediction_error_ms: prediction_error(&outcome),
+        cache_prediction: cache_prediction(&outcome),
+        passed,
+        extra: (exp.extra)(&outcome),
+    };
+    (point, summary)
+}
+
+/// One row's capacity from its points at ascending rates: interpolated on TTFT between the
+/// last passing rate and the first failing one (when TTFT, not errors, failed it).
+fn capacity_result(
+    exp: &Experiment<'_>,
+    points: Vec<Point>,
+    summaries: &[PolicyResult],
+) -> CapacityResult {
+    let first_fail = points.iter().position(|p| !p.passed);
+    let capacity = match first_fail {
+        None => points.last().map(|p| p.request_rate),
+        Some(0) => None,
+        Some(f) => Some({
+            let (ok, bad) = (&points[f - 1], &points[f]);
+            let by_ttft = bad.error_rate < MAX_ERROR_RATE && bad.ttft_p95 > ok.ttft_p95;
+            if by_ttft {
+                let t = (exp.slo.ttft - ok.ttft_p95) / (bad.ttft_p95 - ok.ttft_p95);
+                ok.request_rate + t.clamp(0.0, 1.0) * (bad.request_rate - ok.request_rate)
+            } else {
+                ok.request_rate
+            }
+        }),
+    };
+    let at = first_fail.map_or(points.len() - 1, |f| f.saturating_sub(1));
+    CapacityResult {
+        capacity: capacity.map(|c| round(c, 3)),
+        lowest_rate_tried: capacity
+            .is_none()
+            .then(|| exp.rates.first().copied())
+            .flatten(),
+        saturated: first_fail.is_none(),
+        vs_oracle: None,
+        at_capacity: summaries[at].clone(),
+        points,
+    }
+}
+
+/// The report's notes: what capacity means and what the oracle is.
+fn notes(exp: &Experiment<'_>) -> Vec<String> {
+    vec![
+        format!(
+            "capacity: requests/s at which TTFT P95 meets {} ms with under {:.0}% failed \
+             (interpolated between the last passing and first failing {}); '>=' when the \
+             highest rate passed. Cells: TTFT P95 ms at each rate, * past the SLO.",
+            exp.slo.ttft,
+            MAX_ERROR_RATE * 100.0,
+            exp.rate_unit
+        ),
+        "oracle: routes each request where the true queue, the true cache contents and the \
+         true replica speed put its first token earliest (greedy, with perfect information)."
+            .into(),
+    ]
 }
 
 fn render(exp: &Experiment<'_>, results: &[CapacityResult]) -> String {

@@ -149,6 +149,63 @@ fn play(name: &str, policy: &PolicyConfig, s: Setup, seed: u64) -> PlayerResult 
     }
 }
 
+/// The summary of every variant, then each variant's steps.
+fn render(results: &[PlayerResult]) -> String {
+    let mut out = String::new();
+    let mut summary = Table::new(&[
+        "router",
+        "hits",
+        "prefill tokens",
+        "reduction",
+        "escapes (gave up affinity)",
+        "final loads",
+    ]);
+    for r in results {
+        summary.row(vec![
+            r.variant.clone(),
+            format!("{}/{}", r.hits, SEQUENCE.len()),
+            r.prefill_tokens.to_string(),
+            format!("{}%", num(r.prefill_reduction * 100.0, 1)),
+            format!("{} ({})", r.escapes, r.affinity_escapes),
+            r.final_loads
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ]);
+    }
+    out.push_str(&summary.render());
+    for r in results {
+        out.push_str(&format!("\n{}\n", r.variant));
+        let mut t = Table::new(&[
+            "step",
+            "prefix",
+            "loads before",
+            "to",
+            "cache",
+            "prefill",
+            "reason",
+        ]);
+        for s in &r.steps {
+            t.row(vec![
+                format!("R{}", s.request),
+                s.prefix.clone(),
+                s.loads_before
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                format!("replica {}", s.replica),
+                if s.hit { "hit" } else { "miss" }.to_string(),
+                s.prefill_tokens.to_string(),
+                s.reason.clone(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
 pub(super) fn run(options: &Options) -> Result<Report, Error> {
     let mut p = Params::new(&options.sets);
     let setup = Setup {
@@ -201,58 +258,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         r.prefill_reduction =
             ((1.0 - r.prefill_tokens as f64 / baseline.max(1.0)) * 1e4).round() / 1e4;
     }
-    let mut out = String::new();
-    let mut summary = Table::new(&[
-        "router",
-        "hits",
-        "prefill tokens",
-        "reduction",
-        "escapes (gave up affinity)",
-        "final loads",
-    ]);
-    for r in &results {
-        summary.row(vec![
-            r.variant.clone(),
-            format!("{}/{}", r.hits, SEQUENCE.len()),
-            r.prefill_tokens.to_string(),
-            format!("{}%", num(r.prefill_reduction * 100.0, 1)),
-            format!("{} ({})", r.escapes, r.affinity_escapes),
-            r.final_loads
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        ]);
-    }
-    out.push_str(&summary.render());
-    for r in &results {
-        out.push_str(&format!("\n{}\n", r.variant));
-        let mut t = Table::new(&[
-            "step",
-            "prefix",
-            "loads before",
-            "to",
-            "cache",
-            "prefill",
-            "reason",
-        ]);
-        for s in &r.steps {
-            t.row(vec![
-                format!("R{}", s.request),
-                s.prefix.clone(),
-                s.loads_before
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-                format!("replica {}", s.replica),
-                if s.hit { "hit" } else { "miss" }.to_string(),
-                s.prefill_tokens.to_string(),
-                s.reason.clone(),
-            ]);
-        }
-        out.push_str(&t.render());
-    }
+    let out = render(&results);
     Ok(Report {
         scenario: "prefix-player".into(),
         seed: options.seed,

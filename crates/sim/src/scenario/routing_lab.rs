@@ -76,25 +76,7 @@ impl Lab {
         let rate = p.f64("rate", rate_default)?;
         let burstiness = p.positive_f64("burstiness", 1.0)?;
         let requests = p.u64("requests", 2_000)?;
-        let prompt = Lengths {
-            mean: p.f64("prompt_mean", 957.0)?,
-            cv: p.f64("prompt_cv", 0.75)?,
-            min: p.u64("prompt_min", 436)? as u32,
-            max: p.u64("prompt_max", 3_079)? as u32,
-        };
-        let output = Lengths {
-            min: 1,
-            max: 4_000,
-            ..Lengths::lognormal(p.f64("output_mean", 30.0)?, p.f64("output_cv", 0.5)?)
-        };
-        let long_output = Lengths {
-            min: 1,
-            max: 4_000,
-            ..Lengths::lognormal(
-                p.f64("long_output_mean", 300.0)?,
-                p.f64("long_output_cv", 0.5)?,
-            )
-        };
+        let (prompt, output, long_output) = read_lengths(p)?;
         let long_fraction = p.f64("long_fraction", 0.2)?;
         let groups = p.u64("groups", 16)? as u32;
         let share = p.f64("prefix_share", 0.7)?;
@@ -110,14 +92,7 @@ impl Lab {
         } else {
             KvSignal::Referenced
         };
-        let engine = EngineConfig {
-            max_num_seqs: slots,
-            kv_blocks,
-            block_size: 16,
-            batching: Batching::Continuous,
-            prefix_caching: true,
-            cost: CostModel::unit(),
-        };
+        let engine = engine(slots, kv_blocks);
         let speeds = p.list_f64("speeds", &[1.0])?;
         let fleet = FleetConfig {
             replicas: (0..replicas)
@@ -192,6 +167,42 @@ impl Lab {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         fleet::run(&fleet, &mut workload, &mut rng, seed)
     }
+}
+
+/// The lab's engine: continuous batching with prefix caching, on the unit cost model.
+fn engine(max_num_seqs: usize, kv_blocks: usize) -> EngineConfig {
+    EngineConfig {
+        max_num_seqs,
+        kv_blocks,
+        block_size: 16,
+        batching: Batching::Continuous,
+        prefix_caching: true,
+        cost: CostModel::unit(),
+    }
+}
+
+/// The prompt, short-output and long-output lengths.
+fn read_lengths(p: &mut Params<'_>) -> Result<(Lengths, Lengths, Lengths), Error> {
+    let prompt = Lengths {
+        mean: p.f64("prompt_mean", 957.0)?,
+        cv: p.f64("prompt_cv", 0.75)?,
+        min: p.u64("prompt_min", 436)? as u32,
+        max: p.u64("prompt_max", 3_079)? as u32,
+    };
+    let output = Lengths {
+        min: 1,
+        max: 4_000,
+        ..Lengths::lognormal(p.f64("output_mean", 30.0)?, p.f64("output_cv", 0.5)?)
+    };
+    let long_output = Lengths {
+        min: 1,
+        max: 4_000,
+        ..Lengths::lognormal(
+            p.f64("long_output_mean", 300.0)?,
+            p.f64("long_output_cv", 0.5)?,
+        )
+    };
+    Ok((prompt, output, long_output))
 }
 
 pub(super) fn run(options: &Options) -> Result<Report, Error> {

@@ -42,6 +42,18 @@ struct Variant {
     staggered: bool,
 }
 
+impl Variant {
+    fn new(name: &str, policy: PolicyConfig, routers: usize, scrape: u64, staggered: bool) -> Self {
+        Variant {
+            name: name.to_string(),
+            policy,
+            routers,
+            scrape,
+            staggered,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Setup {
     replicas: usize,
@@ -87,10 +99,9 @@ fn poisson(rng: &mut ChaCha8Rng, mean: f64) -> u32 {
     k
 }
 
-fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
-    let tick = |t: u64| Nanos(t * TICK_NANOS);
-    let mut arrivals_rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut routers: Vec<Routing> = (0..v.routers.max(1))
+/// One router per `v.routers`, each with its own random source and every replica.
+fn routers(v: &Variant, s: Setup, seed: u64) -> Vec<Routing> {
+    (0..v.routers.max(1))
         .map(|r| {
             let mut routing = Routing::new(&v.policy, seed ^ (0x0073_7461_6c65 + r as u64));
             for i in 0..s.replicas as u32 {
@@ -98,7 +109,93 @@ fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
             }
             routing
         })
-        .collect();
+        .collect()
+}
+
+/// Every router whose scrape falls on tick `t` (at its phase when staggered) takes a snapshot
+/// of the true outstanding counts.
+fn scrape(routers: &mut [Routing], v: &Variant, outstanding: &[u32], t: u64) {
+    let m = routers.len() as u64;
+    let interval = v.scrape.max(1);
+    for (r, routing) in routers.iter_mut().enumerate() {
+        let phase = if v.staggered {
+            interval * r as u64 / m
+        } else {
+            0
+        };
+        if t % interval == phase {
+            for (i, &running) in outstanding.iter().enumerate() {
+                let observation = Observation {
+                    running,
+                    ..Observation::default()
+                };
+                routing.router_mut().observed(
+                    EndpointId(i as u32),
+                    observation,
+                    Nanos(t * TICK_NANOS),
+                );
+            }
+        }
+    }
+}
+
+/// How many requests arrive in one tick.
+fn arrivals(rng: &mut ChaCha8Rng, s: Setup) -> u32 {
+    if s.poisson {
+        poisson(rng, s.rate)
+    } else {
+        // `floor(rate)` arrivals, plus one with probability `frac(rate)`.
+        let extra = rand::Rng::random::<f64>(rng) < s.rate.fract();
+        s.rate.floor() as u32 + u32::from(extra)
+    }
+}
+
+/// The reference's variants: stale and corrected least-outstanding, P2C, both, one router,
+/// scraping every tick, and staggered scrapes.
+fn reference_variants(
+    p: &mut Params<'_>,
+    routers: usize,
+    scrape: u64,
+    staggered: bool,
+) -> Result<Vec<Variant>, Error> {
+    let stale = [("load.own_dispatch_correction", json!(false))];
+    let lo_stale = p.policy("least_outstanding", &stale)?;
+    let lo_own = p.policy("least_outstanding", &[])?;
+    let p2c = p.policy("power_of_two", &stale)?;
+    let both = p.policy("power_of_two", &[])?;
+    Ok(vec![
+        Variant::new(
+            "stale least-outstanding",
+            lo_stale.clone(),
+            routers,
+            scrape,
+            staggered,
+        ),
+        Variant::new(
+            "+ own dispatches",
+            lo_own.clone(),
+            routers,
+            scrape,
+            staggered,
+        ),
+        Variant::new("P2C", p2c, routers, scrape, staggered),
+        Variant::new("both", both, routers, scrape, staggered),
+        Variant::new("1 router + own dispatches", lo_own, 1, scrape, staggered),
+        Variant::new(
+            "stale, scrape every tick",
+            lo_stale.clone(),
+            routers,
+            1,
+            staggered,
+        ),
+        Variant::new("stale, staggered phases", lo_stale, routers, scrape, true),
+    ])
+}
+
+fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
+    let tick = |t: u64| Nanos(t * TICK_NANOS);
+    let mut arrivals_rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut routers = routers(v, s, seed);
     let m = routers.len() as u64;
     let mut outstanding = vec![0u32; s.replicas];
     let mut assigned = vec![0u64; s.replicas];
@@ -115,32 +212,8 @@ fn simulate(v: &Variant, s: Setup, seed: u64) -> StalenessResult {
             outstanding[replica] -= 1;
             routers[router].completed(id, EndpointId(replica as u32), tick(t), tick(s.service), 1);
         }
-        let interval = v.scrape.max(1);
-        for (r, routing) in routers.iter_mut().enumerate() {
-            let phase = if v.staggered {
-                interval * r as u64 / m
-            } else {
-                0
-            };
-            if t % interval == phase {
-                for (i, &running) in outstanding.iter().enumerate() {
-                    let observation = Observation {
-                        running,
-                        ..Observation::default()
-                    };
-                    routing
-                        .router_mut()
-                        .observed(EndpointId(i as u32), observation, tick(t));
-                }
-            }
-        }
-        let n = if s.poisson {
-            poisson(&mut arrivals_rng, s.rate)
-        } else {
-            // `floor(rate)` arrivals, plus one with probability `frac(rate)`.
-            let extra = rand::Rng::random::<f64>(&mut arrivals_rng) < s.rate.fract();
-            s.rate.floor() as u32 + u32::from(extra)
-        };
+        scrape(&mut routers, v, &outstanding, t);
+        let n = arrivals(&mut arrivals_rng, s);
         let mut first_target = None;
         let mut all_same = true;
         for _ in 0..n {
@@ -205,51 +278,13 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
     let routers = p.u64("routers", 4)?.max(1) as usize;
     let scrape = p.u64("scrape", 10)?.max(1);
     let staggered = p.bool("staggered", false)?;
-    let stale = [("load.own_dispatch_correction", json!(false))];
-    let variant = |name: &str, policy: PolicyConfig, routers, scrape, staggered| Variant {
-        name: name.to_string(),
-        policy,
-        routers,
-        scrape,
-        staggered,
-    };
     let variants = if options.policies.is_empty() {
-        let lo_stale = p.policy("least_outstanding", &stale)?;
-        let lo_own = p.policy("least_outstanding", &[])?;
-        let p2c = p.policy("power_of_two", &stale)?;
-        let both = p.policy("power_of_two", &[])?;
-        vec![
-            variant(
-                "stale least-outstanding",
-                lo_stale.clone(),
-                routers,
-                scrape,
-                staggered,
-            ),
-            variant(
-                "+ own dispatches",
-                lo_own.clone(),
-                routers,
-                scrape,
-                staggered,
-            ),
-            variant("P2C", p2c, routers, scrape, staggered),
-            variant("both", both, routers, scrape, staggered),
-            variant("1 router + own dispatches", lo_own, 1, scrape, staggered),
-            variant(
-                "stale, scrape every tick",
-                lo_stale.clone(),
-                routers,
-                1,
-                staggered,
-            ),
-            variant("stale, staggered phases", lo_stale, routers, scrape, true),
-        ]
+        reference_variants(&mut p, routers, scrape, staggered)?
     } else {
         let mut v = Vec::new();
         for name in policy_names(options, &[]) {
             let config = p.policy(&name, &[])?;
-            v.push(variant(&name, config, routers, scrape, staggered));
+            v.push(Variant::new(&name, config, routers, scrape, staggered));
         }
         v
     };

@@ -53,6 +53,56 @@ fn parse_rates(raw: Option<&String>) -> Result<Vec<f64>, Error> {
     }
 }
 
+/// One policy's table row and result from its runs at each of `rates`, in order: its capacity
+/// is the highest rate whose TTFT P95 meets `slo_ttft`.
+fn policy_result(
+    name: String,
+    rates: &[f64],
+    runs: &mut impl Iterator<Item = PolicyResult>,
+    slo_ttft: f64,
+) -> (Vec<String>, Value) {
+    let mut points = Vec::new();
+    let mut summaries = Vec::new();
+    for &rate in rates {
+        let r = runs.next().expect("one result per job");
+        points.push(Point {
+            rate,
+            goodput: r.goodput,
+            ttft_p95: r.ttft_p95,
+            slo_attainment: r.slo_attainment,
+            output_tokens_per_tick: r.output_tokens_per_tick,
+        });
+        summaries.push(r);
+    }
+    let passed = |pt: &Point| pt.ttft_p95 <= slo_ttft;
+    let cap = capacity(points.iter().map(|pt| (pt.rate, passed(pt))));
+    let best = points
+        .iter()
+        .rposition(|pt| Some(pt.rate) == cap.capacity && passed(pt));
+    let mut row = vec![name.clone(), cap.capacity.map_or("-".into(), |c| num(c, 3))];
+    row.extend(points.iter().map(|pt| {
+        format!(
+            "{}{}",
+            num(pt.goodput, 3),
+            if passed(pt) { "" } else { "*" }
+        )
+    }));
+    let at_capacity = summaries.swap_remove(best.unwrap_or(0));
+    let result = serde_json::to_value(SweepResult {
+        policy: name,
+        capacity: cap.capacity,
+        lowest_rate_tried: cap
+            .capacity
+            .is_none()
+            .then_some(cap.lowest_rate_tried)
+            .flatten(),
+        at_capacity,
+        points,
+    })
+    .expect("serialises");
+    (row, result)
+}
+
 pub(super) fn run(options: &Options) -> Result<Report, Error> {
     let rates = parse_rates(options.sets.get("rates"))?;
     let mut sets = options.sets.clone();
@@ -88,49 +138,9 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
     })
     .into_iter();
     for (name, _) in configs.iter() {
-        let name = name.clone();
-        let mut points = Vec::new();
-        let mut summaries = Vec::new();
-        for &rate in &rates {
-            let r = all.next().expect("one result per job");
-            points.push(Point {
-                rate,
-                goodput: r.goodput,
-                ttft_p95: r.ttft_p95,
-                slo_attainment: r.slo_attainment,
-                output_tokens_per_tick: r.output_tokens_per_tick,
-            });
-            summaries.push(r);
-        }
-        let passed = |pt: &Point| pt.ttft_p95 <= lab.slo.ttft;
-        let cap = capacity(points.iter().map(|pt| (pt.rate, passed(pt))));
-        let best = points
-            .iter()
-            .rposition(|pt| Some(pt.rate) == cap.capacity && passed(pt));
-        let mut row = vec![name.clone(), cap.capacity.map_or("-".into(), |c| num(c, 3))];
-        row.extend(points.iter().map(|pt| {
-            format!(
-                "{}{}",
-                num(pt.goodput, 3),
-                if passed(pt) { "" } else { "*" }
-            )
-        }));
+        let (row, result) = policy_result(name.clone(), &rates, &mut all, lab.slo.ttft);
         table.row(row);
-        let at_capacity = summaries.swap_remove(best.unwrap_or(0));
-        results.push(
-            serde_json::to_value(SweepResult {
-                policy: name,
-                capacity: cap.capacity,
-                lowest_rate_tried: cap
-                    .capacity
-                    .is_none()
-                    .then_some(cap.lowest_rate_tried)
-                    .flatten(),
-                at_capacity,
-                points,
-            })
-            .expect("serialises"),
-        );
+        results.push(result);
     }
     Ok(Report {
         scenario: "sweep".into(),
