@@ -61,7 +61,7 @@ impl ContinuationGate {
         endpoint: EndpointId,
         pinned: Option<EndpointId>,
         yielding: bool,
-        awaiting: usize,
+        awaiting: u32,
     ) -> bool {
         self.has_room(endpoint)
             && pinned.is_none_or(|p| p == endpoint)
@@ -225,7 +225,7 @@ impl<S: Ord + Clone, T: Clone> RehomeBook<S, T> {
                 }
             }
         }
-        if self.order.len() > 2 * self.capacity {
+        if self.order.len() > self.capacity.saturating_mul(2) {
             let by_session = &self.by_session;
             self.order
                 .retain(|(s, id)| by_session.get(s).is_some_and(|k| k.id == *id));

@@ -214,16 +214,23 @@ pub(crate) async fn place(
     }
     let (mut dispatch, place) = shared
         .resume_gates
-        .place(yield_until, |full, yielding| {
-            let mut refused: Vec<EndpointId> =
-                tried.iter().chain(full).chain(&unread).copied().collect();
-            if yielding {
-                refused.extend(shared.pool.awaiting_first_token());
-            }
-            if let Some(pinned) = pinned {
-                let others = shared.pool.endpoint_ids().into_iter();
-                refused.extend(others.filter(|&e| e != pinned));
-            }
+        .place(yield_until, |gate, yielding| {
+            let busy = match yielding {
+                true => shared.pool.awaiting_first_token(),
+                false => Vec::new(),
+            };
+            let closed = |e: &EndpointId| {
+                let awaiting = u32::from(busy.contains(e));
+                tried.contains(e)
+                    || unread.contains(e)
+                    || !gate.admits(*e, pinned, yielding, awaiting)
+            };
+            let refused: Vec<EndpointId> = shared
+                .pool
+                .endpoint_ids()
+                .into_iter()
+                .filter(closed)
+                .collect();
             let dispatch = Dispatch::pick(shared, request, &refused, Attempt::Resume, stream);
             let dispatch = dispatch.map_err(|_| "no_endpoint")?;
             let id = dispatch.target.id;

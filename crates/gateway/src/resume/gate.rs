@@ -77,7 +77,7 @@ impl Gates {
     pub(crate) async fn place<T, E>(
         self: &Arc<Self>,
         yield_until: Option<Instant>,
-        mut pick: impl FnMut(&[EndpointId], bool) -> Result<(T, EndpointId), E>,
+        mut pick: impl FnMut(&ContinuationGate, bool) -> Result<(T, EndpointId), E>,
     ) -> Result<(T, Option<Place>), E> {
         loop {
             let freed = self.freed.notified();
@@ -87,8 +87,7 @@ impl Gates {
             let until = yield_until.filter(|&u| Instant::now() < u);
             {
                 let mut open = self.lock();
-                let full = open.full();
-                match pick(&full, until.is_some()) {
+                match pick(&open, until.is_some()) {
                     Ok((chosen, _)) if self.per_endpoint == 0 => return Ok((chosen, None)),
                     Ok((chosen, endpoint)) => {
                         open.enter(endpoint);
@@ -98,7 +97,7 @@ impl Gates {
                         };
                         return Ok((chosen, Some(place)));
                     }
-                    Err(e) if full.is_empty() && until.is_none() => return Err(e),
+                    Err(e) if open.full().is_empty() && until.is_none() => return Err(e),
                     Err(_) => {}
                 }
             }
@@ -126,10 +125,10 @@ mod tests {
     fn lowest(
         n: u32,
         tried: &'static [u32],
-    ) -> impl FnMut(&[EndpointId], bool) -> Result<(u32, EndpointId), &'static str> {
-        move |full, _| {
+    ) -> impl FnMut(&ContinuationGate, bool) -> Result<(u32, EndpointId), &'static str> {
+        move |gate, _| {
             (0..n)
-                .find(|e| !tried.contains(e) && !full.contains(&EndpointId(*e)))
+                .find(|e| !tried.contains(e) && gate.has_room(EndpointId(*e)))
                 .map(|e| (e, EndpointId(e)))
                 .ok_or("no_endpoint")
         }
@@ -179,7 +178,7 @@ mod tests {
         let gates = Arc::new(Gates::new(1));
         let (_, held) = gates.place(None, lowest(1, &[])).await.unwrap();
         for id in 1..100 {
-            let only = move |_: &[EndpointId], _| Ok::<_, ()>(((), EndpointId(id)));
+            let only = move |_: &ContinuationGate, _| Ok::<_, ()>(((), EndpointId(id)));
             drop(gates.place(None, only).await.unwrap());
         }
         assert_eq!(gates.lock().full(), [EndpointId(0)]);
@@ -204,7 +203,7 @@ mod tests {
         // One endpoint, where a new request awaits its first token while `busy` holds.
         let busy = Arc::new(AtomicBool::new(true));
         let pick = |busy: Arc<AtomicBool>| {
-            move |_: &[EndpointId], yielding: bool| {
+            move |_: &ContinuationGate, yielding: bool| {
                 if yielding && busy.load(Ordering::SeqCst) {
                     Err("no_endpoint")
                 } else {
@@ -235,7 +234,7 @@ mod tests {
         assert!(Instant::now() >= until && Instant::now() < until + YIELD_POLL);
         // Past its yield a continuation is placed at once, and a refusal is final again.
         assert!(gates.place(Some(started), pick(busy)).await.is_ok());
-        let refuse = |_: &[EndpointId], _| Err::<((), EndpointId), _>("no_endpoint");
+        let refuse = |_: &ContinuationGate, _| Err::<((), EndpointId), _>("no_endpoint");
         assert_eq!(
             gates.place(Some(started), refuse).await.map(|_| ()),
             Err("no_endpoint")

@@ -85,7 +85,7 @@ impl Sim<'_> {
         let news = share::News::FirstToken { id, endpoint, ttft };
         self.share(router, news);
         if self.is_warmup(id) {
-            self.open[i] = self.open[i].saturating_sub(1);
+            self.gate.leave(endpoint);
         }
     }
 
@@ -104,6 +104,9 @@ impl Sim<'_> {
         let rec = &mut self.out.records[id as usize];
         rec.finished = Some(now);
         let tag = rec.tag;
+        if !self.warmups.contains_key(&id) {
+            self.last_turn.ended(id, endpoint, now);
+        }
         let (dispatched, usage) = match rec.resumed {
             Some(r) => (
                 r.sent.unwrap_or(rec.arrival),

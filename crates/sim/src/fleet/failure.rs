@@ -30,7 +30,7 @@ impl Sim<'_> {
             let router = self.out.records[*id as usize].router as usize;
             self.routers[router].failed(*id, endpoint, now, FailureKind::Connect);
         }
-        self.open[i] = 0;
+        self.gate.clear(endpoint);
         for r in &mut self.routers {
             r.remove(endpoint, now);
         }

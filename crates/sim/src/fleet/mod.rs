@@ -108,12 +108,14 @@ struct Sim<'c> {
     free_news: Vec<usize>,
     /// Continuations waiting for a replica to take them ([`resume`]).
     held: std::collections::VecDeque<resume::Held>,
-    /// Per replica, the continuations sent there still without a first token.
-    open: Vec<u32>,
+    /// The continuations (and warm-ups) sent to each replica still without a first token, with
+    /// the limit per replica: the dispatch core's gate, as the gateway keeps it.
+    gate: kvgate_core::dispatch::ContinuationGate,
     /// Ids for the text a broken stream had generated, resent in its continuation.
     generated: UniqueTokens,
-    /// Per session, its last turn as its router sent it ([`rehome`]).
-    last_turn: std::collections::HashMap<u64, rehome::LastTurn>,
+    /// Per session, its last turn (the prompt its router sent) and where it ended: the dispatch
+    /// core's re-homing record, as the gateway keeps it ([`rehome`]).
+    last_turn: kvgate_core::dispatch::RehomeBook<u64, Vec<u32>>,
     /// Warm-ups by request id, and what each warms.
     warmups: std::collections::HashMap<u64, rehome::Warmup>,
 }
@@ -196,9 +198,9 @@ impl<'c> Sim<'c> {
             news: Vec::new(),
             free_news: Vec::new(),
             held: Default::default(),
-            open: vec![0; n],
+            gate: kvgate_core::dispatch::ContinuationGate::new(config.resume.unwrap_or(0)),
             generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
-            last_turn: Default::default(),
+            last_turn: rehome::book(config),
             warmups: Default::default(),
         }
     }

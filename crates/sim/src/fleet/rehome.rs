@@ -14,6 +14,8 @@
 //! conversation (docs/routing.md, Limits, A lost replica).
 
 use super::Sim;
+use kvgate_core::dispatch::RehomeBook;
+use kvgate_core::{EndpointId, Nanos};
 
 /// What a warm-up warms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,13 +41,10 @@ impl Warmup {
     }
 }
 
-/// What a router remembers of a session's last turn.
-#[derive(Debug)]
-pub(super) struct LastTurn {
-    /// The request that carried it.
-    id: u64,
-    /// Its prompt, as sent.
-    prompt: Vec<u32>,
+/// The router's record of sessions' last turns (the dispatch core's, as the gateway keeps
+/// it), unbounded: a run's sessions fit.
+pub(super) fn book(config: &super::FleetConfig) -> RehomeBook<u64, Vec<u32>> {
+    RehomeBook::new(config.rehome.unwrap_or(Nanos::ZERO), usize::MAX, usize::MAX)
 }
 
 impl Sim<'_> {
@@ -64,46 +63,15 @@ impl Sim<'_> {
                 .get(&h.id())
                 .is_none_or(|w| w.session() != Some(session))
         });
-        self.last_turn.insert(
-            session,
-            LastTurn {
-                id,
-                prompt: prompt.to_vec(),
-            },
-        );
+        self.last_turn
+            .remember(session, id, prompt.to_vec(), 0, self.now);
     }
 
     /// Replica `lost` died: queues a warm-up for each session whose last turn ended there
     /// within the re-homing window.
     pub(super) fn rehome(&mut self, lost: u32) {
-        let Some(window) = self.config.rehome else {
-            return;
-        };
-        let now = self.now;
-        let mut displaced: Vec<(u64, u64)> = self
-            .last_turn
-            .iter()
-            .filter(|(_, t)| {
-                let rec = &self.out.records[t.id as usize];
-                rec.replica == lost
-                    && !rec.failed
-                    && rec
-                        .finished
-                        .is_some_and(|f| now.saturating_since(f) <= window)
-            })
-            .map(|(&session, t)| (session, t.id))
-            .collect();
-        // The most recent first: their next turns come soonest. Ties (turns that ended in the
-        // same iteration) go by session, not by the map's random iteration order, so a seed
-        // gives the same run.
-        displaced.sort_by_key(|&(session, id)| {
-            (
-                std::cmp::Reverse(self.out.records[id as usize].finished),
-                session,
-            )
-        });
-        for (session, id) in displaced {
-            let prompt = self.last_turn[&session].prompt.clone();
+        let displaced = self.last_turn.displaced(EndpointId(lost), self.now);
+        for (session, id, prompt) in displaced {
             let head = Warmup::Turn {
                 session,
                 whole: false,

@@ -134,7 +134,6 @@ impl Sim<'_> {
     /// (`resume_stage_grow`), so the head grows by two pieces; and so does one the router's
     /// index says that replica holds already ([`cached`]), which would warm nothing.
     pub(super) fn release(&mut self) {
-        let limit = self.config.resume.unwrap_or(0);
         let mut k = 0;
         while k < self.held.len() {
             let next = &self.held[k];
@@ -150,13 +149,13 @@ impl Sim<'_> {
                 None => None,
             };
             let router = self.routers[rec.router as usize].core().router();
+            let pinned_to = pinned.map(|p| kvgate_core::EndpointId(p as u32));
             let closed: Vec<bool> = (0..self.replicas.len())
                 .map(|i| {
-                    let awaiting = router.awaiting_first_token(kvgate_core::EndpointId(i as u32));
+                    let endpoint = kvgate_core::EndpointId(i as u32);
+                    let awaiting = router.awaiting_first_token(endpoint);
                     !self.replicas[i].alive
-                        || pinned.is_some_and(|p| p != i)
-                        || (limit > 0 && self.open[i] >= limit)
-                        || (yielding && awaiting > 0)
+                        || !self.gate.admits(endpoint, pinned_to, yielding, awaiting)
                 })
                 .collect();
             if closed.iter().all(|&c| c) {
@@ -227,7 +226,7 @@ impl Sim<'_> {
             router,
             super::share::News::FirstToken { id, endpoint, ttft },
         );
-        self.open[i] = self.open[i].saturating_sub(1);
+        self.gate.leave(endpoint);
         self.release();
     }
 }
@@ -253,5 +252,5 @@ fn cached(
     let held = cache
         .prediction(head, endpoint, &overlaps)
         .cached_tokens(tokens);
-    tokens.saturating_sub(held) < piece / 4
+    kvgate_core::dispatch::head_held(tokens.saturating_sub(held) as usize, piece as usize)
 }

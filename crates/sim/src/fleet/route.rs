@@ -39,12 +39,12 @@ impl Sim<'_> {
             if r.first_token.is_none() {
                 r.sent = Some(now);
                 r.prompt_tokens = prompt.len() as u32;
-                self.open[i] += 1;
+                self.gate.enter(endpoint);
             }
         } else if self.is_warmup(id) {
             // Its TTFT, which calibrates the router, runs from here, not from the loss.
             self.out.records[id as usize].arrival = now;
-            self.open[i] += 1;
+            self.gate.enter(endpoint);
             if self.warmups.get(&id).is_some_and(|w| w.is_whole_turn()) {
                 self.out.warmups_sent += 1;
             }
