@@ -1,5 +1,6 @@
-//! Streams continued after their replica died mid-answer, as the gateway's `resume` does
-//! (crates/gateway/src/resume): the router sends the prompt and the text generated so far
+//! Streams continued after their replica died mid-answer, as the gateway's relay does
+//! (crates/gateway/src/relay), by the same rules (`kvgate_core::dispatch::ContinuationGate`,
+//! `head_held`): the router sends the prompt and the text generated so far
 //! elsewhere and asks for the rest, so the client sees a pause, not an error.
 //!
 //! A continuation is a full prefill (the lost replica's cache died with it), and a replica
