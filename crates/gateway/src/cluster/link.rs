@@ -6,6 +6,7 @@ use super::receiver::Receiver;
 use super::wire::{Batcher, Header, WireEvent};
 use super::{ClusterConfig, ClusterMetrics, Local, Outbox, Sharing};
 use crate::pool::Progress;
+use crate::tenancy::Announcement;
 use async_nats::connection::State;
 use kvgate_core::{Nanos, Request};
 use std::collections::{HashSet, VecDeque};
@@ -237,19 +238,19 @@ impl Publisher {
                 self.own.remove(&(id, endpoint.clone()));
                 WireEvent::ended(id, endpoint, end)
             }
-            Local::Fanout(event) => WireEvent::Fanout { event },
-            Local::Limits {
+            Local::Tenancy(Announcement::Fanout(event)) => WireEvent::Fanout { event },
+            Local::Tenancy(Announcement::Limits {
                 scopes,
                 requests,
                 input,
                 output,
-            } => WireEvent::Limits {
+            }) => WireEvent::Limits {
                 scopes,
                 requests,
                 input,
                 output,
             },
-            Local::Spend(spent) => WireEvent::Spend { spent },
+            Local::Tenancy(Announcement::Spend(spent)) => WireEvent::Spend { spent },
         };
         self.event(event).await;
     }

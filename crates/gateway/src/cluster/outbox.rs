@@ -19,18 +19,8 @@ pub(crate) enum Local {
     },
     /// What became of one of this replica's own requests since.
     Progress(crate::pool::Progress),
-    /// The fan-out gate's claims and releases.
-    Fanout(crate::tenancy::FanoutEvent),
-    /// Taken from rate limiters (negative: given back): requests, limited input and output
-    /// tokens.
-    Limits {
-        scopes: Vec<String>,
-        requests: f64,
-        input: f64,
-        output: f64,
-    },
-    /// Spent per budget account.
-    Spend(Vec<(String, f64)>),
+    /// Tenancy's news: fan-out claims, limits taken, spend.
+    Tenancy(Announcement),
 }
 
 /// Where the pool drops what peers should hear; never blocks the request path.
@@ -55,21 +45,7 @@ impl crate::pool::Subscriber for Outbox {
 /// The link carries tenancy's announcements to the peers.
 impl Announcer for Outbox {
     fn announce(&self, what: Announcement) {
-        self.send(match what {
-            Announcement::Fanout(event) => Local::Fanout(event),
-            Announcement::Limits {
-                scopes,
-                requests,
-                input,
-                output,
-            } => Local::Limits {
-                scopes,
-                requests,
-                input,
-                output,
-            },
-            Announcement::Spend(spent) => Local::Spend(spent),
-        });
+        self.send(Local::Tenancy(what));
     }
 
     fn peers(&self) -> i64 {
