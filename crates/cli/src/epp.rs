@@ -21,6 +21,9 @@ pub(crate) fn run(args: &serve::Args) -> anyhow::Result<()> {
         "kvgate epp picks among model servers: give them with --endpoint URL, in the file, or \
          through `discovery.inference_pool`"
     );
+    if args.checked(&config)? {
+        return Ok(());
+    }
     for e in &config.endpoints {
         let host = e.base_url().split("://").nth(1).unwrap_or_default();
         let host = host.rsplit_once(':').map_or(host, |(h, _)| h);

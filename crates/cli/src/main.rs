@@ -4,6 +4,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod bench;
+mod config_check;
 mod demo;
 mod descriptors;
 mod engine;
@@ -44,6 +45,13 @@ enum Command {
     Plot(plot::Args),
     /// Count, mean, percentiles and max of a column of numbers (or of a field of JSON lines).
     Stats(stats::Args),
+    /// Check a configuration file and print it with every default (`kvgate config check FILE`).
+    Config(config_check::Args),
+    /// Print a shell completion script (`kvgate completions bash > /etc/bash_completion.d/kvgate`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +97,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(&args),
         Command::Plot(args) => plot::run(&args),
         Command::Stats(args) => stats::run(&args),
+        Command::Config(args) => config_check::run(&args),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "kvgate", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 

@@ -104,6 +104,25 @@ pub(crate) struct Args {
     /// Worker threads of the async runtime (default: one per core).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
+    /// Check the configuration (file and flags) as serving would, print it with every
+    /// default, and exit without serving.
+    #[arg(long)]
+    check: bool,
+}
+
+impl Args {
+    /// With `--check`: checks and prints `config` instead of running; whether it did.
+    pub(crate) fn checked(&self, config: &Config) -> anyhow::Result<bool> {
+        if !self.check {
+            return Ok(false);
+        }
+        let source = self
+            .config
+            .as_ref()
+            .map_or_else(|| "the flags".to_string(), |p| p.display().to_string());
+        crate::config_check::report(config, &source, false)?;
+        Ok(true)
+    }
 }
 
 /// The policy flags: `--policy`, SGLang's cache-aware flags, then each `--policy-set`.
@@ -237,6 +256,9 @@ pub(crate) fn build_config(args: &Args) -> anyhow::Result<Config> {
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut config = build_config(args)?;
+    if args.checked(&config)? {
+        return Ok(());
+    }
     let runtime = crate::runtime(args.threads)?;
     runtime.block_on(async {
         let mut engines = Vec::new();

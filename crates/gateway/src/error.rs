@@ -154,12 +154,21 @@ impl ApiError {
     }
 
     /// 404 for a model no endpoint serves.
-    pub fn unknown_model(model: &str) -> Self {
+    pub fn unknown_model(model: &str, served: &[String]) -> Self {
+        let served = if served.is_empty() {
+            "none is known yet".to_string()
+        } else {
+            served
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
-            format!("the model `{model}` does not exist in this pool"),
+            format!("the model `{model}` does not exist in this pool (models served: {served})"),
         )
         .with_param("model")
     }

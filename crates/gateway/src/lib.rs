@@ -102,6 +102,20 @@ impl Gateway {
         Self::with_seed(config, seed)
     }
 
+    /// Everything [`Gateway::new`] checks, short of opening what a running gateway holds (the
+    /// tenancy store, the access log, the trace exporter): the configuration's rules, the TLS
+    /// certificate and key, the endpoints' CA files and the tokenizers. For `kvgate config
+    /// check` and `kvgate serve --check`, which may run beside the gateway they check.
+    pub fn check(config: &Config) -> Result<(), ConfigError> {
+        config.validate()?;
+        if let Some(t) = &config.tls {
+            listener::tls::Tls::new(t, config.listener.http2)?;
+        }
+        engine_state::Tokenizers::load(&config.tokenizers)?;
+        state::upstream_client(config)?;
+        Ok(())
+    }
+
     /// Like [`Gateway::new`] with a fixed random seed (random policies, backoff jitter, phases).
     pub fn with_seed(config: Config, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;

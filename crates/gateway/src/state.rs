@@ -139,7 +139,7 @@ impl Shared {
 }
 
 /// The upstream client, trusting the endpoints' own CA files besides the system's.
-fn upstream_client(config: &Config) -> Result<HttpClient, ConfigError> {
+pub(crate) fn upstream_client(config: &Config) -> Result<HttpClient, ConfigError> {
     let ca_files: Vec<&std::path::Path> = config
         .endpoints
         .iter()

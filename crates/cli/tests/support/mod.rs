@@ -55,12 +55,31 @@ impl Proc {
 /// Starts `kvgate ARGS` and waits (30 s at most) for the stdout line containing `marker`, whose
 /// `http://...` (or `https://...`) word is the process's URL.
 pub fn spawn(args: &[&str], marker: &str) -> Proc {
+    spawn_with(args, marker, None)
+}
+
+fn spawn_with(args: &[&str], marker: &str, log: Option<Log>) -> Proc {
+    let stderr = if log.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("start kvgate");
+    if let Some(log) = log {
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                eprintln!("{line}");
+                log.0.lock().unwrap().push(line);
+            }
+        });
+    }
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     let marker = marker.to_string();
@@ -81,6 +100,42 @@ pub fn spawn(args: &[&str], marker: &str) -> Proc {
         .expect("process did not report its address in time")
         .expect("no URL in the readiness line");
     Proc { child, url, line }
+}
+
+/// What a process wrote to stderr so far, line by line (its logs).
+#[derive(Clone, Default)]
+pub struct Log(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Log {
+    /// Waits (20 s at most) for a line containing every one of `needles`, and returns it.
+    pub fn wait_for(&self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let lines = self.0.lock().unwrap();
+            if let Some(line) = lines.iter().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return line.clone();
+            }
+            drop(lines);
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needles:?} in time"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The lines containing `needle` so far.
+    pub fn count(&self, needle: &str) -> usize {
+        let lines = self.0.lock().unwrap();
+        lines.iter().filter(|l| l.contains(needle)).count()
+    }
+}
+
+/// [`spawn`], keeping what the process writes to stderr (also echoed to the test's stderr).
+pub fn spawn_logged(args: &[&str], marker: &str) -> (Proc, Log) {
+    let log = Log::default();
+    let proc = spawn_with(args, marker, Some(log.clone()));
+    (proc, log)
 }
 
 /// `kvgate engine` with a name, time scale and extra flags.

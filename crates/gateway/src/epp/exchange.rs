@@ -224,7 +224,8 @@ impl Exchange {
             match Dispatch::pick(&self.shared, &request, &outside, Attempt::First, stream) {
                 Ok(d) => d,
                 Err(r) => {
-                    let error = ApiError::no_endpoint(r);
+                    let why = self.shared.pool.why_unroutable(request.model.as_deref());
+                    let error = ApiError::no_endpoint(format!("{r}: {why}"));
                     return vec![self.refuse(&error, "no_endpoint", Some(Outcome::NoEndpoint))];
                 }
             };

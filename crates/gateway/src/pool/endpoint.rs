@@ -4,6 +4,7 @@
 //! published snapshot ([`super::Snapshot`]).
 
 use crate::endpoint_config::EndpointConfig;
+use crate::upstream::Trouble;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use kvgate_core::dispatch::{MemberSpec, Serving, Status};
 use kvgate_core::EndpointId;
@@ -89,6 +90,10 @@ pub(crate) struct EndpointInfo {
     pub(crate) inflight: Arc<AtomicU32>,
     /// Its iteration clock, ticked by the streams it sends.
     pub(crate) cadence: Arc<super::CadenceCell>,
+    /// What its health checks last failed on, while they fail.
+    pub(crate) trouble: Option<Arc<Trouble>>,
+    /// The status its `/metrics` answered, while not a success.
+    pub(crate) metrics_missing: Option<u16>,
 }
 
 impl std::ops::Deref for EndpointInfo {
@@ -108,6 +113,10 @@ pub(crate) struct Endpoint {
     pub(crate) cadence: Arc<super::CadenceCell>,
     /// Which run of the engine its last scrape that said so came from.
     pub(crate) incarnation: Option<crate::engine_state::Incarnation>,
+    /// What its health checks last failed on, while they fail.
+    pub(crate) trouble: Option<Arc<Trouble>>,
+    /// The status its `/metrics` answered, while not a success.
+    pub(crate) metrics_missing: Option<u16>,
 }
 
 impl Endpoint {
@@ -119,6 +128,8 @@ impl Endpoint {
             inflight: Arc::new(AtomicU32::new(0)),
             cadence: Arc::default(),
             incarnation: None,
+            trouble: None,
+            metrics_missing: None,
         }
     }
 

@@ -18,12 +18,14 @@
 
 mod cadence;
 mod endpoint;
+mod health;
 mod members;
 mod metrics;
 mod outcome;
 mod peer;
 mod snapshot;
 mod target;
+mod unroutable;
 
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
@@ -43,7 +45,7 @@ use kvgate_core::dispatch::{self, DispatchConfig, DispatchCore};
 use kvgate_core::index::{Overlaps, PrefixCache};
 use kvgate_core::policy::EndpointModel;
 use kvgate_core::resilience::{Attempts, Next};
-use kvgate_core::{EndpointId, Nanos, Observation, PolicyConfig, Rejection, Request};
+use kvgate_core::{EndpointId, Nanos, PolicyConfig, Rejection, Request};
 use rand::RngCore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -163,6 +165,8 @@ impl Pool {
                     status: status.clone(),
                     inflight: e.inflight.clone(),
                     cadence: e.cadence.clone(),
+                    trouble: e.trouble.clone(),
+                    metrics_missing: e.metrics_missing,
                 }
             })
             .collect();
@@ -359,19 +363,6 @@ impl Pool {
         Duration::from_nanos(self.lock().dispatch.router_mut().rng().random_range(0..max))
     }
 
-    /// A scrape of `endpoint` sent at `sent_at` returned `observation` (`None` when the engine
-    /// answered without metrics kvgate reads). The endpoint is healthy again.
-    pub fn observed(&self, endpoint: EndpointId, observation: Option<Observation>, sent_at: Nanos) {
-        {
-            let mut core = self.lock();
-            core.dispatch.observed(endpoint, observation, sent_at);
-            self.publish(&core);
-        }
-        if let Some(tokens) = observation.and_then(|o| o.capacity_tokens()) {
-            self.cache_mut().set_capacity(endpoint, tokens);
-        }
-    }
-
     /// Records which run of its engine a scrape of `endpoint` came from; whether the engine
     /// restarted since the previous one. A restarted engine's cache is empty, so the index
     /// forgets what it held there: else the policy keeps predicting hits on a cold engine and
@@ -396,24 +387,6 @@ impl Pool {
             self.cache_mut().endpoint_restarted(endpoint);
         }
         restarted
-    }
-
-    /// A scrape of `endpoint` failed; after `threshold` in a row it is unhealthy (see
-    /// [`DispatchCore::scrape_failed`]). Whether this failure made it unhealthy.
-    pub fn scrape_failed(&self, endpoint: EndpointId, threshold: u32) -> bool {
-        let mut core = self.lock();
-        let went_down = core.dispatch.scrape_failed(endpoint, threshold);
-        self.publish_if(&core, went_down);
-        went_down
-    }
-
-    /// Records what the engine's own `/health` said: a 5xx (for example an engine draining for
-    /// shutdown) keeps it out of routing until `/health` is fine again, whatever traffic it
-    /// still answers.
-    pub fn reported_health(&self, endpoint: EndpointId, up: bool) {
-        let mut core = self.lock();
-        let changed = core.dispatch.reported_health(endpoint, up);
-        self.publish_if(&core, changed);
     }
 
     /// Records the models an endpoint reported.

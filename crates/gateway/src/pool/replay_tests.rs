@@ -56,7 +56,9 @@ fn feed(pool: &Pool, open: &mut Open, at: Nanos, event: &TraceEvent) -> Option<S
         TraceEvent::Scrape {
             endpoint,
             observation,
-        } => pool.observed(*endpoint, Some(*observation), at),
+        } => {
+            pool.observed(*endpoint, Some(*observation), at);
+        }
         TraceEvent::Tokens { endpoint } => {
             // A stream may deliver its last tokens after its endpoint left the pool.
             if let Some(cadence) = pool.cadence_of(*endpoint) {

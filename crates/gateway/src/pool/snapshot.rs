@@ -29,6 +29,14 @@ pub struct EndpointStatus {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `healthy`, `draining` or `unhealthy` as the policy currently sees it.
     pub health: Health,
+    /// Why it takes no traffic now (down and the cause with its fix, draining, cooling down
+    /// and for how long); absent while it takes traffic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What it is routed without (its load signals, when `/metrics` fails); absent when
+    /// nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// Breaker state.
     pub breaker: BreakerState,
     /// Last scrape.
@@ -234,6 +242,8 @@ impl Pool {
                     weight: e.about.config.weight,
                     labels: e.about.config.labels.clone(),
                     health,
+                    reason: super::unroutable::reason(e, now),
+                    warning: super::unroutable::warning(e),
                     breaker,
                     observation: e.observation,
                     inflight,

@@ -2,7 +2,7 @@ use super::*;
 use crate::Config;
 use kvgate_core::decision::FailureKind;
 use kvgate_core::resilience::Ticket;
-use kvgate_core::Usage;
+use kvgate_core::{Observation, Usage};
 
 fn pool(policy: &str, endpoints: &[(&str, Option<&str>)]) -> (Pool, Vec<EndpointId>) {
     pool_with(policy, endpoints, 2)
@@ -188,29 +188,58 @@ fn removal_forgets_the_endpoint() {
 #[test]
 fn failed_scrapes_count_only_without_traffic_in_between() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None)]);
-    pool.scrape_failed(ids[0], 2);
+    let refused = || crate::upstream::Trouble::Refused {
+        address: "a:1".into(),
+    };
+    assert!(!pool.scrape_failed(ids[0], 2, refused()));
     pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
-    pool.scrape_failed(ids[0], 2);
+    pool.scrape_failed(ids[0], 2, refused());
     assert!(
         pool.any_healthy(),
         "it answered a request since the last scrape"
     );
-    pool.scrape_failed(ids[0], 2);
-    pool.scrape_failed(ids[0], 2);
+    assert_eq!(
+        pool.status()[0].reason,
+        None,
+        "a failure that keeps nothing out"
+    );
+    pool.scrape_failed(ids[0], 2, refused());
+    assert!(
+        pool.scrape_failed(ids[0], 2, refused()),
+        "this one took it out"
+    );
     assert!(!pool.any_healthy());
+    let reason = pool.status()[0].reason.clone().unwrap();
+    assert!(
+        reason.starts_with("down: connection refused at a:1"),
+        "{reason}"
+    );
+    let why = pool.why_unroutable(None);
+    assert!(
+        why.starts_with("the only endpoint, a:1, is down: connection refused at a:1"),
+        "{why}"
+    );
     assert_eq!(
         pool.routable_again_in(None),
         None,
         "only a health check brings it back"
     );
-    pool.observed(ids[0], None, Nanos(2));
+    let ended = pool.observed(ids[0], None, Nanos(2));
+    assert_eq!(
+        ended.as_deref(),
+        Some(&refused()),
+        "the recovery names what ended"
+    );
     assert!(pool.any_healthy());
+    assert_eq!(pool.status()[0].reason, None);
 }
 
 #[test]
 fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
     let (pool, ids) = pool("round_robin", &[("http://a:1", None), ("http://b:1", None)]);
-    pool.reported_health(ids[0], false);
+    assert!(pool.reported_health(ids[0], 503));
+    let reason = pool.status()[0].reason.clone().unwrap();
+    assert!(reason.contains("its /health answered 503"), "{reason}");
     pool.first_token(1, ids[0], Ticket::default(), Nanos(1), false);
     for i in 2..6 {
         assert_eq!(
@@ -220,7 +249,8 @@ fn an_engine_reporting_itself_down_gets_no_traffic_even_while_it_answers() {
             ids[1]
         );
     }
-    pool.reported_health(ids[0], true);
+    assert!(!pool.reported_health(ids[0], 200));
+    assert_eq!(pool.status()[0].reason, None);
     let picked: Vec<_> = (6..8)
         .map(|i| {
             pool.pick(&request(i, None), &[], Attempt::First)

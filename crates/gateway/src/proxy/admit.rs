@@ -52,7 +52,7 @@ pub(crate) fn lease(
     if let Some(model) = &inference.request.model {
         if !shared.pool.serves(model) {
             ending.set(Outcome::ClientError);
-            return Err(ApiError::unknown_model(model));
+            return Err(ApiError::unknown_model(model, &shared.pool.models()));
         }
     }
     let mut lease = shared

@@ -360,7 +360,11 @@ impl Run {
     /// Retry-After window or behind an open breaker, so say when the first takes traffic again;
     /// when they are all down, the next health check is the earliest one could be back.
     fn no_endpoint(&self, rejection: Rejection) -> ApiError {
-        let mut error = ApiError::no_endpoint(rejection);
+        let why = self
+            .shared
+            .pool
+            .why_unroutable(self.request.model.as_deref());
+        let mut error = ApiError::no_endpoint(format!("{rejection}: {why}"));
         let next_check = Duration::from_millis(self.shared.config.scrape.interval_ms);
         let wait = self
             .shared

@@ -9,6 +9,7 @@
 use super::EngineWatch;
 use crate::engine_state::exposition::{parse_models, parse_scrape};
 use crate::error::ConfigError;
+use crate::upstream::Trouble;
 use axum::http::{Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -16,17 +17,19 @@ use kvgate_core::EndpointId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-async fn get(watch: &EngineWatch, base: &str, path: &str) -> Result<(StatusCode, Bytes), ()> {
+async fn get(watch: &EngineWatch, base: &str, path: &str) -> Result<(StatusCode, Bytes), Trouble> {
     let request = Request::builder()
         .method(Method::GET)
         .uri(format!("{base}{path}"))
         .body(Full::new(Bytes::new()))
-        .map_err(|_| ())?;
+        .map_err(|e| Trouble::Other {
+            detail: format!("{base}{path}: {e}"),
+        })?;
     let timeout = Duration::from_millis(watch.scrape.timeout_ms);
     crate::upstream::fetch(&watch.client, request, 4 * 1024 * 1024, timeout)
         .await
-        .map_err(|error| {
-            tracing::debug!(url = %format!("{base}{path}"), %error, "scrape failed");
+        .inspect_err(|trouble| {
+            tracing::debug!(url = %format!("{base}{path}"), %trouble, "scrape failed");
         })
 }
 
@@ -44,51 +47,43 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
     // 5xx when not (the emulated engine's `drain` fault too). No /health (404) says nothing.
     let health = get(watch, &base, "/health").await;
     if let Ok((status, _)) = &health {
-        watch.pool.reported_health(id, !status.is_server_error());
+        if watch.pool.reported_health(id, status.as_u16()) {
+            let trouble = Trouble::Reports {
+                status: status.as_u16(),
+            };
+            tracing::warn!(endpoint = %name, url = %base, cause = %trouble.label(),
+                "endpoint unhealthy: {trouble}");
+        }
     }
     let reached = health.is_ok();
     let metrics = match health {
         Ok(_) => get(watch, &base, "/metrics").await,
-        Err(()) => Err(()),
+        Err(trouble) => Err(trouble),
     };
-    match metrics {
-        Ok((status, body)) => {
-            let (observation, run) = status
-                .is_success()
-                .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
-                .flatten()
-                .unwrap_or_default();
-            if watch.pool.incarnation(id, run) {
-                restarted(watch, id, &name);
-            }
-            watch.pool.observed(id, observation, sent_at);
-            watch
-                .metrics
-                .scrapes
-                .get_or_create(&crate::metrics::ScrapeLabels {
-                    endpoint: name,
-                    result: "ok",
-                })
-                .inc();
-        }
-        Err(()) => {
-            let unhealthy = watch.pool.scrape_failed(id, watch.scrape.unhealthy_after);
-            if unhealthy && !reached {
-                // An engine that died between requests breaks no stream: this is the first
-                // sign that its sessions' cache is gone.
-                watch.losses.lost(id);
-            }
-            watch
-                .metrics
-                .scrapes
-                .get_or_create(&crate::metrics::ScrapeLabels {
-                    endpoint: name,
-                    result: "error",
-                })
-                .inc();
+    let (status, body) = match metrics {
+        Ok(answer) => answer,
+        Err(trouble) => {
+            failed(watch, id, (&name, &base), trouble, reached);
             return Some(reached);
         }
+    };
+    if watch.pool.metrics_answered(id, status.as_u16()) {
+        tracing::warn!(endpoint = %name, url = %base,
+            "GET {base}/metrics answered {status}: routing it without its load signals (is \
+             the URL the engine's base URL, without /v1?)");
     }
+    let (observation, run) = status
+        .is_success()
+        .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
+        .flatten()
+        .unwrap_or_default();
+    if watch.pool.incarnation(id, run) {
+        restarted(watch, id, &name);
+    }
+    if let Some(trouble) = watch.pool.observed(id, observation, sent_at) {
+        tracing::info!(endpoint = %name, url = %base, was = %trouble, "endpoint healthy again");
+    }
+    count(watch, name, "ok");
     if watch.pool.needs_models(id) {
         if let Ok((status, body)) = get(watch, &base, "/v1/models").await {
             let models = parse_models(&body);
@@ -98,6 +93,40 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
         }
     }
     Some(true)
+}
+
+/// A scrape of `id` failed with `trouble` (after its engine answered `/health`, when
+/// `reached`). The warning comes once, when the failure takes the endpoint out, naming the
+/// cause and its fix.
+fn failed(
+    watch: &EngineWatch,
+    id: EndpointId,
+    (name, base): (&str, &str),
+    trouble: Trouble,
+    reached: bool,
+) {
+    let label = trouble.label();
+    let message = trouble.to_string();
+    if watch
+        .pool
+        .scrape_failed(id, watch.scrape.unhealthy_after, trouble)
+    {
+        tracing::warn!(endpoint = %name, url = %base, cause = %label, "endpoint unhealthy: {message}");
+        if !reached {
+            // An engine that died between requests breaks no stream: this is the first sign
+            // that its sessions' cache is gone.
+            watch.losses.lost(id);
+        }
+    }
+    count(watch, name.to_string(), "error");
+}
+
+fn count(watch: &EngineWatch, endpoint: String, result: &'static str) {
+    watch
+        .metrics
+        .scrapes
+        .get_or_create(&crate::metrics::ScrapeLabels { endpoint, result })
+        .inc();
 }
 
 /// The engine at `id` restarted: the pool has forgotten what the index held there; its

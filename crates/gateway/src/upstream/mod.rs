@@ -20,6 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod trouble;
+
+pub(crate) use trouble::Trouble;
+
 /// The pooled keep-alive client shared by every request and scrape: plain HTTP/1.1 to `http://`
 /// upstreams, TLS to `https://` ones with HTTP/2 when the server offers it (ALPN), else
 /// HTTP/1.1.
@@ -32,20 +36,26 @@ pub(crate) async fn fetch(
     request: Request<Full<Bytes>>,
     limit: usize,
     timeout: Duration,
-) -> Result<(StatusCode, Bytes), String> {
+) -> Result<(StatusCode, Bytes), Trouble> {
+    let url = request.uri().to_string();
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| error_chain(&e))?;
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| Trouble::of(&e, &url))?;
         let status = response.status();
         let body = http_body_util::Limited::new(response.into_body(), limit)
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| Trouble::Other {
+                detail: e.to_string(),
+            })?
             .to_bytes();
         Ok((status, body))
     };
     tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| format!("no answer in {timeout:?}"))?
+        .map_err(|_| Trouble::timeout(timeout))?
 }
 
 /// Why the upstream client could not be built.
@@ -276,7 +286,7 @@ pub(crate) async fn attempt(
     let response = client
         .request(request)
         .await
-        .map_err(|e| AttemptError::Connect(error_chain(&e)))?;
+        .map_err(|e| AttemptError::Connect(Trouble::of(&e, base).to_string()))?;
     let (head, mut incoming) = response.into_parts();
     if head.status.is_server_error() || head.status == StatusCode::TOO_MANY_REQUESTS {
         let retry_after = head
