@@ -10,6 +10,7 @@ mod engine;
 mod epp;
 mod plot;
 mod policies;
+mod probe;
 mod serve;
 mod sim;
 mod stats;
@@ -44,6 +45,8 @@ enum Command {
     Plot(plot::Args),
     /// Count, mean, percentiles and max of a column of numbers (or of a field of JSON lines).
     Stats(stats::Args),
+    /// GET an http:// URL; exit 0 on 2xx, 1 otherwise (the container image's health check).
+    Probe(probe::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(&args),
         Command::Plot(args) => plot::run(&args),
         Command::Stats(args) => stats::run(&args),
+        Command::Probe(args) => probe::run(&args),
     }
 }
 
