@@ -11,6 +11,7 @@ mod engine;
 mod epp;
 mod plot;
 mod policies;
+mod probe;
 mod serve;
 mod sim;
 mod stats;
@@ -52,6 +53,8 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// GET an http:// URL; exit 0 on 2xx, 1 otherwise (the container image's health check).
+    Probe(probe::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -103,6 +106,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut command, "kvgate", &mut std::io::stdout());
             Ok(())
         }
+        Command::Probe(args) => probe::run(&args),
     }
 }
 
