@@ -1,8 +1,8 @@
 //! `kvgate epp`: kvgate's policies as the endpoint picker of an Envoy-based gateway with the
 //! Gateway API Inference Extension (ext_proc over gRPC). It takes `kvgate serve`'s flags and
 //! configuration file; `--listen` is the gRPC address (default `127.0.0.1:9002`, the
-//! extension's picker port) and `--admin-listen` serves `/metrics` (and the admin API with a
-//! token). Endpoints are the model servers the picker chooses among, by `ip:port`.
+//! extension's picker port) and `--admin-listen` serves `/metrics` and the admin API, which
+//! need an admin token (`--admin-token` or `KVGATE_ADMIN_TOKEN`). Endpoints are the model servers the picker chooses among, by `ip:port`.
 
 use crate::serve;
 use anyhow::Context;
