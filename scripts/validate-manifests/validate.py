@@ -175,22 +175,25 @@ def validate(docs, k8s, crd):
     return errors
 
 
+def parent(doc, path):
+    """The node holding the last key of `path`, and that key."""
+    *parents, last = path
+    node = doc
+    for p in parents:
+        node = node[p]
+    return node, last
+
+
 def rename(path, new):
     def apply(doc):
-        *parents, last = path
-        node = doc
-        for p in parents:
-            node = node[p]
+        node, last = parent(doc, path)
         node[new] = node.pop(last)
     return apply
 
 
 def assign(path, value):
     def apply(doc):
-        *parents, last = path
-        node = doc
-        for p in parents:
-            node = node[p]
+        node, last = parent(doc, path)
         node[last] = value
     return apply
 
