@@ -14,8 +14,13 @@ use support::*;
 
 /// `kvgate serve` with `endpoints` (YAML list items) and fast health checks, its log kept.
 fn front(name: &str, endpoints: &str) -> (Proc, Log) {
+    front_with_timeout(name, endpoints, 300)
+}
+
+/// [`front`] with scrapes that time out after `timeout_ms`.
+fn front_with_timeout(name: &str, endpoints: &str, timeout_ms: u64) -> (Proc, Log) {
     let yaml = format!(
-        "admin_token: t\nscrape: {{interval_ms: 100, timeout_ms: 300, unhealthy_after: 2}}\n\
+        "admin_token: t\nscrape: {{interval_ms: 100, timeout_ms: {timeout_ms}, unhealthy_after: 2}}\n\
          retry: {{max_attempts: 1}}\nendpoints:\n{endpoints}"
     );
     let path = config_file(name, &yaml);
@@ -73,7 +78,11 @@ async fn ask(base: &str, model: &str) -> (u16, String, Option<String>) {
 
 /// The three places agree on an endpoint down for `cause`, whose text contains `says`.
 async fn down_for(name: &str, endpoint: &str, cause: &str, says: &str) {
-    let (front, log) = front(name, endpoint);
+    down_after(front(name, endpoint), cause, says).await;
+}
+
+/// [`down_for`] on a front already started.
+async fn down_after((front, log): (Proc, Log), cause: &str, says: &str) {
     let line = log.wait_for(&["WARN", "endpoint unhealthy", says]);
     assert!(line.contains(&format!("cause={cause}")), "{line}");
     let reason = endpoint_field(&front.url, "reason").await;
@@ -98,6 +107,16 @@ async fn nothing_listening_is_a_refused_connection() {
     let endpoint = format!("  - {{url: \"http://{at}\", name: up, model: test-model}}\n");
     let says = format!("connection refused at {at}: is the engine running");
     down_for("refused", &endpoint, "refused", &says).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_name_that_does_not_resolve_is_named() {
+    // `.invalid` never resolves (RFC 6761); the long timeout keeps a slow resolver's failure
+    // from reading as a timeout.
+    let endpoint = "  - {url: \"http://no-such-host.invalid:8000\", name: up, model: test-model}\n";
+    let front = front_with_timeout("dns", endpoint, 5_000);
+    let says = "cannot resolve the host name no-such-host.invalid";
+    down_after(front, "dns", says).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,5 +329,41 @@ async fn endpoints_at_their_limits_and_unknown_models_say_so() {
     assert_eq!(
         message,
         "the model `no-such-model` does not exist in this pool (models served: `test-model`)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_endpoints_are_named_as_draining() {
+    let a = engine("a", "0", &[]);
+    let b = engine("b", "0", &[]);
+    let (front, _log) = front(
+        "drained-all",
+        &format!(
+            "  - {{url: \"{}\", name: a, model: test-model}}\n  - {{url: \"{}\", name: b, model: \
+             test-model}}\n",
+            a.url, b.url
+        ),
+    );
+    for id in 0..2 {
+        let r = client()
+            .post(format!("{}/admin/endpoints/{id}/drain", front.url))
+            .bearer_auth("t")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    }
+    let (status, message, _) = ask(&front.url, "test-model").await;
+    assert_eq!(status, 503, "{message}");
+    assert!(
+        message.contains(
+            "2 endpoints serving `test-model`, all are draining: a is draining: taken out of \
+             routing; b is draining"
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        endpoint_field(&front.url, "reason").await,
+        "draining: taken out of routing"
     );
 }
