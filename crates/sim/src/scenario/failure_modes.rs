@@ -96,10 +96,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
     };
     Ok(FleetConfig {
         replicas: (0..replicas)
-            .map(|i| ReplicaConfig {
-                engine,
-                speed: speeds[i % speeds.len()],
-            })
+            .map(|i| ReplicaConfig::new(engine, speeds[i % speeds.len()]))
             .collect(),
         routers: p.u64("routers", 1)?.max(1) as usize,
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 500)?),
@@ -127,6 +124,8 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         rehome_delay: Nanos::from_millis(p.u64("rehome_delay_ms", 0)?),
         share: share(p)?,
         horizon: None,
+        admission: None,
+        dispatch: Default::default(),
     })
 }
 
