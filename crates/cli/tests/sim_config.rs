@@ -1,6 +1,5 @@
 //! `kvgate sim --config FILE` end to end: the real binary on the README's example
-//! configuration (issue 53: "`kvgate sim --config` on the README's example config runs and prints
-//! capacity per policy").
+//! configuration runs and prints capacity per policy.
 
 use serde_json::Value;
 use std::path::PathBuf;

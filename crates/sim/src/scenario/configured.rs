@@ -1,4 +1,4 @@
-//! A deployment simulated as configured (`kvgate sim --config FILE`, issue 53): the gateway's
+//! A deployment simulated as configured (`kvgate sim --config FILE`): the gateway's
 //! endpoints as a fleet of replicas at stated speeds, its policy with its parameters, its scrape
 //! period and its admission limits, on one of the capacity sweeps' workloads
 //! (`scenario/families.rs`). The report is a capacity sweep (`scenario/capacity.rs`): per row, the
