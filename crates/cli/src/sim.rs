@@ -1,8 +1,12 @@
-//! `kvgate sim`: run one of the simulator's scenarios and print a table or JSON.
+//! `kvgate sim`: run one of the simulator's scenarios, or a gateway configuration
+//! (`--config`), and print a table or JSON.
 
 use anyhow::Context;
-use kvgate_sim::scenario::{self, Options, SCENARIOS};
+use kvgate_sim::scenario::{self, configured, Options, SCENARIOS};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+mod config;
 
 /// How to print the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -14,12 +18,34 @@ pub(crate) enum Format {
 }
 
 /// Run a fleet simulation scenario (routing-lab, staleness-lab, prefix-player, batching,
-/// agentic, sweep).
+/// agentic, sweep, ...), or simulate a gateway configuration (`--config FILE`): its endpoints
+/// as a fleet, its policy and admission, capacity per policy.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["scenario", "config"])))]
 pub(crate) struct Args {
     /// The scenario to run.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
-    scenario: String,
+    scenario: Option<String>,
+    /// A gateway configuration (YAML, as for `kvgate serve --config`) to simulate: capacity
+    /// under the SLO of its policy as configured, of other policies and of the oracle.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// With --config: an endpoint's speed relative to the default engine model, by its name or
+    /// URL (`10.0.0.2:8000=0.5`); repeatable; 1 when not given.
+    #[arg(
+        long = "speed",
+        value_name = "NAME=FACTOR",
+        conflicts_with = "scenario"
+    )]
+    speeds: Vec<String>,
+    /// With --config: the workload (agentic sessions by default).
+    #[arg(long, conflicts_with = "scenario",
+          value_parser = clap::builder::PossibleValuesParser::new(configured::WORKLOADS))]
+    workload: Option<String>,
+    /// With --config that names no endpoints (or discovers them from Kubernetes): simulate N
+    /// identical replicas.
+    #[arg(long, value_name = "N", conflicts_with = "scenario")]
+    replicas: Option<usize>,
     /// A policy to include (repeatable); default: the scenario's own set.
     #[arg(long = "policy")]
     policies: Vec<String>,
@@ -48,8 +74,18 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         seed: args.seed,
         sets,
     };
-    let report = scenario::run(&args.scenario, &options)
-        .with_context(|| format!("scenario {}", args.scenario))?;
+    let report = match (&args.scenario, &args.config) {
+        (Some(name), _) => {
+            scenario::run(name, &options).with_context(|| format!("scenario {name}"))?
+        }
+        (None, Some(path)) => {
+            let deployment = config::deployment(path, &args.speeds, args.replicas)?;
+            let workload = args.workload.as_deref().unwrap_or(configured::WORKLOADS[0]);
+            configured::run(&deployment, workload, &options)
+                .with_context(|| format!("simulating {}", path.display()))?
+        }
+        (None, None) => unreachable!("clap requires --scenario or --config"),
+    };
     match args.format {
         Format::Table => print!("{}", report.to_text()),
         Format::Json => print!("{}", report.to_json()),

@@ -10,6 +10,25 @@ pub struct ReplicaConfig {
     pub engine: EngineConfig,
     /// Speed factor applied to iteration times.
     pub speed: f64,
+    /// The weight its routers are given (the gateway's `endpoints[].weight`). `None`: its
+    /// speed, as an operator who knows each replica's speed would set it. A configuration
+    /// simulated as written ([`crate::scenario::configured`]) gives the configured weight, which
+    /// may not match the speed.
+    pub weight: Option<f64>,
+    /// Its priority tier (the gateway's `endpoints[].tier`, 0 first).
+    pub tier: u32,
+}
+
+impl ReplicaConfig {
+    /// A replica of `engine` at `speed`, weighted by its speed, in tier 0.
+    pub fn new(engine: EngineConfig, speed: f64) -> Self {
+        ReplicaConfig {
+            engine,
+            speed,
+            weight: None,
+            tier: 0,
+        }
+    }
 }
 
 /// The fleet and its routers.
@@ -75,6 +94,27 @@ pub struct FleetConfig {
     /// (an overloaded fleet's queue would take hours of simulated time to drain, and its
     /// answer is already known).
     pub horizon: Option<Nanos>,
+    /// The dispatch core's parameters (retry budget, hedge, breakers, tier spillover), the
+    /// gateway's `pool_settings().dispatch`; breakers and retries act only when replicas fail.
+    pub dispatch: kvgate_core::dispatch::DispatchConfig,
+    /// The gateway's admission gate at each router ([`AdmissionLimits`]); `None`: every
+    /// request is sent at once.
+    pub admission: Option<AdmissionLimits>,
+}
+
+/// The gateway's `admission` limits, per router (each gateway replica has its own gate):
+/// requests in flight upstream at once, requests waiting beyond them, and how long one may
+/// wait. The fleet's `admission` module says what of the gateway's gate it models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Requests sent and not ended, at most (`admission.max_concurrency`).
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot, at most; beyond it one fails at once, as the gateway's 429
+    /// (`admission.max_queue`).
+    pub max_queue: usize,
+    /// The longest wait; a request still waiting then fails, as the gateway's 504
+    /// (`admission.queue_timeout_ms`).
+    pub queue_timeout: Nanos,
 }
 
 /// A replica dying at an instant: everything it holds is lost. Requests that had no first

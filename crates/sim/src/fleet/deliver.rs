@@ -75,10 +75,11 @@ impl Sim<'_> {
     fn first_token(&mut self, i: usize, id: u64, cached_tokens: u32) {
         let now = self.now;
         let endpoint = EndpointId(i as u32);
+        let dispatched = self.sent_at(id);
         let rec = &mut self.out.records[id as usize];
         rec.first_token = Some(now);
         rec.cached_tokens = cached_tokens;
-        let (dispatched, router) = (rec.arrival, rec.router as usize);
+        let router = rec.router as usize;
         self.replicas[i].streams[router] += 1;
         let ttft = now - dispatched;
         self.routers[router].first_token(id, endpoint, now, ttft);
@@ -101,6 +102,7 @@ impl Sim<'_> {
     ) {
         let now = self.now;
         let endpoint = EndpointId(i as u32);
+        let sent = self.sent_at(id);
         let rec = &mut self.out.records[id as usize];
         rec.finished = Some(now);
         let tag = rec.tag;
@@ -117,7 +119,7 @@ impl Sim<'_> {
                 },
             ),
             None => (
-                rec.arrival,
+                sent,
                 Usage {
                     prompt_tokens: rec.prompt_tokens,
                     cached_tokens: Some(rec.cached_tokens),
@@ -142,6 +144,7 @@ impl Sim<'_> {
         };
         self.share(from, news);
         self.out.in_flight -= 1;
+        self.admission_ended(id);
         if !self.is_warmup(id) {
             self.follow_up(tag, workload, rng);
         }

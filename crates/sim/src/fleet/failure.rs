@@ -55,6 +55,7 @@ impl Sim<'_> {
                 rec.finished = Some(now);
                 rec.output_tokens = output;
                 let tag = rec.tag;
+                self.admission_ended(id);
                 self.follow_up(tag, workload, rng);
             }
         }

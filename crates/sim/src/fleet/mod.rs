@@ -8,8 +8,8 @@
 //! would send it (`Dispatched`, `FirstToken`, `Completed`, and optionally engine KV events).
 //! Each router is a [`Dispatcher`]: the dispatch core and prefix cache the gateway's pool
 //! drives, fed the same events in the same order (a differential test in the gateway replays
-//! one trace through both and compares their decisions). Arrivals
-//! are dealt to routers in turn.
+//! one trace through both and compares their decisions). Arrivals are dealt to routers in turn,
+//! and may wait at the router's admission gate (`fleet/admission.rs`).
 //!
 //! Time is [`Nanos`]. The cost of the loop is O(log events) per event: an iteration, an arrival,
 //! a scrape or a sample; nothing walks all requests.
@@ -21,13 +21,13 @@
 mod config;
 mod outcome;
 
-pub use config::{Failure, FleetConfig, KvSignal, ReplicaConfig};
+pub use config::{AdmissionLimits, Failure, FleetConfig, KvSignal, ReplicaConfig};
 pub use outcome::{Outcome, ReplicaOutcome, RequestRecord, Resumption, SkewStats};
 use route::request_of;
 
 use crate::model::{EngineModel, Iteration};
 use crate::workload::{Spec, UniqueTokens, Workload};
-use kvgate_core::dispatch::{DispatchConfig, Dispatcher, MemberSpec};
+use kvgate_core::dispatch::{Dispatcher, MemberSpec};
 use kvgate_core::{EndpointId, Nanos, Observation};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -62,6 +62,8 @@ enum Kind {
     Rehome,
     /// A peer's news reaches a router ([`share`]).
     News,
+    /// A request's wait at its router's admission gate is over ([`admission`]).
+    Expire,
 }
 
 /// Runs `workload` through the fleet. `seed` drives the routers' random choices; the workload
@@ -118,6 +120,12 @@ struct Sim<'c> {
     last_turn: kvgate_core::dispatch::RehomeBook<u64, Vec<u32>>,
     /// Warm-ups by request id, and what each warms.
     warmups: std::collections::HashMap<u64, rehome::Warmup>,
+    /// Each router's admission gate ([`admission`]).
+    gates: Vec<admission::Gate>,
+    /// When each request that waited at its gate was sent.
+    sent: std::collections::BTreeMap<u64, Nanos>,
+    /// A gate is handing out slots (a send that fails at once must not start another round).
+    granting: bool,
 }
 
 /// Router `r`'s random seed in a fleet seeded by `seed`.
@@ -162,18 +170,18 @@ impl<'c> Sim<'c> {
             .collect();
         let routers = (0..config.routers.max(1))
             .map(|r| {
-                let mut routing = Dispatcher::new(
-                    &DispatchConfig::default(),
-                    &config.policy,
-                    router_seed(seed, r),
-                );
+                let mut routing =
+                    Dispatcher::new(&config.dispatch, &config.policy, router_seed(seed, r));
                 if config.kv_events {
                     routing = routing.with_engine_events(engine_event_entries(config));
                 }
-                // The operator knows each replica's relative speed: it is the static weight.
+                // The static weight is the configured one, else the replica's relative speed
+                // (the operator knows it).
                 for (i, rc) in config.replicas.iter().enumerate() {
+                    let speed = if rc.speed > 0.0 { rc.speed } else { 1.0 };
                     let spec = MemberSpec {
-                        weight: if rc.speed > 0.0 { rc.speed } else { 1.0 },
+                        weight: rc.weight.unwrap_or(speed),
+                        tier: rc.tier,
                         ..MemberSpec::default()
                     };
                     routing.add(EndpointId(i as u32), &spec, Nanos::ZERO);
@@ -202,6 +210,11 @@ impl<'c> Sim<'c> {
             generated: UniqueTokens::starting_at(resume::GENERATED_IDS),
             last_turn: rehome::book(config),
             warmups: Default::default(),
+            gates: (0..config.routers.max(1))
+                .map(|_| Default::default())
+                .collect(),
+            sent: Default::default(),
+            granting: false,
         }
     }
 
@@ -294,6 +307,7 @@ impl<'c> Sim<'c> {
                     self.release();
                 }
                 Kind::News => self.hear(payload as usize),
+                Kind::Expire => self.expire(payload, workload, rng),
             }
         }
         for (i, r) in self.replicas.iter().enumerate() {
@@ -365,10 +379,10 @@ impl<'c> Sim<'c> {
             self.out.last_arrival = now;
             self.out.output_before_last_arrival = self.out.output_tokens;
         }
-        self.dispatch(spec);
+        self.dispatch(spec, workload, rng);
     }
 
-    fn dispatch(&mut self, spec: Spec) {
+    fn dispatch(&mut self, spec: Spec, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
         let id = self.out.records.len() as u64;
         let router = (self.arrivals as usize - 1) % self.routers.len();
         self.out.records.push(RequestRecord {
@@ -390,7 +404,7 @@ impl<'c> Sim<'c> {
             resumed: None,
         });
         self.remember_turn(id, spec.session, &spec.tokens);
-        self.route(id, spec.tokens, spec.output);
+        self.admit(id, spec.tokens, spec.output, workload, rng);
     }
 
     fn step(&mut self, i: usize, workload: &mut dyn Workload, rng: &mut ChaCha8Rng) {
@@ -437,6 +451,7 @@ impl<'c> Sim<'c> {
     }
 }
 
+mod admission;
 mod deliver;
 mod failure;
 mod rehome;

@@ -181,6 +181,12 @@ pub struct Outcome {
     /// Heads of staged continuations that gave way to the next because the router's index
     /// said their replica held them.
     pub heads_held: u64,
+    /// Requests that waited at their router's admission gate (`FleetConfig::admission`).
+    pub admission_queued: u64,
+    /// Requests refused at once, the gate's queue full (the gateway's 429).
+    pub admission_rejected: u64,
+    /// Requests that waited out the gate's timeout (the gateway's 504).
+    pub admission_expired: u64,
 }
 
 impl Outcome {

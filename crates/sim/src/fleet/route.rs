@@ -96,6 +96,7 @@ impl Sim<'_> {
             Err(_) => {
                 self.out.rejected += 1;
                 self.out.records[id as usize].failed = true;
+                self.admission_ended(id);
                 return None;
             }
         };

@@ -16,13 +16,10 @@ fn engine() -> EngineConfig {
     }
 }
 
-fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
+pub(super) fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
     FleetConfig {
         replicas: (0..replicas)
-            .map(|i| ReplicaConfig {
-                engine: engine(),
-                speed: speeds.get(i).copied().unwrap_or(1.0),
-            })
+            .map(|i| ReplicaConfig::new(engine(), speeds.get(i).copied().unwrap_or(1.0)))
             .collect(),
         routers: 1,
         scrape_interval: Nanos::ZERO,
@@ -43,6 +40,8 @@ fn fleet(policy: &str, replicas: usize, speeds: &[f64]) -> FleetConfig {
         resume_stage_grow: true,
         share: None,
         horizon: None,
+        admission: None,
+        dispatch: Default::default(),
     }
 }
 
@@ -82,7 +81,7 @@ fn hit_ratio(o: &Outcome) -> f64 {
     h as f64 / q as f64
 }
 
-fn go(config: &FleetConfig, requests: u64, rate: f64, seed: u64) -> Outcome {
+pub(super) fn go(config: &FleetConfig, requests: u64, rate: f64, seed: u64) -> Outcome {
     let mut w = workload(requests, rate);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     run(config, &mut w, &mut rng, seed)

@@ -43,10 +43,7 @@ fn fleet(p: &mut Params<'_>, replicas: usize) -> Result<FleetConfig, Error> {
     let speeds = p.list_f64("speeds", &[1.0])?;
     Ok(FleetConfig {
         replicas: (0..replicas)
-            .map(|i| ReplicaConfig {
-                engine,
-                speed: speeds[i % speeds.len()],
-            })
+            .map(|i| ReplicaConfig::new(engine, speeds[i % speeds.len()]))
             .collect(),
         routers: p.u64("routers", 2)?.max(1) as usize,
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 50)?),
@@ -67,6 +64,8 @@ fn fleet(p: &mut Params<'_>, replicas: usize) -> Result<FleetConfig, Error> {
         resume_stage_grow: true,
         share: share(p)?,
         horizon: None,
+        admission: None,
+        dispatch: Default::default(),
     })
 }
 

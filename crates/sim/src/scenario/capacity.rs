@@ -108,7 +108,8 @@ fn passes(r: &PolicyResult, failed: u64, slo: Slo) -> (bool, f64) {
     )
 }
 
-/// Runs every (row, rate) and assembles the report.
+/// Runs every (row, rate) and assembles the report. `rows`: each row's name and policy; `None`
+/// is the oracle, whose capacity the others are compared with.
 pub(super) fn sweep(
     exp: &Experiment<'_>,
     rows: &[(String, Option<PolicyConfig>)],
@@ -132,10 +133,11 @@ pub(super) fn sweep(
             .unzip();
         results.push(capacity_result(exp, points, &summaries));
     }
-    let oracle = results
+    let oracle = rows
         .iter()
-        .find(|r| r.at_capacity.policy == ORACLE)
-        .and_then(|r| r.capacity);
+        .zip(&results)
+        .find(|((_, config), _)| config.is_none())
+        .and_then(|(_, r)| r.capacity);
     for r in &mut results {
         r.vs_oracle = match (r.capacity, oracle) {
             (Some(c), Some(o)) if o > 0.0 => Some(round(c / o, 3)),

@@ -23,18 +23,14 @@
 //! `shared-prefix` and `random` take `warmup_requests=N`: each run starts with N requests at
 //! `warmup_rate` (the sweep's lowest rate by default) on the same prompts, not measured.
 
-use super::capacity::{sweep, Experiment, ORACLE};
+use super::capacity::{sweep, ORACLE};
+use super::families::{self, no_extra, rates};
 use super::metrics::Slo;
 use super::{policy_names, share, Error, Options, Params, Report};
-use crate::dist::{Arrivals, Lengths};
 use crate::fleet::{Failure, FleetConfig, KvSignal, Outcome, ReplicaConfig};
 use crate::model::{Batching, CostModel, EngineConfig};
-use crate::workload::{
-    Agentic, AgenticConfig, Bursts, BurstsConfig, OpenLoop, OpenLoopConfig, PrefixGroups, Warmed,
-    Workload,
-};
+use crate::workload::AgenticConfig;
 use kvgate_core::{Nanos, PolicyConfig};
-use serde_json::Value;
 use std::collections::BTreeMap;
 
 mod loss_windows;
@@ -49,37 +45,6 @@ pub(super) const DEFAULT_POLICIES: [&str; 6] = [
     "least_outstanding",
     "kv_cost",
 ];
-
-/// Where a warmed run's measured requests start their unique token ids: the warm-up's start at
-/// 0, and ids wrap at 2^30 ([`crate::workload::UniqueTokens`]), so each half holds one of them.
-const MEASURED_IDS_FROM: u32 = 1 << 29;
-
-/// Refuses a warm-up whose unique token ids, or the measured run's after it, could run past
-/// their half of the id space into the other's: a measured question would then find part of
-/// itself cached from the warm-up. Bounded by the longest prompt's unique part per request.
-fn check_unique_ids(
-    prompt: Lengths,
-    groups: Option<PrefixGroups>,
-    warmup_requests: u64,
-    requests: u64,
-) -> Result<(), Error> {
-    let shared = groups.map_or(0, |g| (f64::from(prompt.max) * g.share).floor() as u32);
-    let per_request = u64::from(prompt.max.saturating_sub(shared) + 1);
-    let room = u64::from(MEASURED_IDS_FROM);
-    for (key, n) in [("warmup_requests", warmup_requests), ("requests", requests)] {
-        if n.saturating_mul(per_request) > room {
-            return Err(Error::BadSetting {
-                key: key.into(),
-                why: format!(
-                    "{n} requests of up to {per_request} unique tokens each need more than the \
-                     {room} token ids a warmed run gives each part; ask for at most {}",
-                    room / per_request
-                ),
-            });
-        }
-    }
-    Ok(())
-}
 
 fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConfig, Error> {
     let replicas = p.u64("replicas", 4)?.max(1) as usize;
@@ -96,10 +61,7 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
     };
     Ok(FleetConfig {
         replicas: (0..replicas)
-            .map(|i| ReplicaConfig {
-                engine,
-                speed: speeds[i % speeds.len()],
-            })
+            .map(|i| ReplicaConfig::new(engine, speeds[i % speeds.len()]))
             .collect(),
         routers: p.u64("routers", 1)?.max(1) as usize,
         scrape_interval: Nanos::from_millis(p.u64("scrape_ms", 500)?),
@@ -127,31 +89,9 @@ fn fleet(p: &mut Params<'_>, speeds: &[f64], kv_blocks: u64) -> Result<FleetConf
         rehome_delay: Nanos::from_millis(p.u64("rehome_delay_ms", 0)?),
         share: share(p)?,
         horizon: None,
+        admission: None,
+        dispatch: Default::default(),
     })
-}
-
-fn agentic(p: &mut Params<'_>, base: AgenticConfig) -> Result<AgenticConfig, Error> {
-    Ok(AgenticConfig {
-        requests: p.u64("requests", base.requests)?,
-        tenants: p.u64("tenants", u64::from(base.tenants))? as u32,
-        system_tokens: p.u64("system_tokens", u64::from(base.system_tokens))? as u32,
-        turns: p.f64("turns", base.turns)?,
-        think_time_s: p.f64("think_time_s", base.think_time_s)?,
-        fanout_prob: p.f64("fanout_prob", base.fanout_prob)?,
-        fanout: p.u64("fanout", u64::from(base.fanout))? as u32,
-        max_context: p.u64("max_context", u64::from(base.max_context))? as u32,
-        ..base
-    })
-}
-
-fn rates(p: &mut Params<'_>, default: &[f64]) -> Result<Vec<f64>, Error> {
-    let mut r = p.list_f64("rates", default)?;
-    r.sort_by(f64::total_cmp);
-    Ok(r)
-}
-
-fn no_extra(_: &Outcome) -> BTreeMap<String, Value> {
-    BTreeMap::new()
 }
 
 /// Runs the failure-mode scenario `name` (one of [`super::SCENARIOS`] from `fanout` on).
@@ -188,20 +128,7 @@ fn fanout(
     slo: Slo,
     seed: u64,
 ) -> Result<Report, Error> {
-    let base = BurstsConfig::default();
-    let lengths = |p: &mut Params<'_>, key: &str, base: crate::dist::Lengths| {
-        p.f64(key, base.mean)
-            .map(|mean| crate::dist::Lengths { mean, ..base })
-    };
-    let bursts = BurstsConfig {
-        requests: p.u64("requests", base.requests)?,
-        prompts: p.u64("prompts", u64::from(base.prompts))? as u32,
-        prompt_tokens: p.u64("prompt_tokens", u64::from(base.prompt_tokens))? as u32,
-        fanout: p.u64("fanout", u64::from(base.fanout))? as u32,
-        context: lengths(&mut p, "context_tokens", base.context)?,
-        task: lengths(&mut p, "task_tokens", base.task)?,
-        ..base
-    };
+    let family = families::bursts(&mut p)?;
     let fleet = fleet(&mut p, &[1.0], 16_384)?;
     // Steps of 1/8 burst/s from 1 to 2.25: the best rules' knees lie between 1.25 and 2
     // bursts/s, where TTFT P95 climbs steeply, and interpolating across the half-burst
@@ -213,57 +140,8 @@ fn fanout(
             0.25, 0.5, 0.75, 1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875, 2.0, 2.25,
         ],
     )?;
-    let make = move |rate: f64| -> Box<dyn Workload> {
-        Box::new(Bursts::new(BurstsConfig { rate, ..bursts }))
-    };
-    let exp = Experiment {
-        name,
-        fleet,
-        slo,
-        workload: &make,
-        rates,
-        requests: bursts.requests,
-        warmup_secs: 0.0,
-        per_unit: f64::from(bursts.fanout.max(1)),
-        rate_unit: "bursts/s",
-        extra: &no_extra,
-    };
+    let exp = family.experiment(name, fleet, slo, rates, &no_extra);
     Ok(sweep(&exp, rows, seed, p.finish()?))
-}
-
-/// The prompt lengths, output lengths and shared-prefix groups of `shared-prefix` (when
-/// `shared`) or `random`.
-fn open_loop_shape(
-    p: &mut Params<'_>,
-    shared: bool,
-) -> Result<(Lengths, Lengths, Option<PrefixGroups>), Error> {
-    // The gateway bench's shapes (scripts/routing-bench.sh): 32 prefixes of 2,048 tokens
-    // before a 128-token question and 256 tokens out; or 1,024 tokens in and 128 out,
-    // each spread +-50% (a lognormal of the same mean and spread, clamped to it).
-    let spread = |mean: f64| Lengths {
-        mean,
-        cv: 0.29,
-        min: (mean * 0.5) as u32,
-        max: (mean * 1.5) as u32,
-    };
-    Ok(if shared {
-        let prefix = p.u64("prefix_tokens", 2_048)? as f64;
-        let suffix = p.u64("suffix_tokens", 128)? as f64;
-        let groups = PrefixGroups {
-            groups: p.u64("prefixes", 32)? as u32,
-            share: prefix / (prefix + suffix),
-            zipf: p.f64("zipf", 0.0)?,
-        };
-        let output = Lengths::fixed(p.u64("output_tokens", 256)? as u32);
-        (
-            Lengths::fixed((prefix + suffix) as u32),
-            output,
-            Some(groups),
-        )
-    } else {
-        let prompt = spread(p.f64("prompt_tokens", 1_024.0)?);
-        (prompt, spread(p.f64("output_tokens", 128.0)?), None)
-    })
 }
 
 /// `shared-prefix` and `random`: Poisson (or burstier) arrivals of independent requests,
@@ -277,53 +155,14 @@ fn open_loop(
 ) -> Result<Report, Error> {
     let fleet = fleet(&mut p, &[1.0], 16_384)?;
     let shared = name == "shared-prefix";
-    let (prompt, output, groups) = open_loop_shape(&mut p, shared)?;
     let default_rates: &[f64] = if shared {
         &[10.0, 20.0, 25.0, 30.0, 32.5, 35.0, 37.5, 40.0, 45.0]
     } else {
         &[10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 35.0]
     };
     let rates = rates(&mut p, default_rates)?;
-    let burstiness = p.positive_f64("burstiness", 1.0)?;
-    let requests = p.u64("requests", 6_000)?;
-    let warmup_requests = p.u64("warmup_requests", 0)?;
-    let warmup_rate = p.positive_f64("warmup_rate", rates[0])?;
-    if warmup_requests > 0 {
-        check_unique_ids(prompt, groups, warmup_requests, requests)?;
-    }
-    let make = move |rate: f64| -> Box<dyn Workload> {
-        let open = |rate: f64, requests: u64| {
-            OpenLoop::new(OpenLoopConfig {
-                arrivals: Arrivals { rate, burstiness },
-                time_unit: Nanos::from_secs(1),
-                requests,
-                prompt,
-                output,
-                long_fraction: 0.0,
-                long_output: output,
-                groups,
-            })
-        };
-        if warmup_requests == 0 {
-            return Box::new(open(rate, requests));
-        }
-        Box::new(Warmed::new(
-            Box::new(open(warmup_rate, warmup_requests)),
-            Box::new(open(rate, requests).with_unique_from(MEASURED_IDS_FROM)),
-        ))
-    };
-    let exp = Experiment {
-        name,
-        fleet,
-        slo,
-        workload: &make,
-        rates,
-        requests,
-        warmup_secs: warmup_requests as f64 / warmup_rate,
-        per_unit: 1.0,
-        rate_unit: "req/s",
-        extra: &no_extra,
-    };
+    let family = families::open_loop(&mut p, shared, rates[0])?;
+    let exp = family.experiment(name, fleet, slo, rates, &no_extra);
     Ok(sweep(&exp, rows, seed, p.finish()?))
 }
 
@@ -383,7 +222,7 @@ fn agentic_sweep(
 ) -> Result<Report, Error> {
     let (speeds, kv_blocks, base, default_rates) = agentic_shape(name)?;
     let mut fleet = fleet(&mut p, speeds, kv_blocks)?;
-    let workload = agentic(&mut p, base)?;
+    let workload = families::agentic(&mut p, base)?;
     let rates = rates(&mut p, default_rates)?;
     let fail_at = if name == "replica-loss" {
         let at = Nanos::from_secs_f64(p.f64("fail_at_s", 120.0)?);
@@ -396,28 +235,12 @@ fn agentic_sweep(
     } else {
         None
     };
-    let make = move |rate: f64| -> Box<dyn Workload> {
-        Box::new(Agentic::new(AgenticConfig {
-            session_rate: rate,
-            ..workload
-        }))
-    };
     let extra = move |o: &Outcome| match fail_at {
         Some((at, lost)) => before_and_after(o, at, lost),
         None => BTreeMap::new(),
     };
-    let exp = Experiment {
-        name,
-        fleet,
-        slo,
-        workload: &make,
-        rates,
-        requests: workload.requests,
-        warmup_secs: 0.0,
-        per_unit: workload.turns * (1.0 + workload.fanout_prob * f64::from(workload.fanout)),
-        rate_unit: "sessions/s",
-        extra: &extra,
-    };
+    let family = families::sessions(workload);
+    let exp = family.experiment(name, fleet, slo, rates, &extra);
     Ok(sweep(&exp, rows, seed, p.finish()?))
 }
 

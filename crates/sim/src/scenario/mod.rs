@@ -12,6 +12,9 @@
 //! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes measured against the peers' routers, against the oracle router |
 //! | `shared-prefix`, `random` | the same on the classic open-loop benchmarks: shared prefixes that fit everywhere, and prompts that share nothing |
 //!
+//! [`configured`] runs a gateway's own configuration (`kvgate sim --config FILE`) as such a
+//! capacity sweep.
+//!
 //! Every scenario returns a [`Report`]: parameters, one result object per policy or variant,
 //! notes, and a rendered table. Reports are deterministic: the same seed and settings give
 //! byte-identical JSON (maps are ordered, no hash-map iteration reaches output or decisions).
@@ -19,7 +22,9 @@
 mod agentic;
 mod batching;
 mod capacity;
+pub mod configured;
 mod failure_modes;
+mod families;
 pub mod metrics;
 mod params;
 mod prefix_player;
@@ -73,6 +78,12 @@ pub enum Error {
     /// No such policy.
     #[error("unknown policy {0:?}; `kvgate policies` lists them")]
     UnknownPolicy(String),
+    /// No such workload for a configuration ([`configured::WORKLOADS`]).
+    #[error("unknown workload {0:?}; expected one of {list}", list = configured::WORKLOADS.join(", "))]
+    UnknownWorkload(String),
+    /// A deployment the simulation cannot run.
+    #[error("{0}")]
+    Deployment(String),
     /// A setting has a bad value.
     #[error("--set {key}: {why}")]
     BadSetting {

@@ -96,10 +96,7 @@ impl Lab {
         let speeds = p.list_f64("speeds", &[1.0])?;
         let fleet = FleetConfig {
             replicas: (0..replicas)
-                .map(|i| ReplicaConfig {
-                    engine,
-                    speed: speeds[i % speeds.len()],
-                })
+                .map(|i| ReplicaConfig::new(engine, speeds[i % speeds.len()]))
                 .collect(),
             routers,
             scrape_interval: Nanos(scrape * TICK_NANOS),
@@ -120,6 +117,8 @@ impl Lab {
             resume_stage_grow: true,
             share: None,
             horizon: None,
+            admission: None,
+            dispatch: Default::default(),
         };
         let workload = OpenLoopConfig {
             arrivals: Arrivals { rate, burstiness },
