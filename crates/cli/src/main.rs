@@ -36,7 +36,7 @@ enum Command {
     Serve(Box<serve::Args>),
     /// Pick endpoints for an Envoy gateway (Gateway API Inference Extension, ext_proc gRPC).
     Epp(Box<serve::Args>),
-    /// Run a fleet simulation scenario.
+    /// Run a fleet simulation scenario, or simulate a gateway configuration (`--config FILE`).
     Sim(sim::Args),
     /// Open-loop benchmark of OpenAI-compatible endpoints (goodput under an SLO).
     Bench(Box<bench::Args>),
