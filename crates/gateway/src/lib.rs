@@ -111,7 +111,7 @@ impl Gateway {
         if let Some(t) = &config.tls {
             listener::tls::Tls::new(t, config.listener.http2)?;
         }
-        engine_state::Tokenizers::load(&config.tokenizers)?;
+        engine_state::Tokenizers::load(&config.tokenizers, config.tokenizer_memo_bytes)?;
         state::upstream_client(config)?;
         Ok(())
     }

@@ -108,13 +108,17 @@ pub fn parse_with<'t>(
     let (reasoning_effort, thinking_budget) = reasoning(&fields)?;
     let mut prompt_tokens = estimate_tokens(&text);
     let mut tokens = None;
+    let session = session(headers, &fields, limits);
+    let tenant = tenant(headers, &limits.tenant_header);
     let tokenized = tokenizer_for(model.as_deref()).map(|tokenizer| {
-        let (ids, took) = tokenize(tokenizer, api, &fields)?;
+        let memo = session
+            .as_deref()
+            .map(|s| memo_key(model.as_deref(), tenant.as_deref(), s));
+        let (ids, took) = tokenize(tokenizer, api, &fields, memo)?;
         prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         tokens = Some(ids);
         Ok(took)
     });
-    let session = session(headers, &fields, limits);
     let unresumable = resumable::unresumable(api, stream, &fields);
     let (body, strip_usage) = match stream && limits.stream_usage {
         true => with_stream_usage(body, &mut fields)?,
@@ -122,7 +126,7 @@ pub fn parse_with<'t>(
     };
     let request = Request {
         id: 0,
-        tenant: tenant(headers, &limits.tenant_header),
+        tenant,
         session,
         model,
         prompt: Prompt {
@@ -175,19 +179,36 @@ fn json_object(body: &[u8], max_bytes: usize) -> Result<Map<String, Value>, ApiE
     }
 }
 
-/// The prompt's token ids as the engine will encode them, and how long that took.
+/// The prompt's token ids as the engine will encode them, and how long that took. A chat turn
+/// of a `session` (its [`memo_key`]) is encoded from where it parts from the session's last
+/// prompt (`kvgate_tokenize::PromptMemo`: same ids, only the new suffix encoded).
 fn tokenize(
     tokenizer: &ChatTokenizer,
     api: Api,
     fields: &Map<String, Value>,
+    session: Option<u64>,
 ) -> Result<(Vec<u32>, Duration), String> {
     let started = std::time::Instant::now();
-    let ids = match api {
-        Api::Chat => tokenizer.chat_prompt(fields),
-        Api::Completions => tokenizer.completion_prompt(fields),
+    let ids = match (api, session) {
+        (Api::Chat, Some(key)) => tokenizer.chat_prompt_in(fields, key).map(|(ids, _)| ids),
+        (Api::Chat, None) => tokenizer.chat_prompt(fields),
+        (Api::Completions, _) => tokenizer.completion_prompt(fields),
     };
     ids.map(|ids| (ids, started.elapsed()))
         .map_err(|e| e.to_string())
+}
+
+/// The memo's key of a session: its name within the model and tenant, so that one tenant's
+/// session names never meet another's (a collision would only cost the reuse: the memo compares
+/// the rendered text before it reuses anything).
+fn memo_key(model: Option<&str>, tenant: Option<&str>, session: &str) -> u64 {
+    let mut key = Vec::with_capacity(64 + session.len());
+    for part in [model, tenant, Some(session)] {
+        let part = part.unwrap_or_default().as_bytes();
+        key.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        key.extend_from_slice(part);
+    }
+    xxh3_64(&key)
 }
 
 /// The request's deadline from the `header` naming it in milliseconds, if present.

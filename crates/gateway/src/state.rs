@@ -80,7 +80,7 @@ impl Shared {
     ) -> Result<Arc<Self>, ConfigError> {
         let metrics = Arc::new(Metrics::new());
         let tenancy = Tenancy::new(&config.tenancy, metrics.tenants.clone())?;
-        let tokenizers = Tokenizers::load(&config.tokenizers)?;
+        let tokenizers = Tokenizers::load(&config.tokenizers, config.tokenizer_memo_bytes)?;
         let client = upstream_client(&config)?;
         let pool = Arc::new(Pool::new(
             &config.pool_settings(),

@@ -28,13 +28,16 @@
 mod bpe;
 mod byte_level;
 mod json;
+mod memo;
 mod pieces;
 mod template;
 
 use serde_json::{Map, Value};
 use std::path::Path;
+use std::sync::Arc;
 use template::ChatTemplate;
 
+pub use memo::{PromptMemo, DEFAULT_MEMO_BYTES};
 pub use template::ContentFormat;
 
 /// Why a tokenizer could not be loaded or a prompt not tokenized.
@@ -70,6 +73,8 @@ pub struct ChatTokenizer {
     fast: Option<bpe::ByteLevelBpe>,
     /// The tokenizer has no added tokens: a whole text is one stretch.
     no_added_tokens: bool,
+    /// Each session's last prompt, for [`Self::chat_prompt_in`].
+    memo: PromptMemo,
 }
 
 /// Token ids the piece cache keeps (16 MiB of ids): the distinct long messages and system
@@ -165,7 +170,21 @@ impl ChatTokenizer {
             pieces,
             fast,
             no_added_tokens,
+            memo: PromptMemo::new(DEFAULT_MEMO_BYTES),
         })
+    }
+
+    /// The same tokenizer keeping at most `bytes` of sessions' last prompts (see
+    /// [`Self::chat_prompt_in`]).
+    #[must_use]
+    pub fn with_memo_budget(mut self, bytes: usize) -> Self {
+        self.memo = PromptMemo::new(bytes);
+        self
+    }
+
+    /// The sessions' last prompts.
+    pub fn memo(&self) -> &PromptMemo {
+        &self.memo
     }
 
     /// Whether the directory had a chat template (without one, chat requests cannot be
@@ -264,6 +283,42 @@ impl ChatTokenizer {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         self.encode(&text, special)
+    }
+
+    /// [`Self::chat_prompt`] for a turn of `session` (any key: the caller's hash of whatever
+    /// names the conversation), encoding only what follows the part of the rendered text it
+    /// shares with the session's previous prompt (see `memo.rs` for why the ids are the same);
+    /// also how many leading ids were taken from that prompt. Whole texts are encoded when the
+    /// tokenizer's cut depends on position, or the request adds special tokens.
+    pub fn chat_prompt_in(
+        &self,
+        body: &Map<String, Value>,
+        session: u64,
+    ) -> Result<(Vec<u32>, usize), TokenizeError> {
+        let special = body
+            .get("add_special_tokens")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let (Some(pieces), Some(template), false) = (&self.pieces, &self.template, special) else {
+            return Ok((self.chat_prompt(body)?, 0));
+        };
+        let prior = self.memo.get(session);
+        let (text, messages) =
+            template.render_reusing(body, prior.as_ref().map_or(&[], |p| &p.messages))?;
+        let stretch = |s: &str, out: &mut Vec<u32>| self.encode_stretch(s, out);
+        let (ids, cuts, reused) = pieces.encode_after(prior.as_ref(), &text, &stretch)?;
+        drop(prior);
+        if text.len() + 4 * ids.len() > self.memo.budget() {
+            return Ok((ids, reused));
+        }
+        let entry = memo::Entry {
+            text: Arc::new(text),
+            ids: ids.as_slice().into(),
+            cuts: cuts.into(),
+            messages: messages.into(),
+        };
+        self.memo.put(session, entry);
+        Ok((ids, reused))
     }
 
     /// The token ids of a completion request's `prompt` (a string, a list of one string, or

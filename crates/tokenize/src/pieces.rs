@@ -14,6 +14,7 @@
 //! the first stretch differently (Metaspace `prepend_scheme: first`). [`PieceEncoder::new`]
 //! checks that and returns `None` otherwise; the caller then encodes whole texts.
 
+use crate::memo::{Cut, Entry};
 use crate::TokenizeError;
 use daachorse::{DoubleArrayAhoCorasick, DoubleArrayAhoCorasickBuilder, MatchKind};
 use std::collections::HashMap;
@@ -38,6 +39,8 @@ struct Generations {
 /// See the module documentation.
 pub(crate) struct PieceEncoder {
     matcher: DoubleArrayAhoCorasick<u32>,
+    /// Bytes of the longest added token: how far past a match's start its finding looks.
+    longest: usize,
     cache: Mutex<Generations>,
     capacity: usize,
 }
@@ -73,12 +76,14 @@ impl PieceEncoder {
         if patterns.is_empty() {
             return None;
         }
+        let longest = patterns.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
         let matcher = DoubleArrayAhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build_with_values(patterns)
             .ok()?;
         Some(PieceEncoder {
             matcher,
+            longest,
             cache: Mutex::default(),
             capacity,
         })
@@ -96,14 +101,57 @@ impl PieceEncoder {
         encode: &impl Fn(&str, &mut Vec<u32>) -> Result<(), TokenizeError>,
     ) -> Result<Vec<u32>, TokenizeError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        self.encode_into(text, 0, remember, encode, &mut out, &mut Vec::new())?;
+        Ok(out)
+    }
+
+    /// The ids and cuts of `text`, resuming from `prior`'s last cut that holds for it (see
+    /// [`crate::memo`]); and how many ids were kept from `prior`.
+    pub(crate) fn encode_after(
+        &self,
+        prior: Option<&Entry>,
+        text: &str,
+        encode: &impl Fn(&str, &mut Vec<u32>) -> Result<(), TokenizeError>,
+    ) -> Result<(Vec<u32>, Vec<Cut>, usize), TokenizeError> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        let mut cuts = Vec::new();
+        let from = match prior.and_then(|p| Some((p, p.resume_point(text)?))) {
+            Some((p, cut)) => {
+                out.extend_from_slice(&p.ids[..cut.ids]);
+                let kept = p.cuts.partition_point(|c| c.text <= cut.text);
+                cuts.extend_from_slice(&p.cuts[..kept]);
+                cut.text
+            }
+            None => 0,
+        };
+        let reused = out.len();
+        self.encode_into(&text[from..], from, true, encode, &mut out, &mut cuts)?;
+        Ok((out, cuts, reused))
+    }
+
+    /// Appends the ids of `text` (which starts at byte `offset` of the prompt, right after an
+    /// added token or at its start) to `out` and, after every added token, a [`Cut`].
+    fn encode_into(
+        &self,
+        text: &str,
+        offset: usize,
+        remember: bool,
+        encode: &impl Fn(&str, &mut Vec<u32>) -> Result<(), TokenizeError>,
+        out: &mut Vec<u32>,
+        cuts: &mut Vec<Cut>,
+    ) -> Result<(), TokenizeError> {
         let mut at = 0;
         for m in self.matcher.leftmost_find_iter(text) {
-            self.stretch(&text[at..m.start()], remember, encode, &mut out)?;
+            self.stretch(&text[at..m.start()], remember, encode, out)?;
             out.push(m.value());
             at = m.end();
+            cuts.push(Cut {
+                text: offset + at,
+                ids: out.len(),
+                safe: offset + m.start() + self.longest,
+            });
         }
-        self.stretch(&text[at..], remember, encode, &mut out)?;
-        Ok(out)
+        self.stretch(&text[at..], remember, encode, out)
     }
 
     fn stretch(

@@ -3,9 +3,11 @@
 
 use crate::json::{dumps, Layout};
 use crate::TokenizeError;
-use minijinja::value::{Kwargs, Value as JValue};
+use minijinja::value::{Kwargs, Serde, Value as JValue};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const NAME: &str = "chat";
 
@@ -121,10 +123,35 @@ impl ChatTemplate {
     /// Renders `body`'s `messages` (with its `tools`, `documents`, generation flags and
     /// `chat_template_kwargs`).
     pub(crate) fn render(&self, body: &Map<String, Value>) -> Result<String, TokenizeError> {
-        let messages = match body.get("messages") {
+        self.render_with(body, None).map(|(text, _)| text)
+    }
+
+    /// [`Self::render`], taking each message's template value from `prior` (the same session's
+    /// previous request) when the message there is equal, and the messages' values for the next
+    /// call. Converting a message costs two copies of it; comparing one, a `memcmp`.
+    pub(crate) fn render_reusing(
+        &self,
+        body: &Map<String, Value>,
+        prior: &[Arc<Converted>],
+    ) -> Result<(String, Vec<Arc<Converted>>), TokenizeError> {
+        self.render_with(body, Some(prior))
+    }
+
+    /// Renders, reusing `prior`'s messages when given (and then keeping each message as given,
+    /// for the next comparison).
+    fn render_with(
+        &self,
+        body: &Map<String, Value>,
+        prior: Option<&[Arc<Converted>]>,
+    ) -> Result<(String, Vec<Arc<Converted>>), TokenizeError> {
+        let converted = match body.get("messages") {
             Some(Value::Array(m)) if !m.is_empty() => m
                 .iter()
-                .map(|m| self.message(m))
+                .enumerate()
+                .map(|(i, m)| match prior.map(|p| p.get(i)) {
+                    Some(Some(p)) if same(&p.raw, m) => Ok(p.clone()),
+                    _ => self.message(m, prior.is_some()).map(Arc::new),
+                })
                 .collect::<Result<Vec<_>, _>>()?,
             _ => {
                 return Err(TokenizeError::Request(
@@ -135,23 +162,27 @@ impl ChatTemplate {
         let flag =
             |name: &str, default: bool| body.get(name).and_then(Value::as_bool).unwrap_or(default);
         let continue_final = flag("continue_final_message", false);
-        let mut vars = Map::new();
+        let mut vars: BTreeMap<String, JValue> = BTreeMap::new();
         for (name, token) in &self.specials {
-            vars.insert(name.clone(), Value::String(token.clone()));
+            vars.insert(name.clone(), JValue::from(token.as_str()));
         }
-        vars.insert("messages".into(), Value::Array(messages));
-        let tools = body.get("tools").filter(|t| !t.is_null()).cloned();
-        vars.insert("tools".into(), tools.unwrap_or(Value::Null));
+        let views: Vec<JValue> = converted.iter().map(|c| c.view.clone()).collect();
+        vars.insert("messages".into(), JValue::from(views));
+        let tools = body.get("tools").filter(|t| !t.is_null());
+        vars.insert(
+            "tools".into(),
+            tools.map_or(JValue::from(()), |t| JValue::from(Serde(t))),
+        );
         if let Some(docs) = body.get("documents").filter(|d| !d.is_null()) {
-            vars.insert("documents".into(), docs.clone());
+            vars.insert("documents".into(), JValue::from(Serde(docs)));
         }
         vars.insert(
             "add_generation_prompt".into(),
-            Value::Bool(flag("add_generation_prompt", true) && !continue_final),
+            JValue::from(flag("add_generation_prompt", true) && !continue_final),
         );
         if let Some(Value::Object(kwargs)) = body.get("chat_template_kwargs") {
             for (k, v) in kwargs {
-                vars.insert(k.clone(), v.clone());
+                vars.insert(k.clone(), JValue::from(Serde(v)));
             }
         }
         let template = self
@@ -159,7 +190,7 @@ impl ChatTemplate {
             .get_template(NAME)
             .map_err(|e| TokenizeError::Template(e.to_string()))?;
         let mut text = template
-            .render(JValue::from(minijinja::value::Serde(&vars)))
+            .render(JValue::from(vars))
             .map_err(|e| TokenizeError::Template(e.to_string()))?;
         if continue_final {
             // transformers cuts the render after the final message's content, so generation
@@ -176,12 +207,13 @@ impl ChatTemplate {
                 }
             }
         }
-        Ok(text)
+        Ok((text, converted))
     }
 
     /// One message as the template sees it: content in the template's format, tool-call
     /// arguments parsed from their JSON text.
-    fn message(&self, message: &Value) -> Result<Value, TokenizeError> {
+    /// `keep`: the message as given is kept too (else `Null`).
+    fn message(&self, message: &Value, keep: bool) -> Result<Converted, TokenizeError> {
         let Value::Object(fields) = message else {
             return Err(TokenizeError::Request(
                 "every message must be an object".into(),
@@ -214,7 +246,53 @@ impl ChatTemplate {
                 }
             }
         }
-        Ok(Value::Object(out))
+        let view = JValue::from(Serde(&out));
+        Ok(Converted {
+            bytes: 2 * json_bytes(message),
+            raw: if keep { message.clone() } else { Value::Null },
+            view,
+        })
+    }
+}
+
+/// A message as the request gave it, and as the template sees it.
+#[derive(Debug)]
+pub(crate) struct Converted {
+    raw: Value,
+    view: JValue,
+    /// About what the two hold.
+    pub(crate) bytes: usize,
+}
+
+/// Whether two JSON values are equal with their objects' keys in the same order: `==` on
+/// `serde_json` maps ignores the order, which a template sees (`tojson`, `items()`).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((kx, vx), (ky, vy))| kx == ky && same(vx, vy))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(vx, vy)| same(vx, vy))
+        }
+        _ => a == b,
+    }
+}
+
+/// About the bytes a JSON value holds in memory: its strings and a word or four per node.
+fn json_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => 32 + s.len(),
+        Value::Array(items) => 32 + items.iter().map(json_bytes).sum::<usize>(),
+        Value::Object(m) => {
+            32 + m
+                .iter()
+                .map(|(k, v)| 32 + k.len() + json_bytes(v))
+                .sum::<usize>()
+        }
+        _ => 32,
     }
 }
 
@@ -238,6 +316,16 @@ fn content_text(content: Option<&Value>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sameness_sees_the_order_of_keys() {
+        let a = serde_json::json!({"f": {"x": 1, "y": [1, {"p": 2, "q": 3}]}});
+        let b = serde_json::json!({"f": {"y": [1, {"p": 2, "q": 3}], "x": 1}});
+        let c = serde_json::json!({"f": {"x": 1, "y": [1, {"q": 3, "p": 2}]}});
+        assert!(same(&a, &a.clone()));
+        assert!(a == b && !same(&a, &b));
+        assert!(a == c && !same(&a, &c));
+    }
 
     #[test]
     fn content_loops_are_detected() {

@@ -236,13 +236,29 @@ impl PrefixCache {
         now: Nanos,
         overlaps: &Overlaps,
     ) {
-        let key = PrefixKey::of(request, self.share_across_tenants);
+        let mut key = PrefixKey::of(request, self.share_across_tenants);
         match &mut self.index {
             Index::Radix {
+                key: by,
                 mirror: true,
                 pending,
                 ..
-            } => pending.add(request.id, endpoint, &key, &overlaps.block_hashes),
+            } => {
+                let computed;
+                let hashes = if overlaps.block_hashes.is_empty() {
+                    computed = pending::hashes(&key);
+                    &computed
+                } else {
+                    &overlaps.block_hashes
+                };
+                // Held until the first token, then inserted in one tree: only that tree's key
+                // is kept (a long prompt's other key would be megabytes copied for nothing).
+                match (*by, key.tokens.is_some()) {
+                    (TreeKey::Tokens, _) | (TreeKey::Auto, true) => key.text = None,
+                    _ => key.tokens = None,
+                }
+                pending.add(request.id, endpoint, &key, hashes);
+            }
             Index::Radix {
                 key: by,
                 text,
@@ -386,6 +402,14 @@ impl PrefixCache {
         match &self.index {
             Index::Radix { text, .. } => Some(text),
             Index::Blocks { .. } => None,
+        }
+    }
+
+    /// Approximate heap bytes of the radix trees (0 for a block index), for benchmarks.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.index {
+            Index::Radix { text, tokens, .. } => text.heap_bytes() + tokens.heap_bytes(),
+            Index::Blocks { .. } => 0,
         }
     }
 }

@@ -68,8 +68,8 @@ pub(crate) struct PendingPrompts {
 }
 
 impl PendingPrompts {
-    /// Request `id` with `key` was sent to `endpoint`; `hashes` are the key's block hashes if
-    /// the caller has them (empty: computed here).
+    /// Request `id` with `key` was sent to `endpoint`; `hashes` are its prompt's block hashes
+    /// ([`hashes`], which the lookup computed already).
     pub(crate) fn add(
         &mut self,
         id: u64,
@@ -78,11 +78,7 @@ impl PendingPrompts {
         hashes: &[u64],
     ) {
         self.take(id, endpoint);
-        let hashes = if hashes.is_empty() {
-            self::hashes(key)
-        } else {
-            hashes.to_vec()
-        };
+        let hashes = hashes.to_vec();
         let counts = self.blocks.entry(endpoint).or_default();
         for &h in &hashes {
             *counts.entry(h).or_insert(0) += 1;
@@ -154,7 +150,7 @@ mod tests {
             text: None,
             tokens: Some(&prompt),
         };
-        p.add(7, EndpointId(2), &key, &[]);
+        p.add(7, EndpointId(2), &key, &hashes(&key));
         p.add(8, EndpointId(2), &key, &hashes(&key));
         let query: Vec<u32> = (0..64).chain(500..600).collect();
         let q = hashes(&PrefixKey {

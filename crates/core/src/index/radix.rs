@@ -424,8 +424,20 @@ impl<K: Symbol> RadixTree<K> {
     }
 }
 
+/// Leading symbols `a` and `b` share, compared 64 at a time first (slice equality of bytes and
+/// integers is a `memcmp`): a long conversation's walk is mostly one long edge.
 fn lcp<K: PartialEq>(a: &[K], b: &[K]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    const CHUNK: usize = 64;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl<K: Symbol> PrefixIndex for RadixTree<K> {

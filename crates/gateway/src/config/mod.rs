@@ -59,6 +59,10 @@ pub struct Config {
     /// Per model, a directory with its `tokenizer.json` and chat template (`*` for any model):
     /// prompts are then tokenized as the engine will, for exact prefix matching.
     pub tokenizers: BTreeMap<String, std::path::PathBuf>,
+    /// Bytes each tokenizer keeps of its sessions' last prompts (rendered text, token ids and
+    /// messages), so that a session's next turn is tokenized from where it parts from the last
+    /// one; least recently used sessions are forgotten past it (`kvgate_tokenize::PromptMemo`).
+    pub tokenizer_memo_bytes: usize,
     /// Ingesting the engines' KV-cache events (each endpoint's `kv_events`).
     pub kv_events: crate::engine_state::KvEventsConfig,
     /// When a priority tier passes requests it could take to the next one.
@@ -91,6 +95,7 @@ impl Default for Config {
             observability: Default::default(),
             tenancy: Default::default(),
             tokenizers: BTreeMap::new(),
+            tokenizer_memo_bytes: kvgate_tokenize::DEFAULT_MEMO_BYTES,
             kv_events: Default::default(),
             spillover: Default::default(),
             resume: Default::default(),

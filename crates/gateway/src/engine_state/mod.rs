@@ -104,17 +104,20 @@ pub struct Tokenizers {
 }
 
 impl Tokenizers {
-    /// Loads every directory of `dirs` (model name, or `*` for any model).
+    /// Loads every directory of `dirs` (model name, or `*` for any model), each keeping up to
+    /// `memo_bytes` of its sessions' last prompts.
     pub(crate) fn load(
         dirs: &BTreeMap<String, PathBuf>,
+        memo_bytes: usize,
     ) -> Result<Self, crate::error::ConfigError> {
         let mut out = Tokenizers::default();
         for (model, dir) in dirs {
-            let tokenizer =
-                ChatTokenizer::load(dir).map_err(|e| crate::error::ConfigError::Invalid {
+            let tokenizer = ChatTokenizer::load(dir)
+                .map_err(|e| crate::error::ConfigError::Invalid {
                     field: format!("tokenizers.{model}"),
                     why: format!("{}: {e}", dir.display()),
-                })?;
+                })?
+                .with_memo_budget(memo_bytes);
             let tokenizer = Arc::new(tokenizer);
             if model == "*" {
                 out.any = Some(tokenizer);
@@ -156,7 +159,7 @@ mod tests {
     #[test]
     fn a_bad_tokenizer_directory_is_a_config_error_naming_it() {
         let dirs = BTreeMap::from([("m".to_owned(), PathBuf::from("no/such/dir"))]);
-        let err = Tokenizers::load(&dirs).unwrap_err().to_string();
+        let err = Tokenizers::load(&dirs, 0).unwrap_err().to_string();
         assert!(
             err.contains("tokenizers.m") && err.contains("tokenizer.json"),
             "{err}"

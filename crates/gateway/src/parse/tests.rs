@@ -297,3 +297,45 @@ fn the_shared_head_is_the_prompt_without_its_last_message() {
     let single = chat(r#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
     assert_eq!(single.shared_head, None, "one message shares nothing");
 }
+
+/// A named session's turns are tokenized through the tokenizer's memo, per model, tenant and
+/// session, with the ids the full path gives.
+#[test]
+fn a_sessions_turns_are_tokenized_incrementally_and_exactly() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../test-data/tokenizer");
+    let tok = ChatTokenizer::load(&dir).unwrap();
+    let turn = |n: usize, session: Option<&str>, tenant: &str| {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+        for i in 0..n {
+            messages.push(serde_json::json!({"role": "user", "content": format!("question {i}")}));
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": format!("answer {i}")}));
+        }
+        let body = serde_json::json!({"model": "m", "messages": messages});
+        let mut headers = HeaderMap::new();
+        headers.insert("x-kvgate-tenant", HeaderValue::from_str(tenant).unwrap());
+        if let Some(s) = session {
+            headers.insert("x-kvgate-session", HeaderValue::from_str(s).unwrap());
+        }
+        let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+        let parsed = parse_with(
+            Api::Chat,
+            &headers,
+            bytes,
+            &RequestConfig::default(),
+            |_| Some(&tok),
+        )
+        .unwrap();
+        parsed.request.prompt.tokens.unwrap()
+    };
+    for n in 1..4 {
+        assert_eq!(turn(n, Some("s1"), "a"), turn(n, None, "a"), "turn {n}");
+    }
+    assert_eq!(tok.memo().sessions(), 1);
+    turn(1, Some("s1"), "b");
+    assert_eq!(
+        tok.memo().sessions(),
+        2,
+        "another tenant's session of the same name"
+    );
+}

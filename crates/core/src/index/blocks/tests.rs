@@ -105,3 +105,20 @@ proptest! {
         }
     }
 }
+
+/// Token blocks hash their ids' little-endian bytes: the same chain as those bytes cut into
+/// blocks of four bytes per token.
+#[test]
+fn token_blocks_hash_their_little_endian_bytes() {
+    let tokens: Vec<u32> = (0..1000u32)
+        .map(|t| t.wrapping_mul(2_654_435_761))
+        .collect();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    for size in [1, 3, 16, 64] {
+        assert_eq!(
+            block_hashes(&tokens, size, 9),
+            text_block_hashes(&bytes, size, 9)
+        );
+    }
+    assert!(block_hashes(&tokens[..15], 16, 9).is_empty());
+}

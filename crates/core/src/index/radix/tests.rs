@@ -235,3 +235,28 @@ fn an_endpoint_that_had_to_evict_is_listed_until_it_leaves() {
     tree.remove_endpoint(EndpointId(1));
     assert!(!tree.overlaps(&key(b"0123"), Nanos(7)).evicted);
 }
+
+/// Matches of long keys end where they part, on either side of the 64-symbol comparisons.
+#[test]
+fn long_keys_match_to_the_symbol() {
+    let base: Vec<u32> = (0..300).collect();
+    let mut tree = RadixTree::<u32>::new(usize::MAX);
+    tree.insert_key(0, &base, EndpointId(1), Nanos(1));
+    for part in [0, 1, 63, 64, 65, 127, 128, 200, 299] {
+        let mut query = base.clone();
+        query[part] = 9999;
+        assert_eq!(
+            tree.match_prefix(0, &query),
+            if part == 0 {
+                vec![]
+            } else {
+                vec![(EndpointId(1), part as u32)]
+            },
+            "parting at {part}"
+        );
+    }
+    assert_eq!(
+        tree.match_prefix(0, &base[..130]),
+        vec![(EndpointId(1), 130)]
+    );
+}
