@@ -72,20 +72,13 @@ fn fleet(p: &mut Params<'_>, replicas: usize) -> Result<FleetConfig, Error> {
 pub(super) fn run(options: &Options) -> Result<Report, Error> {
     let mut p = Params::new(&options.sets);
     let replicas = p.u64("replicas", 8)?.max(1) as usize;
-    let defaults = AgenticConfig::default();
     let per_replica = p.f64("session_rate_per_replica", 0.25)?;
-    let workload = AgenticConfig {
+    let base = AgenticConfig {
         session_rate: per_replica * replicas as f64,
-        requests: p.u64("requests", 20_000)?,
-        tenants: p.u64("tenants", u64::from(defaults.tenants))? as u32,
-        system_tokens: p.u64("system_tokens", u64::from(defaults.system_tokens))? as u32,
-        turns: p.f64("turns", defaults.turns)?,
-        think_time_s: p.f64("think_time_s", defaults.think_time_s)?,
-        fanout_prob: p.f64("fanout_prob", defaults.fanout_prob)?,
-        fanout: p.u64("fanout", u64::from(defaults.fanout))? as u32,
-        max_context: p.u64("max_context", u64::from(defaults.max_context))? as u32,
-        ..defaults
+        requests: 20_000,
+        ..AgenticConfig::default()
     };
+    let workload = super::families::agentic(&mut p, base)?;
     let fleet = fleet(&mut p, replicas)?;
     let slo = Slo {
         ttft: p.f64("slo_ttft_ms", 2_000.0)?,
