@@ -75,6 +75,16 @@ impl Pool {
     /// too many: the endpoint is routed without its load signals).
     pub(crate) fn metrics_answered(&self, endpoint: EndpointId, status: u16) -> bool {
         let missing = (!(200..300).contains(&status)).then_some(status);
+        // Every scrape reports this and it rarely changes: the published snapshot says so
+        // without the lock the pick path takes.
+        let snapshot = self.snapshot.load();
+        if snapshot
+            .get(endpoint)
+            .is_none_or(|e| e.metrics_missing == missing)
+        {
+            return false;
+        }
+        drop(snapshot);
         let mut core = self.lock();
         let Some(e) = core.endpoint_mut(endpoint) else {
             return false;
