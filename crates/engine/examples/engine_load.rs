@@ -8,9 +8,9 @@
 //! or truncated response.
 //!
 //! ```text
-//! cargo build --release -p kvgate && cargo build --release -p kvgate-engine --example loadgen
+//! cargo build --release -p kvgate && cargo build --release -p kvgate-engine --example engine_load
 //! ./target/release/kvgate engine --listen 127.0.0.1:8000 --time-scale 0 &
-//! ./target/release/examples/loadgen --addr 127.0.0.1:8000 --connections 64 --seconds 5 --max-tokens 8
+//! ./target/release/examples/engine_load --addr 127.0.0.1:8000 --connections 64 --seconds 5 --max-tokens 8
 //! ```
 
 use std::time::{Duration, Instant};
