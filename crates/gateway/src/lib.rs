@@ -60,6 +60,7 @@ mod proxy;
 mod relay;
 mod reload;
 mod resume;
+pub mod semcache;
 mod server;
 mod state;
 mod telemetry;

@@ -1,0 +1,138 @@
+use super::*;
+use crate::semcache::answer::Unstored;
+use serde_json::json;
+
+fn cache(config: SemanticCacheConfig) -> Arc<SemCache> {
+    let client = crate::upstream::client(&[]).unwrap();
+    let metrics = Arc::new(SemCacheMetrics::default());
+    Arc::new(SemCache::new(&config, client, metrics, Clock::manual()).unwrap())
+}
+
+fn enabled() -> SemanticCacheConfig {
+    SemanticCacheConfig {
+        enabled: true,
+        ..Default::default()
+    }
+}
+
+fn body(question: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [{"role": "user", "content": question}]})
+        .to_string()
+        .into_bytes()
+}
+
+fn answer() -> Answer {
+    Answer {
+        sse: false,
+        body: Bytes::from_static(br#"{"choices":[{"finish_reason":"stop"}]}"#),
+    }
+}
+
+use bytes::Bytes;
+
+async fn look(c: &Arc<SemCache>, b: &[u8], scope: &str, controls: Controls) -> Lookup {
+    c.lookup((Api::Chat, b, false), scope.into(), controls)
+        .await
+}
+
+#[tokio::test]
+async fn a_stored_answer_is_served_to_its_scope_only() {
+    let c = cache(enabled());
+    let q = body("hello");
+    let Lookup::Miss(miss) = look(&c, &q, "a", Controls::default()).await else {
+        panic!("empty cache")
+    };
+    miss.complete(Ok(answer()));
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Hit {
+            similarity: None,
+            ..
+        }
+    ));
+    assert!(matches!(
+        look(&c, &q, "b", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+}
+
+#[tokio::test]
+async fn controls_and_temperature_steer_the_cache() {
+    let c = cache(enabled());
+    let q = body("hello");
+    let no_store = Controls {
+        no_store: true,
+        ..Default::default()
+    };
+    let Lookup::Miss(miss) = look(&c, &q, "a", no_store).await else {
+        panic!("a miss")
+    };
+    assert!(!miss.stores());
+    drop(miss);
+    let Lookup::Miss(miss) = look(&c, &q, "a", Controls::default()).await else {
+        panic!("still a miss")
+    };
+    miss.complete(Ok(answer()));
+    let no_cache = Controls {
+        no_cache: true,
+        ..Default::default()
+    };
+    assert!(matches!(look(&c, &q, "a", no_cache).await, Lookup::Miss(_)));
+    let both = Controls {
+        no_cache: true,
+        no_store: true,
+    };
+    assert!(matches!(
+        look(&c, &q, "a", both).await,
+        Lookup::Bypass("client")
+    ));
+    let hot = json!({"model": "m", "temperature": 1.5, "messages": [{"role": "user", "content": "hello"}]});
+    assert!(matches!(
+        look(&c, hot.to_string().as_bytes(), "a", Controls::default()).await,
+        Lookup::Bypass("temperature")
+    ));
+}
+
+#[tokio::test]
+async fn incomplete_answers_release_their_flight_unstored() {
+    let c = cache(enabled());
+    let q = body("hello");
+    let Lookup::Miss(miss) = look(&c, &q, "a", Controls::default()).await else {
+        panic!("a miss")
+    };
+    assert_eq!(c.flights.len(), 1);
+    miss.complete(Err(Unstored::Incomplete));
+    assert_eq!(c.flights.len(), 0);
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+}
+
+#[test]
+fn controls_read_both_headers() {
+    let mut h = HeaderMap::new();
+    h.insert("cache-control", "max-age=0, no-store".parse().unwrap());
+    assert_eq!(
+        Controls::of(&h),
+        Controls {
+            no_cache: false,
+            no_store: true
+        }
+    );
+    h.insert(CONTROL_HEADER, "bypass".parse().unwrap());
+    assert_eq!(
+        Controls::of(&h),
+        Controls {
+            no_cache: true,
+            no_store: true
+        }
+    );
+}
+
+#[test]
+fn fingerprints_survive_hex() {
+    let f = Fingerprint([0xab; 32]);
+    assert_eq!(parse_hex(&hex(&f)), Some(f));
+    assert_eq!(parse_hex("zz"), None);
+}
