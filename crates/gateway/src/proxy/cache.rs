@@ -28,7 +28,7 @@ pub(super) enum Through {
     /// The cache let it by (`x-kvgate-cache: bypass`).
     Bypass,
     /// Missed: the answer is recorded to be stored.
-    Miss(Miss),
+    Miss(Box<Miss>),
 }
 
 /// Looks `inference` of the client with `key` up, unless the cache is off or the request
@@ -84,7 +84,7 @@ pub(super) async fn look(
         }
         Lookup::Miss(miss) => {
             ending.facts().cache = Some("miss");
-            Cached::Go(Through::Miss(miss))
+            Cached::Go(Through::Miss(Box::new(miss)))
         }
         Lookup::Bypass(_) => {
             ending.facts().cache = Some("bypass");
@@ -140,5 +140,5 @@ pub(super) fn answered(
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let (parts, body) = response.into_parts();
-    Response::from_parts(parts, Body::new(Recording::new(body, sse, miss)))
+    Response::from_parts(parts, Body::new(Recording::new(body, sse, *miss)))
 }

@@ -35,14 +35,18 @@ impl EmbedError {
 #[derive(Debug)]
 pub(crate) enum Embedder {
     /// `POST {url}/v1/embeddings`.
-    Http {
-        client: HttpClient,
-        url: String,
-        model: String,
-        key: Option<String>,
-    },
+    Http(Box<Remote>),
     /// A static model in process.
-    Static(super::static_model::StaticModel),
+    Static(Box<super::static_model::StaticModel>),
+}
+
+/// An OpenAI-compatible embeddings server.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    client: HttpClient,
+    url: String,
+    model: String,
+    key: Option<String>,
 }
 
 /// The most bytes of an embeddings answer read (a 4,096-dimension vector in JSON is about
@@ -60,16 +64,17 @@ impl Embedder {
                 url,
                 model,
                 api_key_env,
-            } => Embedder::Http {
+            } => Embedder::Http(Box::new(Remote {
                 client,
                 url: format!("{}/v1/embeddings", url.trim_end_matches('/')),
                 model: model.clone(),
                 key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-            },
+            })),
             EmbedderConfig::Static { dir } => {
-                Embedder::Static(super::static_model::StaticModel::load(dir).map_err(|e| {
+                let model = super::static_model::StaticModel::load(dir).map_err(|e| {
                     crate::error::ConfigError::invalid("semantic_cache.embedder.dir", e.to_string())
-                })?)
+                })?;
+                Embedder::Static(Box::new(model))
             }
         })
     }
@@ -81,12 +86,13 @@ impl Embedder {
         deadline: Duration,
     ) -> Result<Vec<f32>, EmbedError> {
         match self {
-            Embedder::Http {
-                client,
-                url,
-                model,
-                key,
-            } => {
+            Embedder::Http(remote) => {
+                let Remote {
+                    client,
+                    url,
+                    model,
+                    key,
+                } = &**remote;
                 let body = serde_json::json!({"model": model, "input": text}).to_string();
                 let mut request = Request::builder()
                     .method(Method::POST)

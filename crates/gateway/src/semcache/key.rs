@@ -49,7 +49,7 @@ pub(crate) fn of(api: Api, body: &[u8], stripped_usage: bool) -> Option<RequestK
         },
     };
     let mut canonical = String::with_capacity(256);
-    let _ = write!(canonical, "{}\n", api.name());
+    let _ = writeln!(canonical, "{}", api.name());
     write_canonical(&mut canonical, &Value::Object(fields));
     let digest = ring::digest::digest(&ring::digest::SHA256, canonical.as_bytes());
     let mut fingerprint = [0u8; 32];
