@@ -109,7 +109,7 @@ mod tests {
             cosine(
                 "What is the capital of France",
                 "Tell me the capital of France"
-            ) > 0.7
+            ) > 0.6
         );
         assert!(cosine("What is the capital of France", "bake bread quickly") < 0.3);
         assert_eq!(embed(""), vec![0.0; DIM]);
