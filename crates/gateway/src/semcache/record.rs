@@ -6,7 +6,7 @@ use super::answer::Recorder;
 use super::Miss;
 use axum::body::Body;
 use bytes::Bytes;
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 

@@ -101,6 +101,7 @@ impl StaticModel {
     }
 
     /// The embedding's dimension.
+    #[cfg(test)]
     pub(crate) fn dim(&self) -> usize {
         self.dim
     }
