@@ -374,3 +374,72 @@ async fn engine_running(engine: &Proc) -> f64 {
     let text = get_text(&client(), &engine.url, "/metrics").await;
     metric(&text, "vllm:num_requests_running").unwrap_or(0.0)
 }
+
+/// A `nats-server` on a loopback port (Debian's, as `cluster.rs` uses), killed on drop.
+struct Nats(std::process::Child);
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `base`'s metric `sample` until it reads `want`, failing after ten seconds.
+async fn wait_metric(base: &str, sample: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = get_text(&client(), base, "/metrics").await;
+        if metric(&text, sample) == Some(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sample} never reached {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_stored_answers_over_nats() {
+    let port = free_port();
+    let child = std::process::Command::new("/usr/sbin/nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server is not installed (scripts/test.sh installs Debian's)");
+    let _nats = Nats(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let engine = engine("e0", "0", &[]);
+    let yaml = format!(
+        "{}cluster: {{url: \"nats://127.0.0.1:{port}\", name: semcache}}\n",
+        config(&engine, "")
+    );
+    let a = gateway_with_config(&[&engine], "semcache-nats-a", &yaml).await;
+    let b = gateway_with_config(&[&engine], "semcache-nats-b", &yaml).await;
+    for r in [&a, &b] {
+        wait_metric(&r.url, "kvgate_cluster_peers ", 1.0).await;
+    }
+    let q = ask("Which gateway replica answered this question for me?");
+    let (cache, _, first) = post(&a, &q, &[]).await;
+    assert_eq!(cache, "miss");
+    wait_metric(
+        &b.url,
+        "kvgate_semantic_cache_peer_entries_total{reason=\"applied\"}",
+        1.0,
+    )
+    .await;
+    let before = engine_requests(&engine).await;
+    let (cache, _, answer) = post(&b, &q, &[]).await;
+    assert_eq!((cache.as_str(), answer), ("hit", first));
+    // The peer's embedding came along: a similar question (8 of 9 words, 0.94) hits there too.
+    let similar = ask("Which gateway replica answered this question for me today?");
+    assert_eq!(post(&b, &similar, &[]).await.0, "hit");
+    // Another tenant still misses there.
+    let other = [("x-kvgate-tenant", "someone-else")];
+    assert_eq!(post(&b, &q, &other).await.0, "miss");
+    assert_eq!(engine_requests(&engine).await - before, 1.0);
+}

@@ -8,7 +8,7 @@
 //! 0.94): no threshold separates them. So a similarity hit must also pass three textual
 //! checks, each of which can be turned off:
 //! - **numbers**: the same numbers, in the same order (digits, with the number words zero to
-//!   twelve read as digits, so "five" and "5" agree);
+//!   twelve read as digits, so "five" and "5" agree; "one" is not, being a pronoun as often);
 //! - **negation**: the same count of negation words ("not", "no", "never", "without", any
 //!   "n't", ...);
 //! - **order**: the content words the two messages share appear in the same relative order.
@@ -99,9 +99,21 @@ const STOPWORDS: &[&str] = &[
     "than", "about", "tell", "give", "some", "any", "s", "much", "many",
 ];
 
-const NUMBER_WORDS: &[&str] = &[
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve",
+/// Number words read as digits. "one" is left out: it is a pronoun as often as a number
+/// ("this one").
+const NUMBER_WORDS: &[(&str, &str)] = &[
+    ("zero", "0"),
+    ("two", "2"),
+    ("three", "3"),
+    ("four", "4"),
+    ("five", "5"),
+    ("six", "6"),
+    ("seven", "7"),
+    ("eight", "8"),
+    ("nine", "9"),
+    ("ten", "10"),
+    ("eleven", "11"),
+    ("twelve", "12"),
 ];
 
 /// The first guard among `guards` that `a` and `b` fail, or `Ok` when they pass them all.
@@ -155,8 +167,8 @@ fn numbers(words: &[String]) -> Vec<String> {
     words
         .iter()
         .filter_map(|w| {
-            if let Some(n) = NUMBER_WORDS.iter().position(|n| n == w) {
-                return Some(n.to_string());
+            if let Some((_, n)) = NUMBER_WORDS.iter().find(|(word, _)| word == w) {
+                return Some((*n).to_string());
             }
             if !w.starts_with(|c: char| c.is_ascii_digit()) {
                 return None;
