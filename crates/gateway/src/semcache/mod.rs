@@ -29,6 +29,7 @@ mod record;
 mod static_model;
 
 pub use config::{CacheScope, EmbedderConfig, SemanticCacheConfig};
+pub use static_model::{LoadError, StaticModel};
 
 pub(crate) use answer::Answer;
 pub(crate) use metrics::SemCacheMetrics;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LoadError {
+pub enum LoadError {
     /// A file could not be read.
     #[error("{path}: {source}")]
     Read {
@@ -40,7 +40,7 @@ pub(crate) enum LoadError {
 }
 
 /// See the module documentation.
-pub(crate) struct StaticModel {
+pub struct StaticModel {
     tokenizer: tokenizers::Tokenizer,
     /// Row-major, `rows` by `dim`.
     matrix: Vec<f32>,
@@ -59,7 +59,7 @@ impl std::fmt::Debug for StaticModel {
 
 impl StaticModel {
     /// Loads the model in `dir`.
-    pub(crate) fn load(dir: &Path) -> Result<Self, LoadError> {
+    pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let read = |path: &Path| {
             std::fs::read(path).map_err(|source| LoadError::Read {
                 path: path.to_owned(),
@@ -101,13 +101,12 @@ impl StaticModel {
     }
 
     /// The embedding's dimension.
-    #[cfg(test)]
-    pub(crate) fn dim(&self) -> usize {
+    pub fn dim(&self) -> usize {
         self.dim
     }
 
     /// The mean of `text`'s token rows (not normalised); zeros for a text with no tokens.
-    pub(crate) fn embed(&self, text: &str) -> Vec<f32> {
+    pub fn embed(&self, text: &str) -> Vec<f32> {
         let mut out = vec![0.0f32; self.dim];
         let Ok(encoding) = self.tokenizer.encode(text, false) else {
             return out;
