@@ -136,3 +136,71 @@ fn fingerprints_survive_hex() {
     assert_eq!(parse_hex(&hex(&f)), Some(f));
     assert_eq!(parse_hex("zz"), None);
 }
+
+#[tokio::test]
+async fn entries_expire_on_the_gateways_clock() {
+    let c = cache(SemanticCacheConfig {
+        ttl_secs: 60,
+        ..enabled()
+    });
+    let q = body("hello");
+    let Lookup::Miss(miss) = look(&c, &q, "a", Controls::default()).await else {
+        panic!("a miss")
+    };
+    miss.complete(Ok(answer()));
+    c.clock.advance(Duration::from_secs(59));
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Hit { .. }
+    ));
+    c.clock.advance(Duration::from_secs(1));
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_peers_entry_is_applied_in_its_own_scope_for_what_is_left_of_its_life() {
+    let c = cache(enabled());
+    let q = body("hello");
+    let k = key::of(Api::Chat, &q, false).unwrap();
+    c.apply_peer(SharedEntry {
+        scope: "a".into(),
+        fingerprint: hex(&k.fingerprint),
+        message: k.message.clone(),
+        embedding: None,
+        sse: false,
+        body: r#"{"choices":[{"finish_reason":"stop"}]}"#.into(),
+        ttl_left_ms: 1_000,
+    });
+    assert!(matches!(
+        look(&c, &q, "b", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Hit { .. }
+    ));
+    c.clock.advance(Duration::from_secs(1));
+    assert!(matches!(
+        look(&c, &q, "a", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+    let bad = SharedEntry {
+        scope: "a".into(),
+        fingerprint: "not hex".into(),
+        message: String::new(),
+        embedding: None,
+        sse: false,
+        body: String::new(),
+        ttl_left_ms: 1_000,
+    };
+    c.apply_peer(bad);
+    let rejected = c
+        .metrics
+        .peer_entries
+        .get_or_create(&crate::metrics::ReasonLabel { reason: "rejected" })
+        .get();
+    assert_eq!(rejected, 1);
+}
