@@ -155,3 +155,53 @@ impl SemanticCacheConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn off_by_default_and_every_bad_value_is_named() {
+        let config = Config::from_yaml("{}").unwrap();
+        assert!(!config.semantic_cache.enabled);
+        let refused = |yaml: &str| Config::from_yaml(yaml).unwrap_err().to_string();
+        for (yaml, field) in [
+            (
+                "semantic_cache: {threshold: 1.5}",
+                "semantic_cache.threshold",
+            ),
+            ("semantic_cache: {ttl_secs: 0}", "semantic_cache.ttl_secs"),
+            (
+                "semantic_cache: {max_entries: 0}",
+                "semantic_cache.max_entries",
+            ),
+            (
+                "semantic_cache: {max_bytes: 10, max_entry_bytes: 20}",
+                "semantic_cache.max_entry_bytes",
+            ),
+            (
+                "semantic_cache: {max_temperature: -1}",
+                "semantic_cache.max_temperature",
+            ),
+            (
+                "semantic_cache: {embed_deadline_ms: 0}",
+                "semantic_cache.embed_deadline_ms",
+            ),
+            (
+                "semantic_cache: {embedder: {type: openai, url: x, model: m}}",
+                "semantic_cache.embedder.url",
+            ),
+            (
+                "semantic_cache: {embedder: {type: openai, url: 'http://e', model: ''}}",
+                "semantic_cache.embedder.model",
+            ),
+        ] {
+            assert!(refused(yaml).contains(field), "{yaml}: {}", refused(yaml));
+        }
+        assert!(refused("semantic_cache: {enabled: true, thresold: 0.8}").contains("thresold"));
+        let yaml = "semantic_cache: {enabled: true, scope: key, guards: {order: false},
+            embedder: {type: static, dir: /models/w}}";
+        let config = Config::from_yaml(yaml).unwrap();
+        assert!(!config.semantic_cache.guards.order);
+    }
+}

@@ -341,11 +341,12 @@ impl SemCache {
         self.metrics.bytes.set(store.bytes() as i64);
     }
 
-    /// Applies a peer's entry: the same scope rules as a local one, its remaining life capped
-    /// by the local time to live.
+    /// Applies a peer's entry (unless this replica does not share): the same scope rules as a
+    /// local one, its remaining life capped by the local time to live.
     pub(crate) fn apply_peer(&self, entry: SharedEntry) {
         let fingerprint = parse_hex(&entry.fingerprint);
         let usable = self.config.enabled
+            && self.config.share
             && entry.ttl_left_ms > 0
             && entry.body.len() <= self.config.max_entry_bytes;
         let Some(fingerprint) = fingerprint.filter(|_| usable) else {
