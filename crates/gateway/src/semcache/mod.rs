@@ -244,48 +244,20 @@ impl SemCache {
         }
         let mut flight = None;
         if read && !controls.no_store && self.config.singleflight_wait_ms > 0 {
-            match self.flights.join(&key) {
-                Joined::Leader(f) => flight = Some(f),
-                Joined::Follower(rx) => {
-                    let wait = Duration::from_millis(self.config.singleflight_wait_ms);
-                    let ended = flights::follow(rx, wait).await;
-                    let answer = self.exact(&key);
-                    let result = match (&answer, ended) {
-                        (Some(_), _) => "answered",
-                        (None, true) => "missed",
-                        (None, false) => "timed_out",
-                    };
-                    SemCacheMetrics::count(&self.metrics.singleflight, result);
-                    if let Some(answer) = answer {
-                        return Lookup::Hit {
-                            answer,
-                            similarity: None,
-                        };
-                    }
-                }
-            }
-            // A leader's answer may have been stored between the look above and the flight.
-            if flight.is_some() {
-                if let Some(answer) = self.exact(&key) {
+            match self.fly(&key).await {
+                Ok(f) => flight = f,
+                Err(answer) => {
                     return Lookup::Hit {
                         answer,
                         similarity: None,
-                    };
+                    }
                 }
             }
         }
         let embedding = self.embed(&key.message).await;
         if let (true, Some(e)) = (read, &embedding) {
-            let now = self.clock.now();
-            let search = self.store().similar(&key, e, now);
-            for guard in &search.stopped {
-                SemCacheMetrics::count(&self.metrics.guard_stops, guard.name());
-            }
-            if let Some(hit) = search.hit {
-                return Lookup::Hit {
-                    answer: hit.answer,
-                    similarity: Some(hit.similarity),
-                };
+            if let Some(hit) = self.similar(&key, e) {
+                return hit;
             }
         }
         Lookup::Miss(Miss {
@@ -297,9 +269,60 @@ impl SemCache {
         })
     }
 
+    /// Leads `key`'s flight (`Ok(Some)`), or follows the one under way and returns its
+    /// answer (`Err`) or nothing (`Ok(None)`: the leader stored none, or the wait ran out).
+    async fn fly(&self, key: &Key) -> Result<Option<Flight>, Arc<Answer>> {
+        match self.flights.join(key) {
+            // A leader's answer may have been stored between the first look and the flight.
+            Joined::Leader(flight) => match self.exact(key) {
+                Some(answer) => Err(answer),
+                None => Ok(Some(flight)),
+            },
+            Joined::Follower(rx) => {
+                let wait = Duration::from_millis(self.config.singleflight_wait_ms);
+                let ended = flights::follow(rx, wait).await;
+                let answer = self.exact(key);
+                let result = match (&answer, ended) {
+                    (Some(_), _) => "answered",
+                    (None, true) => "missed",
+                    (None, false) => "timed_out",
+                };
+                SemCacheMetrics::count(&self.metrics.singleflight, result);
+                answer.map_or(Ok(None), Err)
+            }
+        }
+    }
+
+    /// The semantic hit for `key`'s message embedded as `embedding`, if there is one.
+    fn similar(&self, key: &Key, embedding: &[f32]) -> Option<Lookup> {
+        let now = self.clock.now();
+        let search = {
+            let mut store = self.store();
+            let search = store.similar(key, embedding, now);
+            self.held(&store);
+            search
+        };
+        for guard in &search.stopped {
+            SemCacheMetrics::count(&self.metrics.guard_stops, guard.name());
+        }
+        search.hit.map(|hit| Lookup::Hit {
+            answer: hit.answer,
+            similarity: Some(hit.similarity),
+        })
+    }
+
     fn exact(&self, key: &Key) -> Option<Arc<Answer>> {
         let now = self.clock.now();
-        self.store().exact(key, now)
+        let mut store = self.store();
+        let answer = store.exact(key, now);
+        self.held(&store);
+        answer
+    }
+
+    /// Publishes what the store holds (lookups drop expired entries too).
+    fn held(&self, store: &Store<Arc<Answer>>) {
+        self.metrics.entries.set(store.len() as i64);
+        self.metrics.bytes.set(store.bytes() as i64);
     }
 
     /// `message`'s embedding, or `None` without an embedder, for an empty message, or when
@@ -337,8 +360,7 @@ impl SemCache {
         let mut store = self.store();
         let evicted = store.insert(key, embedding, (Arc::new(answer), bytes), now, expires);
         self.metrics.evictions.inc_by(evicted as u64);
-        self.metrics.entries.set(store.len() as i64);
-        self.metrics.bytes.set(store.bytes() as i64);
+        self.held(&store);
     }
 
     /// Applies a peer's entry (unless this replica does not share): the same scope rules as a
