@@ -204,3 +204,46 @@ async fn a_peers_entry_is_applied_in_its_own_scope_for_what_is_left_of_its_life(
         .get();
     assert_eq!(rejected, 1);
 }
+
+#[tokio::test]
+async fn a_recorded_body_is_stored_once_whole_and_not_when_dropped_early() {
+    use http_body_util::BodyExt;
+    let c = cache(enabled());
+    let q = body("hello");
+    let Lookup::Miss(miss) = look(&c, &q, "a", Controls::default()).await else {
+        panic!("a miss")
+    };
+    let stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, axum::Error>>(4);
+    let inner = axum::body::Body::new(http_body_util::StreamBody::new(tokio_stream_from(rx)));
+    let mut recorded = axum::body::Body::new(Recording::new(inner, true, miss));
+    tx.send(Ok(http_body::Frame::data(Bytes::from(stream))))
+        .await
+        .unwrap();
+    let frame = recorded.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), stream.as_bytes());
+    // Stored at [DONE], before the upstream body ends.
+    let Lookup::Hit { answer, .. } = look(&c, &q, "a", Controls::default()).await else {
+        panic!("stored at [DONE]")
+    };
+    assert!(answer.sse);
+    assert_eq!(answer.body, stream.as_bytes());
+
+    let other = body("bye");
+    let Lookup::Miss(miss) = look(&c, &other, "a", Controls::default()).await else {
+        panic!("a miss")
+    };
+    let half = axum::body::Body::from(&stream[..20]);
+    drop(Recording::new(half, true, miss));
+    assert!(matches!(
+        look(&c, &other, "a", Controls::default()).await,
+        Lookup::Miss(_)
+    ));
+}
+
+/// The receiver as a stream of frames.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
