@@ -36,6 +36,7 @@ pub mod policy;
 pub mod request;
 pub mod resilience;
 pub mod router;
+pub mod semcache;
 pub mod stats;
 pub mod tenancy;
 mod time;

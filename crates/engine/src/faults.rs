@@ -16,6 +16,7 @@
 //! | `slow_decode` | `factor=F` (4) | every engine iteration that decodes takes F times longer |
 //! | `drain` | | new requests get 503 and `/health` reports 503; running ones finish |
 //! | `kv_drop` | | each KV-event batch is lost with probability `p` (its sequence number is used, so subscribers see the gap) |
+//! | `stall_embed` | `ms=N` (forever) | `/v1/embeddings` answers after N ms |
 //!
 //! `slow_decode` and `drain` act on the whole engine (`p` is ignored), `kv_drop` on KV-event
 //! batches; the others are drawn per
@@ -70,6 +71,11 @@ pub enum FaultKind {
     Draining,
     /// KV-event batches are lost (drawn per batch with the fault's probability).
     DropKvEvents,
+    /// `/v1/embeddings` answers late (`None`: never), drawn per embeddings request.
+    StallEmbeddings {
+        /// How long.
+        stall: Option<Duration>,
+    },
 }
 
 /// A fault and the probability that a request meets it.
@@ -195,11 +201,12 @@ impl FromStr for Fault {
             "slow_decode" => FaultKind::SlowDecode { factor: factor.unwrap_or(4.0) },
             "drain" => FaultKind::Draining,
             "kv_drop" => FaultKind::DropKvEvents,
-            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop)")),
+            "stall_embed" => FaultKind::StallEmbeddings { stall },
+            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, stall_embed)")),
         };
         let used_keys_ok = match kind {
             FaultKind::RateLimited { .. } => ms.is_none() && after.is_none() && factor.is_none(),
-            FaultKind::StallBeforeFirstToken { .. } => {
+            FaultKind::StallBeforeFirstToken { .. } | FaultKind::StallEmbeddings { .. } => {
                 secs.is_none() && after.is_none() && factor.is_none()
             }
             FaultKind::StallMidStream { .. } => secs.is_none() && factor.is_none(),
@@ -249,6 +256,10 @@ impl fmt::Display for Fault {
             }
             FaultKind::Draining => "drain",
             FaultKind::DropKvEvents => "kv_drop",
+            FaultKind::StallEmbeddings { stall } => {
+                params.extend(stall.map(|d| format!("ms={}", d.as_millis())));
+                "stall_embed"
+            }
         };
         if self.probability < 1.0 {
             params.push(format!("p={}", self.probability));
@@ -325,6 +336,23 @@ impl FaultState {
     }
 
     /// Whether the next KV-event batch is lost (`kv_drop`).
+    /// The stall an embeddings request meets, if one is drawn (`Some(None)`: forever).
+    pub(crate) fn embed_stall(&self) -> Option<Option<Duration>> {
+        let active = self.active.read().unwrap_or_else(|e| e.into_inner());
+        let (p, stall) = active.iter().find_map(|f| match f.kind {
+            FaultKind::StallEmbeddings { stall } => Some((f.probability, stall)),
+            _ => None,
+        })?;
+        let drawn = p >= 1.0
+            || self
+                .rng
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .random::<f64>()
+                < p;
+        drawn.then_some(stall)
+    }
+
     pub(crate) fn drop_kv_batch(&self) -> bool {
         let active = self.active.read().unwrap_or_else(|e| e.into_inner());
         let Some(p) = active
@@ -357,7 +385,9 @@ impl FaultState {
             };
             match fault.kind {
                 FaultKind::Draining => out.refuse = out.refuse.or(Some(FaultKind::Draining)),
-                FaultKind::SlowDecode { .. } | FaultKind::DropKvEvents => {}
+                FaultKind::SlowDecode { .. }
+                | FaultKind::DropKvEvents
+                | FaultKind::StallEmbeddings { .. } => {}
                 FaultKind::RateLimited { .. }
                 | FaultKind::InternalError
                 | FaultKind::Unavailable

@@ -30,6 +30,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route(

@@ -24,6 +24,7 @@
 mod admin;
 mod backend;
 mod config;
+mod embeddings;
 mod error;
 mod faults;
 mod handlers;

@@ -60,6 +60,7 @@ mod proxy;
 mod relay;
 mod reload;
 mod resume;
+pub mod semcache;
 mod server;
 mod state;
 mod telemetry;
@@ -293,6 +294,7 @@ fn start_background(shared: &Arc<Shared>) {
         config: shared.config.cluster.clone(),
         pool: shared.pool.clone(),
         tenancy: shared.tenancy.clone(),
+        semcache: shared.semcache.clone(),
         metrics: shared.metrics.cluster.clone(),
         seed: shared.seed,
         stop: shared.stop.subscribe(),

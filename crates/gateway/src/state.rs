@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     losses: Mutex<Option<mpsc::UnboundedReceiver<Loss>>>,
     /// Configuration reloads and the last one's result.
     reloads: Mutex<ReloadLog>,
+    /// Answers served again (`semantic_cache:`).
+    pub(crate) semcache: Arc<crate::semcache::SemCache>,
 }
 
 /// A poisoned lock is taken over: what these locks guard stays consistent at every await.
@@ -91,6 +93,12 @@ impl Shared {
         for e in &config.endpoints {
             pool.add(e.clone());
         }
+        let semcache = Arc::new(crate::semcache::SemCache::new(
+            &config.semantic_cache,
+            client.clone(),
+            metrics.semcache.clone(),
+            pool.clock().clone(),
+        )?);
         let rehome = Rehome::new(&config.resume, pool.clock().clone());
         let (stop, stopped) = watch::channel(false);
         let (signal, losses) = LossSignal::channel();
@@ -123,6 +131,7 @@ impl Shared {
             watch,
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),
+            semcache,
             config,
         }))
     }

@@ -42,6 +42,8 @@ pub(crate) struct Metrics {
     pub(crate) discovery: Family<ReasonLabel, Counter>,
     /// Configuration file reloads, `applied` or `rejected`.
     pub(crate) config_reloads: Family<ReasonLabel, Counter>,
+    /// The semantic cache.
+    pub(crate) semcache: Arc<crate::semcache::SemCacheMetrics>,
 }
 
 impl Default for Metrics {
@@ -74,7 +76,9 @@ impl Metrics {
             "Configuration file changes applied, or rejected (the running configuration stays)",
             config_reloads.clone(),
         );
+        let semcache = Arc::new(crate::semcache::SemCacheMetrics::register(r));
         Metrics {
+            semcache,
             requests: RequestMetrics::register(r),
             usage: UsageMetrics::register(r),
             pool: PoolMetrics::register(r),

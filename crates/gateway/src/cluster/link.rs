@@ -41,6 +41,7 @@ pub(crate) fn spawn(shared: Sharing) {
         );
     }
     shared.tenancy.join_cluster(Arc::new(outbox.clone()));
+    shared.semcache.join_cluster(Arc::new(outbox.clone()));
     shared.pool.subscribe(Arc::new(outbox));
     let replica =
         shared.seed ^ u64::from(std::process::id()).rotate_left(32) ^ rand::random::<u64>();
@@ -251,6 +252,7 @@ impl Publisher {
                 output,
             },
             Local::Tenancy(Announcement::Spend(spent)) => WireEvent::Spend { spent },
+            Local::Cache(entry) => WireEvent::CacheEntry { entry },
         };
         self.event(event).await;
     }

@@ -58,6 +58,8 @@ pub(crate) struct Sharing {
     pub(crate) config: ClusterConfig,
     pub(crate) pool: Arc<Pool>,
     pub(crate) tenancy: Arc<Tenancy>,
+    /// The semantic cache, which stores the peers' answers too.
+    pub(crate) semcache: Arc<crate::semcache::SemCache>,
     pub(crate) metrics: Arc<ClusterMetrics>,
     /// The gateway's seed, part of this replica's id.
     pub(crate) seed: u64,

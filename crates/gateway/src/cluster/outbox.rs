@@ -21,6 +21,8 @@ pub(crate) enum Local {
     Progress(crate::pool::Progress),
     /// Tenancy's news: fan-out claims, limits taken, spend.
     Tenancy(Announcement),
+    /// An answer the semantic cache stored.
+    Cache(crate::semcache::SharedEntry),
 }
 
 /// Where the pool drops what peers should hear; never blocks the request path.
@@ -50,6 +52,13 @@ impl Announcer for Outbox {
 
     fn peers(&self) -> i64 {
         self.metrics.peers.get()
+    }
+}
+
+/// The link carries the semantic cache's stored answers to the peers.
+impl crate::semcache::Publisher for Outbox {
+    fn publish(&self, entry: crate::semcache::SharedEntry) {
+        self.send(Local::Cache(entry));
     }
 }
 

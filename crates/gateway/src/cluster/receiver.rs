@@ -131,6 +131,7 @@ impl Receiver {
                 let _ = self.hello_tx.try_send((replica, nonce));
             }
             WireEvent::Bye => self.left(replica),
+            WireEvent::CacheEntry { entry } => self.shared.semcache.apply_peer(entry),
         }
     }
 

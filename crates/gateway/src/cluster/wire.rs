@@ -78,6 +78,8 @@ pub(crate) enum WireEvent {
     Hello { nonce: u64 },
     /// The sender is shutting down: drop its requests now.
     Bye,
+    /// An answer the sender's semantic cache stored.
+    CacheEntry { entry: crate::semcache::SharedEntry },
 }
 
 impl WireEvent {

@@ -23,6 +23,7 @@
 
 pub(crate) mod admit;
 mod attempts;
+mod cache;
 pub(crate) mod intake;
 mod respond;
 
@@ -107,10 +108,16 @@ async fn handle(
     // The client's deadline counts from here, the request's arrival as the proxy sees it.
     let arrived = shared.pool.clock().now();
     let deadline = inference.deadline.map(|d| arrived + nanos(d));
+    // Before admission: a hit takes no queue slot and makes no upstream call.
+    let through = match cache::look(&shared, key.as_deref(), &inference, headers, ending).await {
+        cache::Cached::Hit(response) => return Ok(response),
+        cache::Cached::Go(through) => through,
+    };
     let admitted = admit::admit(&shared, key, &mut inference, arrived, ending).await?;
     let explain = headers
         .get(EXPLAIN_HEADER)
         .is_some_and(|v| v.as_bytes() == b"1" || v.as_bytes().eq_ignore_ascii_case(b"true"));
+    let stream = inference.stream;
     let mut run = Run::new(shared, inference, headers, ending.id());
     if admitted.keyed {
         // The client's key is the gateway's, not an engine's.
@@ -118,7 +125,8 @@ async fn handle(
     }
     run.trace = ending.span_context();
     run.explain = explain;
-    run.drive(admitted, deadline, ending).await
+    let response = run.drive(admitted, deadline, ending).await?;
+    Ok(cache::answered(response, stream, through))
 }
 
 fn nanos(d: Duration) -> Nanos {
