@@ -152,7 +152,8 @@ async fn exact_and_semantic_hits_and_misses_on_any_other_difference() {
 async fn tenants_never_see_each_others_answers() {
     let engine = engine("e0", "0", &[]);
     let keys = format!(
-        r#"tenancy:
+        r#"admin_token: adm
+tenancy:
   keys:
     - {{name: a, key_sha256: "{a}", tenant: team-a}}
     - {{name: a2, key_sha256: "{a2}", tenant: team-a}}
@@ -188,6 +189,22 @@ async fn tenants_never_see_each_others_answers() {
         "hit",
         "a's own"
     );
+    // An operator's flush of one tenant leaves the other's entries.
+    let flush = |query: &'static str| {
+        client()
+            .delete(format!("{}/admin/cache{query}", gw.url))
+            .bearer_auth("adm")
+            .send()
+    };
+    let flushed: Value = flush("?tenant=team-a").await.unwrap().json().await.unwrap();
+    assert_eq!(flushed["flushed"], 1, "{flushed}");
+    assert_eq!(post(&gw, &q, &with("Bearer kvg-a")).await.0, "miss");
+    assert_eq!(post(&gw, &q, &with("Bearer kvg-b")).await.0, "hit");
+    let both = flush("?tenant=team-a&key=a").await.unwrap();
+    assert_eq!(both.status(), 400);
+    let flushed: Value = flush("").await.unwrap().json().await.unwrap();
+    assert_eq!(flushed["flushed"], 2, "{flushed}");
+    assert_eq!(post(&gw, &q, &with("Bearer kvg-b")).await.0, "miss");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

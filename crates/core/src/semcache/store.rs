@@ -249,6 +249,21 @@ impl<A: Clone> Store<A> {
         n
     }
 
+    /// Drops every entry of `scope`, or every entry when `scope` is `None` (an operator's
+    /// flush after a model or prompt change made the answers wrong); returns how many.
+    pub fn clear(&mut self, scope: Option<&str>) -> usize {
+        let ids: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, slot)| scope.is_none_or(|s| slot.key.scope == s))
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &ids {
+            self.remove(id);
+        }
+        ids.len()
+    }
+
     fn touch(&mut self, id: u64) {
         self.tick += 1;
         let slot = self.slots.get_mut(&id).expect("a live id");

@@ -26,6 +26,26 @@ fn unit(v: &[f32]) -> Vec<f32> {
 }
 
 #[test]
+fn clear_drops_one_scope_or_all_and_their_bytes() {
+    let mut store = Store::new(limits());
+    let now = Nanos::ZERO;
+    store.insert(key("t1", 1, "a"), None, ("A", 10), now, None);
+    store.insert(key("t1", 2, "b"), None, ("B", 20), now, None);
+    store.insert(key("t2", 1, "a"), None, ("C", 30), now, None);
+    assert_eq!(store.clear(Some("t1")), 2);
+    assert_eq!(
+        (store.len(), store.bytes()),
+        (1, 30 + "a".len() + "t2".len())
+    );
+    assert_eq!(store.exact(&key("t1", 1, "a"), now), None);
+    assert_eq!(store.exact(&key("t2", 1, "a"), now), Some("C"));
+    assert_eq!(store.clear(Some("t1")), 0);
+    assert_eq!(store.clear(None), 1);
+    assert!(store.is_empty());
+    assert_eq!(store.bytes(), 0);
+}
+
+#[test]
 fn exact_then_similar_within_scope_and_fingerprint() {
     let mut store = Store::new(limits());
     let now = Nanos::ZERO;

@@ -7,6 +7,9 @@
 //!   (at most `limit`, default 50; only those of request `ID` when given);
 //! - `GET /admin/config`: the watched configuration file, reloads applied and rejected, and
 //!   the last one's result (with the reason a rejected file was not applied);
+//! - `DELETE /admin/cache?tenant=T` (or `?key=K` with `scope: key`): drop this replica's
+//!   semantic-cache entries of that tenant or key (every entry without either); answers
+//!   `{"flushed": N}`;
 //! - `/admin/status` and `/admin/keys`: see [`tenancy`].
 
 mod tenancy;
@@ -159,6 +162,34 @@ async fn remove(
     }
 }
 
+#[derive(serde::Deserialize)]
+struct FlushQuery {
+    tenant: Option<String>,
+    key: Option<String>,
+}
+
+async fn flush_cache(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<FlushQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    authorize(&s, &headers)?;
+    let Query(query) = query.map_err(|e| ApiError::invalid("invalid_query", e.body_text()))?;
+    let scope = match (query.tenant, query.key) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "invalid_query",
+                "give tenant or key, not both".to_string(),
+            ))
+        }
+        (Some(t), None) => Some(crate::semcache::tenant_scope(&t)),
+        (None, Some(k)) => Some(crate::semcache::key_scope(&k)),
+        (None, None) => None,
+    };
+    let flushed = s.semcache.flush(scope.as_deref());
+    Ok(Json(serde_json::json!({ "flushed": flushed })))
+}
+
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/admin/endpoints", get(list).post(add))
@@ -167,5 +198,6 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/admin/endpoints/{id}", axum::routing::delete(remove))
         .route("/admin/endpoints/{id}/drain", post(drain))
         .route("/admin/endpoints/{id}/undrain", post(undrain))
+        .route("/admin/cache", axum::routing::delete(flush_cache))
         .merge(tenancy::router())
 }

@@ -62,8 +62,8 @@ pub(super) async fn look(
         .or_else(|| inference.request.tenant.clone())
         .unwrap_or_default();
     let scope = match (shared.config.semantic_cache.scope, key) {
-        (crate::semcache::CacheScope::Key, Some(k)) => format!("key:{}", k.name),
-        _ => format!("tenant:{tenant}"),
+        (crate::semcache::CacheScope::Key, Some(k)) => crate::semcache::key_scope(&k.name),
+        _ => crate::semcache::tenant_scope(&tenant),
     };
     let lookup = cache
         .lookup(

@@ -121,6 +121,16 @@ impl Controls {
     }
 }
 
+/// The scope of a tenant's entries (`scope: tenant`).
+pub(crate) fn tenant_scope(tenant: &str) -> String {
+    format!("tenant:{tenant}")
+}
+
+/// The scope of one gateway key's entries (`scope: key`).
+pub(crate) fn key_scope(key: &str) -> String {
+    format!("key:{key}")
+}
+
 /// What a lookup found.
 #[derive(Debug)]
 pub(crate) enum Lookup {
@@ -317,6 +327,14 @@ impl SemCache {
         let answer = store.exact(key, now);
         self.held(&store);
         answer
+    }
+
+    /// Drops the entries of `scope` (every scope when `None`) on this replica; returns how many.
+    pub(crate) fn flush(&self, scope: Option<&str>) -> usize {
+        let mut store = self.store();
+        let n = store.clear(scope);
+        self.held(&store);
+        n
     }
 
     /// Publishes what the store holds (lookups drop expired entries too).
