@@ -13,10 +13,11 @@ use axum::{Json, Router};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// `/v1/chat/completions` and `/v1/completions`: the proxy's stages.
+/// `/v1/chat/completions` and `/v1/completions`: the proxy's stages, behind difficulty
+/// routing for routed names.
 async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let api = intake::api_of(req.uri().path()).unwrap_or(Api::Completions);
-    proxy::serve(shared, api, req).await
+    crate::cascade::serve(shared, api, req).await
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {

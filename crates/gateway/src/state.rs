@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     losses: Mutex<Option<mpsc::UnboundedReceiver<Loss>>>,
     /// Configuration reloads and the last one's result.
     reloads: Mutex<ReloadLog>,
+    /// Routed names' scorers, controllers, budgets and strong-tier slots.
+    pub(crate) difficulty: crate::difficulty::Difficulty,
 }
 
 /// A poisoned lock is taken over: what these locks guard stays consistent at every await.
@@ -82,6 +84,7 @@ impl Shared {
         let tenancy = Tenancy::new(&config.tenancy, metrics.tenants.clone())?;
         let tokenizers = Tokenizers::load(&config.tokenizers, config.tokenizer_memo_bytes)?;
         let client = upstream_client(&config)?;
+        let difficulty = crate::difficulty::Difficulty::new(&config.routing, &metrics.difficulty)?;
         let pool = Arc::new(Pool::new(
             &config.pool_settings(),
             Clock::new(),
@@ -123,6 +126,7 @@ impl Shared {
             watch,
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),
+            difficulty,
             config,
         }))
     }

@@ -42,6 +42,8 @@ pub(crate) struct Metrics {
     pub(crate) discovery: Family<ReasonLabel, Counter>,
     /// Configuration file reloads, `applied` or `rejected`.
     pub(crate) config_reloads: Family<ReasonLabel, Counter>,
+    /// Difficulty routing: tiers, escalations, the strong tier's load, thresholds.
+    pub(crate) difficulty: crate::difficulty::DifficultyMetrics,
 }
 
 impl Default for Metrics {
@@ -74,7 +76,10 @@ impl Metrics {
             "Configuration file changes applied, or rejected (the running configuration stays)",
             config_reloads.clone(),
         );
+        let difficulty = crate::difficulty::DifficultyMetrics::default();
+        difficulty.register(r);
         Metrics {
+            difficulty,
             requests: RequestMetrics::register(r),
             usage: UsageMetrics::register(r),
             pool: PoolMetrics::register(r),

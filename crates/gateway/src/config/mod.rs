@@ -73,6 +73,8 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterConfig,
     /// Endpoints discovered from the Kubernetes API (an InferencePool's pods).
     pub discovery: crate::discovery::DiscoveryConfig,
+    /// Names that route each request to a cheap or a strong model by its difficulty.
+    pub routing: crate::difficulty::RoutingConfig,
 }
 
 impl Default for Config {
@@ -101,6 +103,7 @@ impl Default for Config {
             resume: Default::default(),
             cluster: Default::default(),
             discovery: Default::default(),
+            routing: Default::default(),
         }
     }
 }
@@ -203,6 +206,7 @@ impl Config {
             e.check(i)?;
         }
         model_names::check(self)?;
+        self.routing.validate(&model_names::declared(self))?;
         self.kv_events.validate()?;
         self.spillover
             .validate()

@@ -69,6 +69,21 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Every model name the endpoints declare (models and aliases), or none when some endpoint
+/// leaves its model to discovery (or there are no endpoints yet).
+pub(crate) fn declared(config: &Config) -> Vec<&str> {
+    if config.endpoints.is_empty() || config.endpoints.iter().any(|e| e.model.is_none()) {
+        return Vec::new();
+    }
+    let names: BTreeSet<&str> = config
+        .endpoints
+        .iter()
+        .flat_map(|e| e.model.iter().chain(&e.served_as))
+        .map(String::as_str)
+        .collect();
+    names.into_iter().collect()
+}
+
 /// A cycle among alias -> model renames, as the names along it, if there is one.
 fn find_cycle<'a>(renames: &BTreeMap<&'a str, BTreeSet<&'a str>>) -> Option<Vec<&'a str>> {
     fn visit<'a>(
