@@ -3,7 +3,7 @@
 use crate::admin;
 use crate::error::ApiError;
 use crate::parse::Api;
-use crate::proxy::{self, intake};
+use crate::proxy::intake;
 use crate::state::Shared;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};

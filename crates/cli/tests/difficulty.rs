@@ -1,0 +1,256 @@
+//! Difficulty routing against real processes: a routed name over a cheap and a strong emulated
+//! engine. Easy prompts stay cheap and hard ones go strong; a cascade's cheap answer comes back
+//! as the client asked (JSON without the logprobs the gateway added, or a replayed SSE
+//! stream); and an escalation storm (the cheap engine's `low_confidence` fault) is held by the
+//! escalation budget and the strong tier's cap, and the strong share returns to its target
+//! once the fault clears.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+const EASY: &str = "hello there";
+const HARD: &str = "Prove step by step that the sum of 12 and 30 is 42, then explain why.";
+
+fn tier_engine(id: &str, model: &str, time_scale: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--id",
+        id,
+        "--model",
+        model,
+        "--time-scale",
+        time_scale,
+        "--seed",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    spawn(&args, "listening on")
+}
+
+fn config(cheap: &Proc, strong: &Proc, route: &str) -> String {
+    format!(
+        "scrape: {{interval_ms: 100}}\nendpoints:\n  - {{url: \"{}\", name: cheap, model: small}}\n  - {{url: \"{}\", name: strong, model: big}}\nrouting:\n  models:\n    auto:\n      cheap: small\n      strong: big\n{route}",
+        cheap.url, strong.url
+    )
+}
+
+async fn ask(front: &str, text: &str, stream: bool) -> reqwest::Response {
+    client()
+        .post(format!("{front}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": "auto", "messages": user(text), "max_tokens": 6, "stream": stream,
+        }))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn opt_header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_asked() {
+    let cheap = tier_engine("cheap", "small", "0", &[]);
+    let strong = tier_engine("strong", "big", "0", &[]);
+    let route = "      share: {target: 0.5, min_samples: 100000, initial_threshold: 0.5}\n      cascade: {confidence: {threshold: 0.3}}\n";
+    let g = gateway_with_config(&[], "difficulty-route", &config(&cheap, &strong, route)).await;
+
+    let r = ask(&g.url, HARD, false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-kvgate-tier"), "strong");
+    assert_eq!(header(&r, "x-kvgate-endpoint"), "strong");
+    let why = header(&r, "x-kvgate-difficulty");
+    assert!(
+        why.contains("scorer=rules") && why.contains("threshold=0.5000"),
+        "{why}"
+    );
+
+    let r = ask(&g.url, EASY, false).await;
+    assert_eq!(header(&r, "x-kvgate-tier"), "cheap");
+    assert_eq!(header(&r, "x-kvgate-endpoint"), "cheap");
+    let confidence: f64 = header(&r, "x-kvgate-confidence").parse().unwrap();
+    assert!(confidence > 0.6, "{confidence}");
+    assert_eq!(opt_header(&r, "x-kvgate-escalation"), None);
+    let whole: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        whole["choices"][0]["logprobs"].is_null(),
+        "the client did not ask: {whole}"
+    );
+    let text = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let r = ask(&g.url, EASY, true).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "content-type").starts_with("text/event-stream"));
+    let events = sse_data(&r.text().await.unwrap());
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<serde_json::Value>(e).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(streamed, text, "the replay carries the same answer");
+
+    // Other names pass through untouched.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", g.url))
+        .json(&serde_json::json!({"model": "big", "messages": user(EASY), "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(opt_header(&r, "x-kvgate-tier"), None);
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "kvgate_routed_requests_total{model=\"auto\",tier=\"strong\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "kvgate_routed_requests_total{model=\"auto\",tier=\"cheap\"}"
+        ),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn bad_routes_are_refused_at_start() {
+    let err = serve_refuses(
+        "difficulty-bad",
+        "endpoints:\n  - {url: \"http://127.0.0.1:1\", model: small}\nrouting:\n  models:\n    auto: {cheap: small, strong: huge}\n",
+    );
+    assert!(
+        err.contains("routing.models.auto.strong") && err.contains("huge"),
+        "{err}"
+    );
+}
+
+/// Counts of one phase's answers.
+#[derive(Debug, Default)]
+struct Phase {
+    requests: usize,
+    strong: usize,
+    granted: usize,
+    denied_budget: usize,
+    denied_cap: usize,
+    failed: usize,
+}
+
+/// Request `n` of a mixed workload: easy and hard in turn, padded to lengths that spread the
+/// rules' scores (easy 0.18-0.38, hard 0.73-0.87) so the share's quantile has no ties to jump.
+fn mixed(n: usize) -> String {
+    let base = if n % 2 == 0 { EASY } else { HARD };
+    format!("{base} {}", "lorem ".repeat((n * 37) % 300))
+}
+
+async fn phase(front: &str, first: usize, requests: usize, concurrency: usize) -> Phase {
+    let mut out = Phase::default();
+    let texts: Vec<String> = (first..first + requests).map(mixed).collect();
+    for wave in texts.chunks(concurrency) {
+        let asks = wave.iter().map(|text| ask(front, text, false));
+        for r in futures_util::future::join_all(asks).await {
+            out.requests += 1;
+            if r.status() != 200 {
+                out.failed += 1;
+                continue;
+            }
+            out.strong += usize::from(header(&r, "x-kvgate-tier") == "strong");
+            match opt_header(&r, "x-kvgate-escalation").as_deref() {
+                Some("granted") => out.granted += 1,
+                Some("denied-budget") => out.denied_budget += 1,
+                Some("denied-cap") => out.denied_cap += 1,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// The escalation storm: every cheap answer is unsure, so every request wants the strong
+/// model. The strong tier's in-flight count (sampled from `/metrics` every 5 ms) never passes
+/// its cap of 2, granted escalations stay within the global budget (20% of requests, no
+/// floor), and after the fault clears the strong share is back at its 0.5 target at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_storm_is_held_by_the_budget_and_the_cap() {
+    let cheap = tier_engine("cheap", "small", "1", &["--fault", "low_confidence"]);
+    let strong = tier_engine("strong", "big", "1", &[]);
+    let route = "      share: {target: 0.5, window: 40, min_samples: 10, initial_threshold: 0.5, gain: 0.01, max_offset: 0.3}\n      cascade: {confidence: {threshold: 0.3}}\n      budget:\n        global: {ratio: 0.2, min_per_sec: 0.0, window_ms: 60000}\n        per_tenant: {ratio: 1.0, min_per_sec: 0.0, window_ms: 60000}\n      strong_max_concurrency: 2\n";
+    let g = gateway_with_config(&[], "difficulty-storm", &config(&cheap, &strong, route)).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, url) = (stop.clone(), peak.clone(), g.url.clone());
+        tokio::spawn(async move {
+            let http = client();
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let m = get_text(&http, &url, "/metrics").await;
+                let now =
+                    metric(&m, "kvgate_routed_strong_inflight{model=\"auto\"}").unwrap_or(0.0);
+                peak.fetch_max(now as u64, Ordering::Relaxed);
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            samples
+        })
+    };
+    let started = Instant::now();
+    let storm = phase(&g.url, 0, 60, 8).await;
+    let storm_secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    let peak = peak.load(Ordering::Relaxed);
+    println!("storm: {storm:?} in {storm_secs:.2} s; strong in-flight peak {peak} over {samples} samples");
+    assert_eq!(storm.failed, 0, "{storm:?}");
+    assert!(peak <= 2, "the cap is 2: peak {peak}");
+    assert!(samples > 10, "{samples}");
+    assert!(
+        storm.granted >= 1 && storm.granted <= 12,
+        "20% of 60: {storm:?}"
+    );
+    assert!(storm.denied_budget + storm.denied_cap > 0, "{storm:?}");
+
+    let cleared = Instant::now();
+    client()
+        .delete(format!("{}/admin/faults", cheap.url))
+        .send()
+        .await
+        .unwrap();
+    let after = phase(&g.url, 60, 20, 1).await;
+    let recovery_secs = cleared.elapsed().as_secs_f64();
+    let share = after.strong as f64 / after.requests as f64;
+    println!("recovery: {after:?} in {recovery_secs:.2} s; strong share {share:.2} (target 0.50)");
+    assert_eq!(
+        after.failed + after.granted + after.denied_budget + after.denied_cap,
+        0,
+        "{after:?}"
+    );
+    assert!((share - 0.5).abs() <= 0.1, "{after:?}");
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "kvgate_routed_strong_inflight{model=\"auto\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
+}
