@@ -82,10 +82,17 @@ impl KnnScorer {
         }
         let mut query = vector.to_vec();
         normalise(&mut query).ok_or(DifficultyError::BadVector(0))?;
+        // Lexical vectors are mostly zeros: the dot product runs over the query's non-zeros.
+        let nonzero: Vec<(usize, f64)> = query
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x != 0.0)
+            .map(|(i, x)| (i, f64::from(*x)))
+            .collect();
         // (similarity, index), best first; earlier index wins ties.
         let mut best: Vec<(f64, usize)> = Vec::with_capacity(self.k + 1);
         for (i, v) in self.vectors.chunks_exact(self.dims).enumerate() {
-            let sim = dot(&query, v);
+            let sim: f64 = nonzero.iter().map(|&(j, q)| q * f64::from(v[j])).sum();
             let at = best.partition_point(|&(s, _)| s >= sim);
             if at < self.k {
                 best.insert(at, (sim, i));
@@ -105,13 +112,6 @@ impl KnnScorer {
             reason: format!("nearest #{nearest} cos {sim:.3}"),
         })
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum()
 }
 
 /// Scales `v` to unit length; `None` when it has no direction.

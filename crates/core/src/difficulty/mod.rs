@@ -18,6 +18,7 @@
 pub mod budget;
 pub mod calibrate;
 pub mod confidence;
+pub mod eval;
 pub mod knn;
 pub mod lexical;
 pub mod rules;
