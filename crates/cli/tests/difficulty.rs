@@ -62,7 +62,25 @@ async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_aske
     let cheap = tier_engine("cheap", "small", "0", &[]);
     let strong = tier_engine("strong", "big", "0", &[]);
     let route = "      share: {target: 0.5, min_samples: 100000, initial_threshold: 0.5}\n      cascade: {confidence: {threshold: 0.3}}\n";
-    let g = gateway_with_config(&[], "difficulty-route", &config(&cheap, &strong, route)).await;
+    let path = config_file("difficulty-route", &config(&cheap, &strong, route));
+    let (g, log) = spawn_logged(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-log",
+            "stderr",
+            "--config",
+            path.to_str().unwrap(),
+        ],
+        "kvgate serve listening on",
+    );
+    wait_for(
+        &format!("{}/ready", g.url),
+        "the gateway to be ready",
+        |b| b == "ready",
+    )
+    .await;
 
     let r = ask(&g.url, HARD, false).await;
     assert_eq!(r.status(), 200);
@@ -85,6 +103,10 @@ async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_aske
         whole["choices"][0]["logprobs"].is_null(),
         "the client did not ask: {whole}"
     );
+    // The access log has the probe's line with the verdict (its confidence is known only once
+    // the line is written: the response header carries it).
+    let line = log.wait_for(&["\"route\":\"tier=cheap-probe score=0.18"]);
+    assert!(line.contains("\"endpoint\":\"cheap\""), "{line}");
     let text = whole["choices"][0]["message"]["content"]
         .as_str()
         .unwrap()

@@ -48,6 +48,8 @@ pub(crate) struct Facts {
     pub(crate) prediction: Option<kvgate_core::index::Prediction>,
     /// The answering deployment's token price (its own, else the model's in `tenancy.prices`).
     pub(crate) price: Option<kvgate_core::tenancy::Price>,
+    /// A routed name's tier and why (`crate::cascade`).
+    pub(crate) route: Option<Arc<str>>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -378,6 +380,7 @@ impl Ending {
             output_tokens: output,
             reason: decision.map(|d| d.reason.label()),
             why: decision.map(|d| d.reason.to_string()),
+            route: f.route.as_deref(),
         });
         if !written {
             self.shared.metrics.requests.access_log_dropped.inc();

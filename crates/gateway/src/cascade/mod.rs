@@ -12,7 +12,7 @@
 
 mod answer;
 
-use crate::difficulty::{OnDenied, Routed, StrongSlot, Verdict};
+use crate::difficulty::{OnDenied, RouteNote, Routed, StrongSlot, Verdict};
 use crate::error::ApiError;
 use crate::parse::Api;
 use crate::proxy;
@@ -101,6 +101,33 @@ struct Report {
     escalation: Option<&'static str>,
 }
 
+impl Report {
+    /// The verdict, as `x-kvgate-difficulty` says it.
+    fn verdict_text(&self) -> String {
+        let v = &self.verdict;
+        format!(
+            "score={:.4} threshold={:.4} scorer={} reason={}",
+            v.score.p,
+            v.threshold,
+            v.score.scorer.name(),
+            v.score.reason
+        )
+    }
+
+    /// Everything known so far, for the access log.
+    fn describe(&self) -> String {
+        let mut out = self.verdict_text();
+        if let Some(c) = self.confidence {
+            let c = c.map_or_else(|| "none".to_owned(), |c| format!("{c:.4}"));
+            out.push_str(&format!(" confidence={c}"));
+        }
+        if let Some(e) = self.escalation {
+            out.push_str(&format!(" escalation={e}"));
+        }
+        out
+    }
+}
+
 impl Call<'_> {
     async fn route(self) -> Response {
         let now = self.shared.pool.clock().now();
@@ -120,7 +147,12 @@ impl Call<'_> {
         match self.routed.config.cascade.clone() {
             None => {
                 let response = self
-                    .send(&self.routed.config.cheap, self.body.clone())
+                    .send(
+                        &self.routed.config.cheap,
+                        self.body.clone(),
+                        "cheap",
+                        &report,
+                    )
                     .await;
                 self.routed.settled(false);
                 finish(response, false, &report)
@@ -131,7 +163,12 @@ impl Call<'_> {
 
     async fn strong(&self, slot: StrongSlot, report: Report) -> Response {
         let response = self
-            .send(&self.routed.config.strong, self.body.clone())
+            .send(
+                &self.routed.config.strong,
+                self.body.clone(),
+                "strong",
+                &report,
+            )
             .await;
         self.routed.settled(true);
         let (p, b) = finish(response, true, &report).into_parts();
@@ -149,7 +186,12 @@ impl Call<'_> {
         mut report: Report,
     ) -> Response {
         let response = self
-            .send(&self.routed.config.cheap, self.probe(cascade.top_logprobs))
+            .send(
+                &self.routed.config.cheap,
+                self.probe(cascade.top_logprobs),
+                "cheap-probe",
+                &report,
+            )
             .await;
         if !response.status().is_success() {
             self.routed.settled(false);
@@ -240,11 +282,14 @@ impl Call<'_> {
         Response::from_parts(head, Body::from(bytes))
     }
 
-    /// Sends `body` for `model` through the proxy's stages.
-    async fn send(&self, model: &str, mut body: Value) -> Response {
+    /// Sends `body` for `model` through the proxy's stages, its access-log line noting `tier`
+    /// and `report`.
+    async fn send(&self, model: &str, mut body: Value, tier: &str, report: &Report) -> Response {
         body["model"] = Value::String(model.to_owned());
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let req = Request::from_parts(self.parts.clone(), Body::from(bytes));
+        let mut req = Request::from_parts(self.parts.clone(), Body::from(bytes));
+        let note = format!("tier={tier} {}", report.describe());
+        req.extensions_mut().insert(RouteNote(note.into()));
         proxy::serve(self.shared.clone(), self.api, req).await
     }
 }
@@ -271,15 +316,7 @@ fn finish(mut response: Response, strong: bool, report: &Report) -> Response {
         TIER_HEADER,
         HeaderValue::from_static(if strong { "strong" } else { "cheap" }),
     );
-    let v = &report.verdict;
-    let why = format!(
-        "score={:.4} threshold={:.4} scorer={} reason={}",
-        v.score.p,
-        v.threshold,
-        v.score.scorer.name(),
-        v.score.reason
-    );
-    if let Ok(value) = HeaderValue::from_str(&why) {
+    if let Ok(value) = HeaderValue::from_str(&report.verdict_text()) {
         h.insert(DIFFICULTY_HEADER, value);
     }
     if let Some(c) = report.confidence {

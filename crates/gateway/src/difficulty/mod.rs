@@ -20,6 +20,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A tier's request of a routed name carries this to the proxy's access-log line: the tier and
+/// why, as the response headers say it.
+#[derive(Clone, Debug)]
+pub(crate) struct RouteNote(pub(crate) Arc<str>);
+
 /// Every routed name's state.
 #[derive(Debug, Default)]
 pub(crate) struct Difficulty {

@@ -92,6 +92,10 @@ pub(crate) struct AccessRecord<'a> {
     /// The last pick's reason with its numbers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) why: Option<String>,
+    /// For a request to a routed name: its tier and why (score, threshold, confidence,
+    /// escalation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) route: Option<&'a str>,
 }
 
 /// Where lines go; the default writes nothing.
@@ -229,6 +233,7 @@ mod tests {
             output_tokens: Some(2),
             reason: Some("miss"),
             why: Some("low match (0/40), least loaded".into()),
+            route: None,
         }
     }
 
