@@ -128,16 +128,21 @@ async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_aske
         .collect();
     assert_eq!(streamed, text, "the replay carries the same answer");
 
+    passes_other_names_and_counts_tiers(&g.url).await;
+}
+
+/// Names that are not routed pass through untouched; the tiers are counted.
+async fn passes_other_names_and_counts_tiers(front: &str) {
     // Other names pass through untouched.
     let r = client()
-        .post(format!("{}/v1/chat/completions", g.url))
+        .post(format!("{}/v1/chat/completions", front))
         .json(&serde_json::json!({"model": "big", "messages": user(EASY), "max_tokens": 3}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(opt_header(&r, "x-kvgate-tier"), None);
-    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    let metrics = get_text(&client(), front, "/metrics").await;
     assert_eq!(
         metric(
             &metrics,
@@ -176,6 +181,25 @@ struct Phase {
     denied_budget: usize,
     denied_cap: usize,
     failed: usize,
+    /// Client-side seconds per request.
+    latencies: Vec<f64>,
+}
+
+impl Phase {
+    fn summary(&self) -> String {
+        format!(
+            "{} requests, {} strong, escalations granted {} denied-budget {} denied-cap {}, {} failed",
+            self.requests, self.strong, self.granted, self.denied_budget, self.denied_cap, self.failed
+        )
+    }
+
+    fn share(&self) -> f64 {
+        self.strong as f64 / self.requests as f64
+    }
+
+    fn escalation_headers(&self) -> usize {
+        self.granted + self.denied_budget + self.denied_cap
+    }
 }
 
 /// Request `n` of a mixed workload: easy and hard in turn, padded to lengths that spread the
@@ -185,13 +209,20 @@ fn mixed(n: usize) -> String {
     format!("{base} {}", "lorem ".repeat((n * 37) % 300))
 }
 
+async fn timed(front: &str, text: &str) -> (reqwest::Response, f64) {
+    let t = Instant::now();
+    let r = ask(front, text, false).await;
+    (r, t.elapsed().as_secs_f64())
+}
+
 async fn phase(front: &str, first: usize, requests: usize, concurrency: usize) -> Phase {
     let mut out = Phase::default();
     let texts: Vec<String> = (first..first + requests).map(mixed).collect();
     for wave in texts.chunks(concurrency) {
-        let asks = wave.iter().map(|text| ask(front, text, false));
-        for r in futures_util::future::join_all(asks).await {
+        let asks = wave.iter().map(|text| timed(front, text));
+        for (r, secs) in futures_util::future::join_all(asks).await {
             out.requests += 1;
+            out.latencies.push(secs);
             if r.status() != 200 {
                 out.failed += 1;
                 continue;
@@ -208,6 +239,48 @@ async fn phase(front: &str, first: usize, requests: usize, concurrency: usize) -
     out
 }
 
+/// Samples the strong tier's in-flight gauge from `/metrics` every 5 ms until stopped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Sampler {
+    fn start(front: &str) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let (s, p, url) = (stop.clone(), peak.clone(), front.to_owned());
+        let task = tokio::spawn(async move {
+            let http = client();
+            let mut samples = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                let m = get_text(&http, &url, "/metrics").await;
+                let now =
+                    metric(&m, "kvgate_routed_strong_inflight{model=\"auto\"}").unwrap_or(0.0);
+                p.fetch_max(now as u64, Ordering::Relaxed);
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            samples
+        });
+        Sampler { stop, peak, task }
+    }
+
+    /// (peak, samples)
+    async fn finish(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let samples = self.task.await.unwrap();
+        (self.peak.load(Ordering::Relaxed), samples)
+    }
+}
+
+fn storm_route(budget: &str, cap: usize) -> String {
+    format!(
+        "      share: {{target: 0.5, window: 40, min_samples: 10, initial_threshold: 0.5, gain: 0.01, max_offset: 0.3}}\n      cascade: {{confidence: {{threshold: 0.3}}}}\n      budget:\n        global: {{{budget}, window_ms: 60000}}\n        per_tenant: {{ratio: 10.0, min_per_sec: 1000.0, window_ms: 60000}}\n      strong_max_concurrency: {cap}\n"
+    )
+}
+
 /// The escalation storm: every cheap answer is unsure, so every request wants the strong
 /// model. The strong tier's in-flight count (sampled from `/metrics` every 5 ms) never passes
 /// its cap of 2, granted escalations stay within the global budget (20% of requests, no
@@ -216,34 +289,18 @@ async fn phase(front: &str, first: usize, requests: usize, concurrency: usize) -
 async fn an_escalation_storm_is_held_by_the_budget_and_the_cap() {
     let cheap = tier_engine("cheap", "small", "1", &["--fault", "low_confidence"]);
     let strong = tier_engine("strong", "big", "1", &[]);
-    let route = "      share: {target: 0.5, window: 40, min_samples: 10, initial_threshold: 0.5, gain: 0.01, max_offset: 0.3}\n      cascade: {confidence: {threshold: 0.3}}\n      budget:\n        global: {ratio: 0.2, min_per_sec: 0.0, window_ms: 60000}\n        per_tenant: {ratio: 1.0, min_per_sec: 0.0, window_ms: 60000}\n      strong_max_concurrency: 2\n";
-    let g = gateway_with_config(&[], "difficulty-storm", &config(&cheap, &strong, route)).await;
+    let route = storm_route("ratio: 0.2, min_per_sec: 0.0", 2);
+    let g = gateway_with_config(&[], "difficulty-storm", &config(&cheap, &strong, &route)).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak, url) = (stop.clone(), peak.clone(), g.url.clone());
-        tokio::spawn(async move {
-            let http = client();
-            let mut samples = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let m = get_text(&http, &url, "/metrics").await;
-                let now =
-                    metric(&m, "kvgate_routed_strong_inflight{model=\"auto\"}").unwrap_or(0.0);
-                peak.fetch_max(now as u64, Ordering::Relaxed);
-                samples += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            samples
-        })
-    };
+    let sampler = Sampler::start(&g.url);
     let started = Instant::now();
     let storm = phase(&g.url, 0, 60, 8).await;
     let storm_secs = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let samples = sampler.await.unwrap();
-    let peak = peak.load(Ordering::Relaxed);
-    println!("storm: {storm:?} in {storm_secs:.2} s; strong in-flight peak {peak} over {samples} samples");
+    let (peak, samples) = sampler.finish().await;
+    println!(
+        "storm: {} in {storm_secs:.2} s; strong in-flight peak {peak} over {samples} samples",
+        storm.summary()
+    );
     assert_eq!(storm.failed, 0, "{storm:?}");
     assert!(peak <= 2, "the cap is 2: peak {peak}");
     assert!(samples > 10, "{samples}");
@@ -261,20 +318,90 @@ async fn an_escalation_storm_is_held_by_the_budget_and_the_cap() {
         .unwrap();
     let after = phase(&g.url, 60, 20, 1).await;
     let recovery_secs = cleared.elapsed().as_secs_f64();
-    let share = after.strong as f64 / after.requests as f64;
-    println!("recovery: {after:?} in {recovery_secs:.2} s; strong share {share:.2} (target 0.50)");
-    assert_eq!(
-        after.failed + after.granted + after.denied_budget + after.denied_cap,
-        0,
-        "{after:?}"
+    println!(
+        "recovery: {} in {recovery_secs:.2} s; strong share {:.2} (target 0.50)",
+        after.summary(),
+        after.share()
     );
-    assert!((share - 0.5).abs() <= 0.1, "{after:?}");
+    assert_eq!(after.failed + after.escalation_headers(), 0, "{after:?}");
+    assert!((after.share() - 0.5).abs() <= 0.1, "{after:?}");
     let metrics = get_text(&client(), &g.url, "/metrics").await;
     assert_eq!(
         metric(&metrics, "kvgate_routed_strong_inflight{model=\"auto\"}"),
         Some(0.0),
         "{metrics}"
     );
+}
+
+/// One row of the measured storm.
+async fn measured(label: &str, budget: &str, cap: usize) -> String {
+    let cheap = tier_engine("cheap", "small", "1", &["--fault", "low_confidence"]);
+    let strong = tier_engine("strong", "big", "1", &[]);
+    let name = format!("difficulty-measured-{cap}-{}", budget.len());
+    let g = gateway_with_config(
+        &[],
+        &name,
+        &config(&cheap, &strong, &storm_route(budget, cap)),
+    )
+    .await;
+    let sampler = Sampler::start(&g.url);
+    let started = Instant::now();
+    let storm = phase(&g.url, 0, 200, 16).await;
+    let secs = started.elapsed().as_secs_f64();
+    let (peak, samples) = sampler.finish().await;
+    let mut lat = storm.latencies.clone();
+    lat.sort_by(f64::total_cmp);
+    let p = |q| kvgate_core::stats::percentile(&lat, q).unwrap_or(f64::NAN) * 1000.0;
+    client()
+        .delete(format!("{}/admin/faults", cheap.url))
+        .send()
+        .await
+        .unwrap();
+    // Recovery: windows of 10 sequential requests until one has no escalation and a strong
+    // share within 0.1 of the target.
+    let cleared = Instant::now();
+    let mut sent = 0;
+    let recovered = loop {
+        let w = phase(&g.url, 200 + sent, 10, 1).await;
+        sent += 10;
+        if w.escalation_headers() == 0 && (w.share() - 0.5).abs() <= 0.1 {
+            break Some(cleared.elapsed().as_secs_f64());
+        }
+        if sent >= 100 {
+            break None;
+        }
+    };
+    format!(
+        "| {label} | {cap} | {} | {:.2} | {} | {} | {} | {peak} ({samples}) | {:.0} | {:.0} | {secs:.1} | {} |",
+        storm.requests,
+        storm.share(),
+        storm.granted,
+        storm.denied_budget,
+        storm.denied_cap,
+        p(0.5),
+        p(0.95),
+        recovered.map_or_else(|| "not within 100".to_owned(), |s| format!("{sent} req, {s:.2} s")),
+    )
+}
+
+/// The measured run behind the storm table of docs/model-routing.md: 200 mixed requests, 16 at
+/// a time, while the cheap model is unsure of everything, with the guards on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measured run: cargo test -p kvgate --test difficulty -- --ignored --nocapture"]
+async fn escalation_storm_measured() {
+    let mut rows = Vec::new();
+    for (label, budget, cap) in [
+        ("budget 20% + cap 4", "ratio: 0.2, min_per_sec: 0.0", 4),
+        ("cap 4 only", "ratio: 10.0, min_per_sec: 1000.0", 4),
+        ("no guards", "ratio: 10.0, min_per_sec: 1000.0", 1000),
+    ] {
+        rows.push(measured(label, budget, cap).await);
+    }
+    println!("| guards | cap | requests | strong share | granted | denied (budget) | denied (cap) | strong in-flight peak (samples) | p50 ms | p95 ms | storm s | recovery |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
 }
 
 /// `kvgate route-eval` on the RouteLLM-derived data: the held-out split's size, random routing
