@@ -4,10 +4,11 @@
 //! training split holds its target strong share on the held-out rows.
 //!
 //! The split: rows are shuffled by a ChaCha8 generator seeded with `--split-seed`; the first
-//! `--test-share` of them are held out. Of the rest, the first 80% are the kNN scorer's
+//! `--test-share` of them are held out, the rest are the training split. The kNN scorer's
 //! labelled examples (label: only the strong model was right, RouteLLM's "strong wins") and
-//! its hashed TF-IDF vocabulary, and the last 20% calibrate the thresholds (scoring the
-//! examples themselves would find each one its own nearest neighbour).
+//! its hashed TF-IDF vocabulary are the training split; thresholds are calibrated on the
+//! training split's scores, each training row scored by kNN without itself (leave-one-out:
+//! otherwise every row would find itself as its nearest neighbour).
 
 use anyhow::{bail, Context};
 use kvgate_core::difficulty::eval::{evaluate, figures, Point, Report, Row};
@@ -87,28 +88,24 @@ fn load(path: &PathBuf) -> anyhow::Result<Vec<Labelled>> {
     Ok(rows)
 }
 
-/// The split's three parts, as indices into the rows.
+/// The split, as indices into the rows.
 struct Split {
     test: Vec<usize>,
-    examples: Vec<usize>,
-    calibration: Vec<usize>,
+    train: Vec<usize>,
 }
 
 fn split(n: usize, seed: u64, test_share: f64) -> Split {
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-    let tests = ((n as f64 * test_share).round() as usize).clamp(1, n - 2);
-    let train = &order[tests..];
-    let fit = (train.len() * 4 / 5).max(1);
+    let tests = ((n as f64 * test_share).round() as usize).clamp(1, n - 1);
     Split {
         test: order[..tests].to_vec(),
-        examples: train[..fit].to_vec(),
-        calibration: train[fit..].to_vec(),
+        train: order[tests..].to_vec(),
     }
 }
 
-/// Scores of every row by each scorer: rules, kNN.
-fn score_all(rows: &[Labelled], examples: &[usize], args: &Args) -> anyhow::Result<[Vec<f64>; 2]> {
+/// Scores of every row by each scorer: rules, kNN (training rows leave-one-out).
+fn score_all(rows: &[Labelled], train: &[usize], args: &Args) -> anyhow::Result<[Vec<f64>; 2]> {
     let rules = RuleWeights::default();
     let by_rules = rows
         .iter()
@@ -121,27 +118,32 @@ fn score_all(rows: &[Labelled], examples: &[usize], args: &Args) -> anyhow::Resu
                 .p
         })
         .collect();
-    let vectors = HashedTfIdf::fit(args.dims, examples.iter().map(|&i| rows[i].prompt.as_str()))?;
-    let labelled: Vec<(Vec<f32>, f64)> = examples
-        .iter()
-        .map(|&i| {
-            (
-                vectors.vector(&rows[i].prompt),
-                f64::from(u8::from(rows[i].strong && !rows[i].weak)),
-            )
-        })
-        .filter(|(v, _)| v.iter().any(|x| *x != 0.0))
-        .collect();
+    let vectors = HashedTfIdf::fit(args.dims, train.iter().map(|&i| rows[i].prompt.as_str()))?;
+    let wins = |i: usize| rows[i].strong && !rows[i].weak;
+    // Each training row's place among the examples (a prompt without a word has none).
+    let mut place = vec![None; rows.len()];
+    let mut labelled = Vec::with_capacity(train.len());
+    for &i in train {
+        let v = vectors.vector(&rows[i].prompt);
+        if v.iter().any(|x| *x != 0.0) {
+            place[i] = Some(labelled.len());
+            labelled.push((v, f64::from(u8::from(wins(i)))));
+        }
+    }
     let knn = KnnScorer::new(args.k, labelled)?;
     // A prompt without a word has no neighbours: it gets the examples' base rate.
-    let base = examples
-        .iter()
-        .filter(|&&i| rows[i].strong && !rows[i].weak)
-        .count() as f64
-        / examples.len() as f64;
+    let base = train.iter().filter(|&&i| wins(i)).count() as f64 / train.len() as f64;
     let by_knn = rows
         .iter()
-        .map(|r| knn.score(&vectors.vector(&r.prompt)).map_or(base, |s| s.p))
+        .enumerate()
+        .map(|(i, r)| {
+            let v = vectors.vector(&r.prompt);
+            let score = match place[i] {
+                Some(at) => knn.score_without(&v, at),
+                None => knn.score(&v),
+            };
+            score.map_or(base, |s| s.p)
+        })
         .collect();
     Ok([by_rules, by_knn])
 }
@@ -242,7 +244,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let rows = load(&args.data)?;
     let s = split(rows.len(), args.split_seed, args.test_share);
-    let scores = score_all(&rows, &s.examples, args)?;
+    let scores = score_all(&rows, &s.train, args)?;
     let names = ["rules", "knn"];
     let mut results = Vec::new();
     for (subset, idx) in subsets(&rows, &s.test) {
@@ -264,7 +266,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut calibration = Vec::new();
     for (name, sc) in names.iter().zip(&scores) {
-        let train: Vec<f64> = s.calibration.iter().map(|&i| sc[i]).collect();
+        let train: Vec<f64> = s.train.iter().map(|&i| sc[i]).collect();
         for &target in &args.targets {
             let threshold = threshold_for_share(&train, target)?;
             let strong = s.test.iter().filter(|&&i| sc[i] >= threshold).count();
@@ -276,7 +278,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let split = serde_json::json!({
         "seed": args.split_seed, "test_share": args.test_share, "rows": rows.len(),
-        "test": s.test.len(), "examples": s.examples.len(), "calibration": s.calibration.len(),
+        "test": s.test.len(), "train": s.train.len(),
         "k": args.k, "dims": args.dims,
     });
     if args.json {
@@ -295,9 +297,9 @@ fn print_tables(
     calibration: &[serde_json::Value],
 ) {
     println!(
-        "held out {} of {} rows (seed {}, share {}); kNN (k {}, {} dims) on {} examples; thresholds calibrated on {} rows",
+        "held out {} of {} rows (seed {}, share {}); kNN (k {}, {} dims) and thresholds from the other {}",
         split["test"], split["rows"], split["seed"], split["test_share"], split["k"], split["dims"],
-        split["examples"], split["calibration"]
+        split["train"]
     );
     println!(
         "{:<8} {:>5} {:>6} {:>8} {:<7} {:>6} {:>9}",

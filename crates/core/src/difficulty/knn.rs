@@ -74,6 +74,20 @@ impl KnnScorer {
 
     /// Scores `vector`; the reason names the nearest example and its similarity.
     pub fn score(&self, vector: &[f32]) -> Result<Score, DifficultyError> {
+        self.score_skipping(vector, None)
+    }
+
+    /// Scores example `index`'s own vector without it (leave-one-out), so the examples can
+    /// calibrate a threshold without each finding itself as its nearest neighbour.
+    pub fn score_without(&self, vector: &[f32], index: usize) -> Result<Score, DifficultyError> {
+        self.score_skipping(vector, Some(index))
+    }
+
+    fn score_skipping(
+        &self,
+        vector: &[f32],
+        skip: Option<usize>,
+    ) -> Result<Score, DifficultyError> {
         if vector.len() != self.dims {
             return Err(DifficultyError::Dimensions {
                 want: self.dims,
@@ -92,6 +106,9 @@ impl KnnScorer {
         // (similarity, index), best first; earlier index wins ties.
         let mut best: Vec<(f64, usize)> = Vec::with_capacity(self.k + 1);
         for (i, v) in self.vectors.chunks_exact(self.dims).enumerate() {
+            if skip == Some(i) {
+                continue;
+            }
             let sim: f64 = nonzero.iter().map(|&(j, q)| q * f64::from(v[j])).sum();
             let at = best.partition_point(|&(s, _)| s >= sim);
             if at < self.k {
@@ -105,7 +122,7 @@ impl KnnScorer {
             num += w * self.labels[i];
             den += w;
         }
-        let (sim, nearest) = best[0];
+        let &(sim, nearest) = best.first().ok_or(DifficultyError::Empty("examples"))?;
         Ok(Score {
             p: (num / den).clamp(0.0, 1.0),
             scorer: Scorer::Knn,
@@ -161,6 +178,17 @@ mod tests {
         let knn = KnnScorer::new(1, [(vec![1.0, 0.0], 1.0)]).unwrap();
         assert!(knn.score(&[1.0]).is_err());
         assert!(knn.score(&[0.0, 0.0]).is_err());
+        assert!(
+            knn.score_without(&[1.0, 0.0], 0).is_err(),
+            "no example left"
+        );
+    }
+
+    #[test]
+    fn leave_one_out_skips_the_example_itself() {
+        let knn = KnnScorer::new(1, [(vec![1.0, 0.0], 1.0), (vec![0.8, 0.2], 0.0)]).unwrap();
+        assert_eq!(knn.score(&[1.0, 0.0]).unwrap().p, 1.0);
+        assert_eq!(knn.score_without(&[1.0, 0.0], 0).unwrap().p, 0.0);
     }
 
     proptest! {
