@@ -19,6 +19,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
+use std::io::Write;
 use std::path::PathBuf;
 
 /// Flags of `kvgate route-eval`.
@@ -284,10 +285,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         let out =
             serde_json::json!({"split": split, "results": results, "calibration": calibration});
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        let mut stdout = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut stdout, &out)?;
+        writeln!(stdout)?;
         return Ok(());
     }
-    print_tables(&split, &results, &calibration);
+    print_tables(&split, &results, &calibration)?;
     Ok(())
 }
 
@@ -295,18 +298,22 @@ fn print_tables(
     split: &serde_json::Value,
     results: &[serde_json::Value],
     calibration: &[serde_json::Value],
-) {
-    println!(
+) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "held out {} of {} rows (seed {}, share {}); kNN (k {}, {} dims) and thresholds from the other {}",
         split["test"], split["rows"], split["seed"], split["test_share"], split["k"], split["dims"],
         split["train"]
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<8} {:>5} {:>6} {:>8} {:<7} {:>6} {:>9}",
         "subset", "rows", "weak%", "strong%", "scorer", "APGR", "CPT(50%)"
-    );
+    )?;
     for r in results {
-        println!(
+        writeln!(
+            out,
             "{:<8} {:>5} {:>6.1} {:>8.1} {:<7} {:>6} {:>8}%",
             r["subset"].as_str().unwrap_or_default(),
             r["rows"],
@@ -315,19 +322,22 @@ fn print_tables(
             r["scorer"].as_str().unwrap_or_default(),
             opt(r["apgr"].as_f64(), 3),
             opt(r["cpt50"].as_f64(), 1),
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "{:<7} {:>6} {:>9} {:>9}",
         "scorer", "target", "threshold", "realised"
-    );
+    )?;
     for c in calibration {
-        println!(
+        writeln!(
+            out,
             "{:<7} {:>6.2} {:>9.4} {:>9.3}",
             c["scorer"].as_str().unwrap_or_default(),
             c["target"].as_f64().unwrap_or(f64::NAN),
             c["threshold"].as_f64().unwrap_or(f64::NAN),
             c["realised"].as_f64().unwrap_or(f64::NAN),
-        );
+        )?;
     }
+    Ok(())
 }
