@@ -133,6 +133,8 @@ async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_aske
 
 /// Names that are not routed pass through untouched; the tiers are counted.
 async fn passes_other_names_and_counts_tiers(front: &str) {
+    let models = get_text(&client(), front, "/v1/models").await;
+    assert!(models.contains("\"id\":\"auto\""), "{models}");
     // Other names pass through untouched.
     let r = client()
         .post(format!("{}/v1/chat/completions", front))
@@ -451,4 +453,37 @@ fn route_eval_reports_routellm_figures_and_holds_calibrated_shares() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--test-share"));
+}
+
+/// With `on_denied: reject` an unsure answer whose escalation the budget refuses becomes a 503
+/// with `Retry-After`; an escalation that is granted streams straight from the strong model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_escalation_can_be_rejected_and_a_granted_one_streams_from_strong() {
+    let cheap = tier_engine("cheap", "small", "0", &["--fault", "low_confidence"]);
+    let strong = tier_engine("strong", "big", "0", &[]);
+    let route = "      share: {min_samples: 100000, initial_threshold: 0.5}\n      cascade: {on_denied: reject, retry_after_secs: 2}\n      budget:\n        global: {ratio: 0.0, min_per_sec: 0.1, window_ms: 10000}\n";
+    let g = gateway_with_config(&[], "difficulty-reject", &config(&cheap, &strong, route)).await;
+    // The floor allows one escalation in the window: the first goes strong, streamed.
+    let r = ask(&g.url, EASY, true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-kvgate-escalation"), "granted");
+    assert_eq!(header(&r, "x-kvgate-tier"), "strong");
+    assert_eq!(header(&r, "x-kvgate-endpoint"), "strong");
+    let confidence: f64 = header(&r, "x-kvgate-confidence").parse().unwrap();
+    assert!(confidence < 0.3, "{confidence}");
+    let events = sse_data(&r.text().await.unwrap());
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(events.len() > 3, "{events:?}");
+    // The second is refused by the budget and rejected.
+    let r = ask(&g.url, EASY, false).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header(&r, "retry-after"), "2");
+    assert_eq!(header(&r, "x-kvgate-escalation"), "denied-budget");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "escalation_denied", "{body}");
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    for result in ["granted", "denied-budget"] {
+        let name = format!("kvgate_routed_escalations_total{{model=\"auto\",result=\"{result}\"}}");
+        assert_eq!(metric(&metrics, &name), Some(1.0), "{metrics}");
+    }
 }

@@ -21,9 +21,11 @@ async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response 
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    let data: Vec<_> = shared
-        .pool
-        .models()
+    let mut names = shared.pool.models();
+    names.extend(shared.difficulty.names().map(str::to_owned));
+    names.sort();
+    names.dedup();
+    let data: Vec<_> = names
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvgate"}))
         .collect();

@@ -136,6 +136,11 @@ impl Difficulty {
         !self.models.is_empty()
     }
 
+    /// The routed names (`/v1/models` lists them beside the pool's).
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.models.keys().map(String::as_str)
+    }
+
     /// The routed name `model`, if it is one.
     pub(crate) fn get(&self, model: &str) -> Option<&Routed> {
         self.models.get(model)
