@@ -487,3 +487,32 @@ async fn a_refused_escalation_can_be_rejected_and_a_granted_one_streams_from_str
         assert_eq!(metric(&metrics, &name), Some(1.0), "{metrics}");
     }
 }
+
+/// A key limited to some models reaches a routed name only if it lists it: the name is no way
+/// round the key's list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_name_does_not_widen_a_keys_models() {
+    let cheap = tier_engine("cheap", "small", "0", &[]);
+    let strong = tier_engine("strong", "big", "0", &[]);
+    let keys = format!(
+        "tenancy:\n  keys:\n    - {{name: narrow, key_sha256: \"{}\", models: [small]}}\n    - {{name: wide, key_sha256: \"{}\", models: [auto, small, big]}}\n",
+        sha256("sk-narrow"),
+        sha256("sk-wide")
+    );
+    let yaml = format!("{}{keys}", config(&cheap, &strong, ""));
+    let g = gateway_with_config(&[], "difficulty-keys", &yaml).await;
+    let with = |key: &'static str| {
+        client()
+            .post(format!("{}/v1/chat/completions", g.url))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"model": "auto", "messages": user(EASY), "max_tokens": 3}))
+            .send()
+    };
+    let r = with("sk-narrow").await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = with("sk-wide").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-kvgate-tier"), "cheap");
+    let r = with("sk-unknown").await.unwrap();
+    assert_eq!(r.status(), 401);
+}

@@ -44,35 +44,44 @@ pub(crate) async fn serve(shared: Arc<Shared>, api: Api, req: Request) -> Respon
         return proxy::serve(shared, api, req).await;
     }
     let (mut parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, shared.config.requests.max_body_bytes).await {
+    let limit = shared.config.requests.max_body_bytes;
+    let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
-        Err(_) => {
-            return ApiError::too_large(shared.config.requests.max_body_bytes).into_response()
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let error = if over {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
+            };
+            return error.into_response();
         }
     };
     let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let model = parsed
-        .as_ref()
-        .and_then(|v| v["model"].as_str())
-        .unwrap_or_default();
+    let shared2 = shared.clone();
+    let routed = parsed.as_ref().and_then(|v| {
+        let routed = shared2.difficulty.get(v["model"].as_str()?)?;
+        Some((v, routed))
+    });
     // The tenant whose escalation budget applies (one shared budget without keys); a bad key
-    // goes on to the proxy, which refuses it.
-    let tenant = proxy::intake::identify(&shared, &parts.headers)
-        .ok()
-        .map(|key| {
-            key.map(|k| k.tenant.clone().unwrap_or_else(|| k.name.clone()))
-                .unwrap_or_default()
-        });
-    let (Some(body), Some(tenant), true) = (
-        parsed.as_ref(),
-        tenant,
-        shared.difficulty.get(model).is_some(),
-    ) else {
+    // goes on to the proxy, which refuses it as it refuses any other request.
+    let key = routed.and_then(|_| proxy::intake::identify(&shared, &parts.headers).ok());
+    let (Some((body, routed)), Some(key)) = (routed, key) else {
         return proxy::serve(shared, api, Request::from_parts(parts, Body::from(bytes))).await;
     };
+    // A key limited to some models must list the routed name (and, for the tiers' requests,
+    // its cheap and strong models): the name is no way round the key's list.
+    if let Some(k) = key
+        .as_ref()
+        .filter(|k| k.models.as_ref().is_some_and(|m| !m.contains(&routed.name)))
+    {
+        return ApiError::model_not_allowed(&k.name, &routed.name).into_response();
+    }
+    let tenant = key
+        .map(|k| k.tenant.clone().unwrap_or_else(|| k.name.clone()))
+        .unwrap_or_default();
     parts.headers.remove(header::CONTENT_LENGTH);
-    let shared2 = shared.clone();
-    let routed = shared2.difficulty.get(model).expect("checked above");
     let call = Call {
         shared,
         api,

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 ///   models);
 /// - when every endpoint declares its `model` (nothing left to discover at run time), each
 ///   model named by `tenancy.keys[].models`, `tenancy.prices` and `tokenizers` must be served
-///   by some endpoint, as its model or an alias.
+///   by some endpoint, as its model or an alias, or be a routed name (`routing.models`).
 pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     let mut renames: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for e in &config.endpoints {
@@ -40,6 +40,7 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
         .endpoints
         .iter()
         .flat_map(|e| e.model.iter().chain(&e.served_as))
+        .chain(config.routing.models.keys())
         .map(String::as_str)
         .collect();
     let unknown = |field: String, name: &str| ConfigError::Invalid {
