@@ -223,6 +223,37 @@ mod tests {
         assert!(c.offset() < -0.05, "{}", c.offset());
     }
 
+    proptest::proptest! {
+        /// Whatever arrives, the offset stays within its bound and the threshold within the
+        /// window's scores (or is the initial one), and the same inputs give the same outputs.
+        #[test]
+        fn bounded_and_deterministic(
+            steps in proptest::collection::vec((0.0f64..=1.0, proptest::bool::ANY), 1..400),
+            target in 0.0f64..=1.0,
+        ) {
+            let config = ShareControllerConfig { target, window: 50, min_samples: 5, ..Default::default() };
+            let run = || {
+                let mut c = ShareController::new(config.clone()).unwrap();
+                let mut out = Vec::new();
+                for &(score, strong) in &steps {
+                    c.observe(score);
+                    out.push(c.threshold());
+                    c.decided(strong);
+                    proptest::prop_assert!(c.offset().abs() <= config.max_offset + 1e-12);
+                }
+                Ok(out)
+            };
+            let thresholds = run()?;
+            proptest::prop_assert_eq!(&thresholds, &run()?);
+            for (i, t) in thresholds.iter().enumerate() {
+                let window = &steps[(i + 1).saturating_sub(50)..=i];
+                let lo = window.iter().map(|s| s.0).fold(1.0, f64::min);
+                let hi = window.iter().map(|s| s.0).fold(0.0, f64::max);
+                proptest::prop_assert!(*t == config.initial_threshold || (lo..=hi).contains(t));
+            }
+        }
+    }
+
     #[test]
     fn the_offset_is_bounded_when_the_target_is_unreachable() {
         let mut c = ShareController::new(ShareControllerConfig::default()).unwrap();
