@@ -12,6 +12,7 @@ mod epp;
 mod plot;
 mod policies;
 mod probe;
+mod route_eval;
 mod serve;
 mod sim;
 mod stats;
@@ -55,6 +56,8 @@ enum Command {
     },
     /// GET an http:// URL; exit 0 on 2xx, 1 otherwise (the container image's health check).
     Probe(probe::Args),
+    /// Judge the difficulty scorers on labelled data (RouteLLM's APGR and CPT, held-out split).
+    RouteEval(route_eval::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -107,6 +110,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Probe(args) => probe::run(&args),
+        Command::RouteEval(args) => route_eval::run(&args),
     }
 }
 

@@ -17,6 +17,7 @@
 //! | `drain` | | new requests get 503 and `/health` reports 503; running ones finish |
 //! | `kv_drop` | | each KV-event batch is lost with probability `p` (its sequence number is used, so subscribers see the gap) |
 //! | `stall_embed` | `ms=N` (forever) | `/v1/embeddings` answers after N ms |
+//! | `low_confidence` | | the answer's token logprobs (when asked for) are those of a model unsure of every token, so a cascade in front escalates it |
 //!
 //! `slow_decode` and `drain` act on the whole engine (`p` is ignored), `kv_drop` on KV-event
 //! batches; the others are drawn per
@@ -76,6 +77,8 @@ pub enum FaultKind {
         /// How long.
         stall: Option<Duration>,
     },
+    /// Returned token logprobs are low (a degraded model, for escalation storms).
+    LowConfidence,
 }
 
 /// A fault and the probability that a request meets it.
@@ -202,7 +205,8 @@ impl FromStr for Fault {
             "drain" => FaultKind::Draining,
             "kv_drop" => FaultKind::DropKvEvents,
             "stall_embed" => FaultKind::StallEmbeddings { stall },
-            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, stall_embed)")),
+            "low_confidence" => FaultKind::LowConfidence,
+            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, stall_embed, low_confidence)")),
         };
         let used_keys_ok = match kind {
             FaultKind::RateLimited { .. } => ms.is_none() && after.is_none() && factor.is_none(),
@@ -260,6 +264,7 @@ impl fmt::Display for Fault {
                 params.extend(stall.map(|d| format!("ms={}", d.as_millis())));
                 "stall_embed"
             }
+            FaultKind::LowConfidence => "low_confidence",
         };
         if self.probability < 1.0 {
             params.push(format!("p={}", self.probability));
@@ -283,6 +288,8 @@ pub(crate) struct RequestFaults {
     pub(crate) stall_mid: Option<(u32, Option<Duration>)>,
     /// Reset the connection after this many tokens.
     pub(crate) disconnect_after: Option<u32>,
+    /// Return low token logprobs.
+    pub(crate) low_confidence: bool,
 }
 
 /// The active faults, changeable at runtime, with their seeded random source.
@@ -414,6 +421,7 @@ impl FaultState {
                         out.disconnect_after.get_or_insert(after_tokens);
                     }
                 }
+                FaultKind::LowConfidence => out.low_confidence |= hit(&mut rng),
             }
         }
         out
@@ -437,6 +445,7 @@ mod tests {
             "disconnect_mid:after=2",
             "slow_decode:factor=2.5",
             "drain",
+            "low_confidence:p=0.5",
         ] {
             let fault: Fault = spec.parse().unwrap();
             assert_eq!(fault.to_string(), spec);

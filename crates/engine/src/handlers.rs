@@ -278,6 +278,10 @@ struct Answer<'a> {
     text_seed: u64,
     prompt_tokens: u32,
     finish: FinishReason,
+    /// Alternatives per token when logprobs were asked for.
+    logprobs: Option<u32>,
+    /// The `low_confidence` fault met this request.
+    low_confidence: bool,
 }
 
 impl Answer<'_> {
@@ -292,7 +296,7 @@ impl Answer<'_> {
             completion_tokens,
             cached_tokens,
         };
-        let body = wire::full_response(
+        let mut body = wire::full_response(
             self.endpoint,
             self.response_id,
             self.created,
@@ -301,6 +305,15 @@ impl Answer<'_> {
             self.finish,
             usage,
         );
+        if let Some(top) = self.logprobs {
+            body["choices"][0]["logprobs"] = crate::logprobs::json(
+                self.endpoint,
+                self.text_seed,
+                completion_tokens,
+                top,
+                self.low_confidence,
+            );
+        }
         Json(body).into_response()
     }
 }
@@ -336,6 +349,7 @@ async fn generate(
         FinishReason::Stop
     };
 
+    let parsed_logprobs = parsed.logprobs;
     let seq = match submit(&shared, parsed.prompt, output_tokens, finish, arrived) {
         Ok(seq) => seq,
         Err(e) => return e.into_response(),
@@ -374,6 +388,8 @@ async fn generate(
             text_seed,
             prompt_tokens: prompt_tokens as u32,
             finish,
+            logprobs: parsed_logprobs,
+            low_confidence: faults.low_confidence,
         };
         answer.full_response(counts)
     };

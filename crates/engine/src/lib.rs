@@ -29,6 +29,7 @@ mod error;
 mod faults;
 mod handlers;
 mod kv_events;
+mod logprobs;
 mod metrics;
 mod request;
 mod scheduler;

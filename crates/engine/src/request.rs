@@ -58,6 +58,11 @@ struct Common {
     continue_final_message: Option<bool>,
     #[serde(default)]
     prompt: Option<Value>,
+    /// Chat: `true` asks for logprobs; completions: how many alternatives.
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<i64>,
 }
 
 /// A validated request, ready to run.
@@ -71,6 +76,8 @@ pub(crate) struct Parsed {
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// Token logprobs asked for, with this many alternatives each.
+    pub(crate) logprobs: Option<u32>,
 }
 
 /// Parses and validates a body for `endpoint`.
@@ -91,14 +98,7 @@ pub(crate) fn parse(
         (Endpoint::Completions, None) => completion_prompt(common.prompt.as_ref())?,
         (_, Some(tokenizer)) => model_prompt(endpoint, body, tokenizer)?,
     };
-    if let Some(n) = common.n {
-        if n != 1 {
-            return Err(ApiError::bad_param(
-                "n",
-                "n must be 1: the emulated engine returns one choice",
-            ));
-        }
-    }
+    unsupported(&common)?;
     if let Some(t) = common.temperature {
         if !(t >= 0.0 && t.is_finite()) {
             return Err(ApiError::bad_param(
@@ -114,12 +114,6 @@ pub(crate) fn parse(
                 format!("top_p must be in (0, 1], got {p:?}. (parameter=top_p, value={p:?})"),
             ));
         }
-    }
-    if common.echo == Some(true) {
-        return Err(ApiError::bad_param(
-            "echo",
-            "echo is not supported by the emulated engine",
-        ));
     }
     let max_tokens = match common.max_completion_tokens.or(common.max_tokens) {
         None => None,
@@ -154,6 +148,7 @@ pub(crate) fn parse(
         ));
     }
     Ok(Parsed {
+        logprobs: logprobs(endpoint, &common)?,
         model: common.model,
         prompt,
         max_tokens,
@@ -162,6 +157,58 @@ pub(crate) fn parse(
         stream,
         include_usage,
     })
+}
+
+/// Refuses what the emulated engine does not do: several choices, echoing the prompt.
+fn unsupported(common: &Common) -> Result<(), ApiError> {
+    if let Some(n) = common.n {
+        if n != 1 {
+            return Err(ApiError::bad_param(
+                "n",
+                "n must be 1: the emulated engine returns one choice",
+            ));
+        }
+    }
+    if common.echo == Some(true) {
+        return Err(ApiError::bad_param(
+            "echo",
+            "echo is not supported by the emulated engine",
+        ));
+    }
+    Ok(())
+}
+
+/// The alternatives asked for per token, when logprobs are: chat says `logprobs: true` and
+/// `top_logprobs: N`, completions `logprobs: N` (OpenAI's two shapes).
+fn logprobs(endpoint: Endpoint, common: &Common) -> Result<Option<u32>, ApiError> {
+    let max = crate::logprobs::MAX_TOP_LOGPROBS;
+    let count = |param: &'static str, n: Option<i64>| match n {
+        Some(n) if (0..=i64::from(max)).contains(&n) => Ok(n as u32),
+        _ => Err(ApiError::bad_param(
+            param,
+            format!("{param} must be an integer in [0, {max}]"),
+        )),
+    };
+    let wanted = match (endpoint, &common.logprobs) {
+        (_, None | Some(Value::Null)) | (Endpoint::Chat, Some(Value::Bool(false))) => None,
+        (Endpoint::Chat, Some(Value::Bool(true))) => {
+            Some(count("top_logprobs", common.top_logprobs.or(Some(0)))?)
+        }
+        (Endpoint::Completions, Some(n)) => Some(count("logprobs", n.as_i64())?),
+        (Endpoint::Chat, Some(_)) => {
+            return Err(ApiError::bad_param(
+                "logprobs",
+                "logprobs must be a boolean",
+            ))
+        }
+    };
+    if wanted.is_none() && common.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::bad_param(
+            "top_logprobs",
+            "top_logprobs needs logprobs set to true",
+        ));
+    }
+    Ok(wanted)
 }
 
 /// The text of a message's `content`: a string, an array of `{"type": "text", "text"}` parts,
@@ -315,6 +362,27 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_in_both_shapes() {
+        let chat = |extra: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}]{extra}}}"#);
+            parse(Endpoint::Chat, body.as_bytes(), None)
+                .unwrap()
+                .logprobs
+        };
+        assert_eq!(chat(""), None);
+        assert_eq!(chat(r#","logprobs":false"#), None);
+        assert_eq!(chat(r#","logprobs":true"#), Some(0));
+        assert_eq!(chat(r#","logprobs":true,"top_logprobs":5"#), Some(5));
+        let text = parse(
+            Endpoint::Completions,
+            br#"{"prompt":"x","logprobs":2}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(text.logprobs, Some(2));
+    }
+
+    #[test]
     fn completion_prompts_in_every_accepted_shape() {
         assert_eq!(
             parse(Endpoint::Completions, br#"{"prompt":[5,6,7]}"#, None)
@@ -350,6 +418,10 @@ mod tests {
             (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
             (Endpoint::Chat, br#"{"messages":"hi"}"#, None),
             (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#, None),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#, Some("top_logprobs")),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, Some("top_logprobs")),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"logprobs":3}"#, Some("logprobs")),
+            (Endpoint::Completions, br#"{"prompt":"x","logprobs":true}"#, Some("logprobs")),
         ] {
             let err = parse(endpoint, body, None).unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);

@@ -50,6 +50,8 @@ pub(crate) struct Facts {
     pub(crate) price: Option<kvgate_core::tenancy::Price>,
     /// How the semantic cache took part, when it is on.
     pub(crate) cache: Option<&'static str>,
+    /// A routed name's tier and why (`crate::cascade`).
+    pub(crate) route: Option<Arc<str>>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -381,6 +383,7 @@ impl Ending {
             reason: decision.map(|d| d.reason.label()),
             why: decision.map(|d| d.reason.to_string()),
             cache: f.cache,
+            route: f.route.as_deref(),
         });
         if !written {
             self.shared.metrics.requests.access_log_dropped.inc();

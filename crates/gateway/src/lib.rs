@@ -43,8 +43,10 @@ mod watch;
 
 mod admin;
 mod admission;
+mod cascade;
 mod clock;
 pub mod cluster;
+pub mod difficulty;
 pub mod discovery;
 mod dispatch;
 mod ending;

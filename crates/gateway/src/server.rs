@@ -3,7 +3,7 @@
 use crate::admin;
 use crate::error::ApiError;
 use crate::parse::Api;
-use crate::proxy::{self, intake};
+use crate::proxy::intake;
 use crate::state::Shared;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -13,16 +13,19 @@ use axum::{Json, Router};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// `/v1/chat/completions` and `/v1/completions`: the proxy's stages.
+/// `/v1/chat/completions` and `/v1/completions`: the proxy's stages, behind difficulty
+/// routing for routed names.
 async fn inference(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let api = intake::api_of(req.uri().path()).unwrap_or(Api::Completions);
-    proxy::serve(shared, api, req).await
+    crate::cascade::serve(shared, api, req).await
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    let data: Vec<_> = shared
-        .pool
-        .models()
+    let mut names = shared.pool.models();
+    names.extend(shared.difficulty.names().map(str::to_owned));
+    names.sort();
+    names.dedup();
+    let data: Vec<_> = names
         .into_iter()
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kvgate"}))
         .collect();

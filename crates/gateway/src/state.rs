@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     reloads: Mutex<ReloadLog>,
     /// Answers served again (`semantic_cache:`).
     pub(crate) semcache: Arc<crate::semcache::SemCache>,
+    /// Routed names' scorers, controllers, budgets and strong-tier slots.
+    pub(crate) difficulty: crate::difficulty::Difficulty,
 }
 
 /// A poisoned lock is taken over: what these locks guard stays consistent at every await.
@@ -84,6 +86,7 @@ impl Shared {
         let tenancy = Tenancy::new(&config.tenancy, metrics.tenants.clone())?;
         let tokenizers = Tokenizers::load(&config.tokenizers, config.tokenizer_memo_bytes)?;
         let client = upstream_client(&config)?;
+        let difficulty = crate::difficulty::Difficulty::new(&config.routing, &metrics.difficulty)?;
         let pool = Arc::new(Pool::new(
             &config.pool_settings(),
             Clock::new(),
@@ -132,6 +135,7 @@ impl Shared {
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),
             semcache,
+            difficulty,
             config,
         }))
     }

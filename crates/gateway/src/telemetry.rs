@@ -44,6 +44,8 @@ pub(crate) struct Metrics {
     pub(crate) config_reloads: Family<ReasonLabel, Counter>,
     /// The semantic cache.
     pub(crate) semcache: Arc<crate::semcache::SemCacheMetrics>,
+    /// Difficulty routing: tiers, escalations, the strong tier's load, thresholds.
+    pub(crate) difficulty: crate::difficulty::DifficultyMetrics,
 }
 
 impl Default for Metrics {
@@ -77,8 +79,11 @@ impl Metrics {
             config_reloads.clone(),
         );
         let semcache = Arc::new(crate::semcache::SemCacheMetrics::register(r));
+        let difficulty = crate::difficulty::DifficultyMetrics::default();
+        difficulty.register(r);
         Metrics {
             semcache,
+            difficulty,
             requests: RequestMetrics::register(r),
             usage: UsageMetrics::register(r),
             pool: PoolMetrics::register(r),

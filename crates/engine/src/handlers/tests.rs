@@ -98,6 +98,7 @@ fn parsed(ignore_eos: bool, min_tokens: u32) -> Parsed {
         ignore_eos,
         stream: false,
         include_usage: false,
+        logprobs: None,
     }
 }
 

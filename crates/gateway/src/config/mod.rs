@@ -75,6 +75,8 @@ pub struct Config {
     pub discovery: crate::discovery::DiscoveryConfig,
     /// Answers served again to the same or a similar request (off by default).
     pub semantic_cache: crate::semcache::SemanticCacheConfig,
+    /// Names that route each request to a cheap or a strong model by its difficulty.
+    pub routing: crate::difficulty::RoutingConfig,
 }
 
 impl Default for Config {
@@ -104,6 +106,7 @@ impl Default for Config {
             cluster: Default::default(),
             discovery: Default::default(),
             semantic_cache: Default::default(),
+            routing: Default::default(),
         }
     }
 }
@@ -206,6 +209,7 @@ impl Config {
             e.check(i)?;
         }
         model_names::check(self)?;
+        self.routing.validate(&model_names::declared(self))?;
         self.kv_events.validate()?;
         self.spillover
             .validate()

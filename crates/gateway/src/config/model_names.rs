@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 ///   models);
 /// - when every endpoint declares its `model` (nothing left to discover at run time), each
 ///   model named by `tenancy.keys[].models`, `tenancy.prices` and `tokenizers` must be served
-///   by some endpoint, as its model or an alias.
+///   by some endpoint, as its model or an alias, or be a routed name (`routing.models`).
 pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     let mut renames: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for e in &config.endpoints {
@@ -40,6 +40,7 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
         .endpoints
         .iter()
         .flat_map(|e| e.model.iter().chain(&e.served_as))
+        .chain(config.routing.models.keys())
         .map(String::as_str)
         .collect();
     let unknown = |field: String, name: &str| ConfigError::Invalid {
@@ -67,6 +68,21 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Every model name the endpoints declare (models and aliases), or none when some endpoint
+/// leaves its model to discovery (or there are no endpoints yet).
+pub(crate) fn declared(config: &Config) -> Vec<&str> {
+    if config.endpoints.is_empty() || config.endpoints.iter().any(|e| e.model.is_none()) {
+        return Vec::new();
+    }
+    let names: BTreeSet<&str> = config
+        .endpoints
+        .iter()
+        .flat_map(|e| e.model.iter().chain(&e.served_as))
+        .map(String::as_str)
+        .collect();
+    names.into_iter().collect()
 }
 
 /// A cycle among alias -> model renames, as the names along it, if there is one.

@@ -96,6 +96,10 @@ pub(crate) struct AccessRecord<'a> {
     /// (absent when it is off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cache: Option<&'static str>,
+    /// For a request to a routed name: its tier and why (score, threshold, confidence,
+    /// escalation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) route: Option<&'a str>,
 }
 
 /// Where lines go; the default writes nothing.
@@ -234,6 +238,7 @@ mod tests {
             reason: Some("miss"),
             why: Some("low match (0/40), least loaded".into()),
             cache: None,
+            route: None,
         }
     }
 

@@ -65,6 +65,10 @@ pub(crate) async fn serve(
 ) -> axum::response::Response {
     let mut ending = Ending::new(shared.clone());
     ending.client_request_id(req.headers().get("x-request-id"));
+    ending.facts().route = req
+        .extensions()
+        .get::<crate::difficulty::RouteNote>()
+        .map(|n| n.0.clone());
     ending.trace(req.headers());
     let answer = match intake::identify(&shared, req.headers()) {
         Err(e) => {
