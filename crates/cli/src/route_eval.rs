@@ -47,6 +47,10 @@ pub(crate) struct Args {
     /// Runs of random routing averaged (RouteLLM averages 10).
     #[arg(long, default_value_t = 10)]
     random_iters: usize,
+    /// A directory with a static embedding model (`embeddings.safetensors` and `tokenizer.json`,
+    /// as `scripts/fetch-static-embedder.sh` writes): adds kNN over its embeddings.
+    #[arg(long)]
+    embedder_dir: Option<PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -105,8 +109,13 @@ fn split(n: usize, seed: u64, test_share: f64) -> Split {
     }
 }
 
-/// Scores of every row by each scorer: rules, kNN (training rows leave-one-out).
-fn score_all(rows: &[Labelled], train: &[usize], args: &Args) -> anyhow::Result<[Vec<f64>; 2]> {
+/// Scores of every row by each scorer: rules, kNN over lexical vectors and, with
+/// `--embedder-dir`, kNN over a static model's embeddings (training rows leave-one-out).
+fn score_all(
+    rows: &[Labelled],
+    train: &[usize],
+    args: &Args,
+) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
     let rules = RuleWeights::default();
     let by_rules = rows
         .iter()
@@ -119,34 +128,62 @@ fn score_all(rows: &[Labelled], train: &[usize], args: &Args) -> anyhow::Result<
                 .p
         })
         .collect();
-    let vectors = HashedTfIdf::fit(args.dims, train.iter().map(|&i| rows[i].prompt.as_str()))?;
+    let lexical = HashedTfIdf::fit(args.dims, train.iter().map(|&i| rows[i].prompt.as_str()))?;
+    let vectors: Vec<Vec<f32>> = rows.iter().map(|r| lexical.vector(&r.prompt)).collect();
+    let mut out = vec![
+        ("rules", by_rules),
+        ("knn", knn_scores(rows, train, &vectors, args.k)?),
+    ];
+    if let Some(dir) = &args.embedder_dir {
+        let model = kvgate_gateway::semcache::StaticModel::load(dir)
+            .with_context(|| format!("loading the static embedder in {}", dir.display()))?;
+        let vectors: Vec<Vec<f32>> = rows.iter().map(|r| unit(model.embed(&r.prompt))).collect();
+        out.push(("knn-emb", knn_scores(rows, train, &vectors, args.k)?));
+    }
+    Ok(out)
+}
+
+/// `v` scaled to unit length (a zero vector stays zero: it neighbours nothing).
+fn unit(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
+}
+
+/// Every row's kNN score with the training rows (and their `vectors`) as the labelled
+/// examples; a training row is scored without itself.
+fn knn_scores(
+    rows: &[Labelled],
+    train: &[usize],
+    vectors: &[Vec<f32>],
+    k: usize,
+) -> anyhow::Result<Vec<f64>> {
     let wins = |i: usize| rows[i].strong && !rows[i].weak;
-    // Each training row's place among the examples (a prompt without a word has none).
+    // Each training row's place among the examples (a zero vector has none).
     let mut place = vec![None; rows.len()];
     let mut labelled = Vec::with_capacity(train.len());
     for &i in train {
-        let v = vectors.vector(&rows[i].prompt);
-        if v.iter().any(|x| *x != 0.0) {
+        if vectors[i].iter().any(|x| *x != 0.0) {
             place[i] = Some(labelled.len());
-            labelled.push((v, f64::from(u8::from(wins(i)))));
+            labelled.push((vectors[i].clone(), f64::from(u8::from(wins(i)))));
         }
     }
-    let knn = KnnScorer::new(args.k, labelled)?;
-    // A prompt without a word has no neighbours: it gets the examples' base rate.
+    let knn = KnnScorer::new(k, labelled)?;
+    // A row without neighbours gets the examples' base rate.
     let base = train.iter().filter(|&&i| wins(i)).count() as f64 / train.len() as f64;
-    let by_knn = rows
+    Ok(vectors
         .iter()
         .enumerate()
-        .map(|(i, r)| {
-            let v = vectors.vector(&r.prompt);
+        .map(|(i, v)| {
             let score = match place[i] {
-                Some(at) => knn.score_without(&v, at),
-                None => knn.score(&v),
+                Some(at) => knn.score_without(v, at),
+                None => knn.score(v),
             };
             score.map_or(base, |s| s.p)
         })
-        .collect();
-    Ok([by_rules, by_knn])
+        .collect())
 }
 
 fn rows_of(rows: &[Labelled], idx: &[usize], scores: &[f64]) -> Vec<Row> {
@@ -246,16 +283,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let rows = load(&args.data)?;
     let s = split(rows.len(), args.split_seed, args.test_share);
     let scores = score_all(&rows, &s.train, args)?;
-    let names = ["rules", "knn"];
     let mut results = Vec::new();
     for (subset, idx) in subsets(&rows, &s.test) {
         let mut reports: Vec<(&str, Report)> = Vec::new();
-        for (name, sc) in names.iter().zip(&scores) {
+        for (name, sc) in &scores {
             reports.push((name, evaluate(&rows_of(&rows, &idx, sc), 10)?));
         }
         reports.push((
             "random",
-            random(&rows_of(&rows, &idx, &scores[0]), args.random_iters)?,
+            random(&rows_of(&rows, &idx, &scores[0].1), args.random_iters)?,
         ));
         for (scorer, r) in reports {
             results.push(serde_json::json!({
@@ -266,7 +302,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let mut calibration = Vec::new();
-    for (name, sc) in names.iter().zip(&scores) {
+    for (name, sc) in &scores {
         let train: Vec<f64> = s.train.iter().map(|&i| sc[i]).collect();
         for &target in &args.targets {
             let threshold = threshold_for_share(&train, target)?;
