@@ -467,3 +467,99 @@ async fn a_routed_name_does_not_widen_a_keys_models() {
     let r = with("sk-unknown").await.unwrap();
     assert_eq!(r.status(), 401);
 }
+
+/// A classifier in vLLM's `/classify` shape: "prove" marks a hard question; `/slow` never
+/// answers in time.
+async fn classifier() -> String {
+    use axum::routing::post;
+    async fn classify(
+        axum::Json(body): axum::Json<serde_json::Value>,
+    ) -> axum::Json<serde_json::Value> {
+        let hard = body["input"].as_str().unwrap_or_default().contains("Prove");
+        let probs = if hard { [0.1, 0.9] } else { [0.8, 0.2] };
+        axum::Json(
+            serde_json::json!({"object": "list", "data": [{"index": 0, "probs": probs, "num_classes": 2}]}),
+        )
+    }
+    async fn slow() -> &'static str {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        "{}"
+    }
+    let app = axum::Router::new()
+        .route("/classify", post(classify))
+        .route("/slow", post(slow));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classifier_endpoint_scores_and_an_outage_falls_back_to_the_rules() {
+    let cheap = tier_engine("cheap", "small", "0", &[]);
+    let strong = tier_engine("strong", "big", "0", &[]);
+    let url = classifier().await;
+    let share = "share: {target: 0.5, min_samples: 100000, initial_threshold: 0.5}";
+    let route = format!(
+        "      scorer: {{kind: classifier, url: \"{url}/classify\", model: router}}\n      {share}\n    slow:\n      cheap: small\n      strong: big\n      scorer: {{kind: classifier, url: \"{url}/slow\", model: router, deadline_ms: 150}}\n      {share}\n"
+    );
+    let path = config_file("difficulty-classifier", &config(&cheap, &strong, &route));
+    let g = spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            path.to_str().unwrap(),
+        ],
+        "kvgate serve listening on",
+    );
+    wait_for(
+        &format!("{}/ready", g.url),
+        "the gateway to be ready",
+        |b| b == "ready",
+    )
+    .await;
+
+    let r = ask(&g.url, HARD, false).await;
+    assert_eq!(header(&r, "x-kvgate-tier"), "strong");
+    let why = header(&r, "x-kvgate-difficulty");
+    assert!(
+        why.contains("scorer=classifier") && why.contains("score=0.90"),
+        "{why}"
+    );
+    let r = ask(&g.url, EASY, false).await;
+    assert_eq!(header(&r, "x-kvgate-tier"), "cheap");
+    assert!(header(&r, "x-kvgate-difficulty").contains("score=0.20"));
+
+    // The classifier stalls: each request waits its deadline, then the rules decide.
+    for (text, tier) in [(HARD, "strong"), (EASY, "cheap")] {
+        let started = Instant::now();
+        let r = client()
+            .post(format!("{}/v1/chat/completions", g.url))
+            .json(&serde_json::json!({"model": "slow", "messages": user(text), "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-kvgate-tier"), tier);
+        assert!(header(&r, "x-kvgate-difficulty").contains("scorer=rules"));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    let metrics = get_text(&client(), &g.url, "/metrics").await;
+    assert!(
+        metrics.contains(
+            "kvgate_routed_classifier_failures_total{model=\"slow\",result=\"timeout\"} 2"
+        ),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("classifier"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

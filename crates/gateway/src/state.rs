@@ -86,7 +86,8 @@ impl Shared {
         let tenancy = Tenancy::new(&config.tenancy, metrics.tenants.clone())?;
         let tokenizers = Tokenizers::load(&config.tokenizers, config.tokenizer_memo_bytes)?;
         let client = upstream_client(&config)?;
-        let difficulty = crate::difficulty::Difficulty::new(&config.routing, &metrics.difficulty)?;
+        let difficulty =
+            crate::difficulty::Difficulty::new(&config.routing, &metrics.difficulty, &client)?;
         let pool = Arc::new(Pool::new(
             &config.pool_settings(),
             Clock::new(),

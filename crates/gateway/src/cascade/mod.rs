@@ -141,7 +141,7 @@ impl Call<'_> {
     async fn route(self) -> Response {
         let now = self.shared.pool.clock().now();
         let (text, tools) = crate::difficulty::judged(self.body);
-        let verdict = self.routed.decide(&text, tools, self.tenant, now);
+        let verdict = self.routed.decide(&text, tools, self.tenant, now).await;
         let mut report = Report {
             verdict,
             confidence: None,

@@ -70,6 +70,34 @@ pub enum ScorerConfig {
         #[serde(default = "default_dims")]
         dims: usize,
     },
+    /// A classifier served over HTTP in vLLM's `/classify` shape: `POST url` with `{"model",
+    /// "input"}` (the judged text), answered with `data[0].probs`, of which `strong_class`
+    /// is P(strong needed). Past `deadline_ms` or on any failure the request is scored by the
+    /// default rules (failing open: a classifier outage must not stop routing), counted in
+    /// `kvgate_routed_classifier_failures_total`.
+    Classifier {
+        /// The endpoint, e.g. `http://classifier:8000/classify`.
+        url: String,
+        /// The classifier's model name.
+        model: String,
+        /// Index of the "strong needed" class in `probs`.
+        #[serde(default = "default_strong_class")]
+        strong_class: usize,
+        /// How long a request waits for its score.
+        #[serde(default = "default_classifier_deadline")]
+        deadline_ms: u64,
+        /// An environment variable holding a bearer key for the endpoint.
+        #[serde(default)]
+        api_key_env: Option<String>,
+    },
+}
+
+fn default_strong_class() -> usize {
+    1
+}
+
+fn default_classifier_deadline() -> u64 {
+    100
 }
 
 fn default_k() -> usize {
@@ -162,10 +190,24 @@ impl RoutingConfig {
             if m.strong_max_concurrency == 0 {
                 return Err(bad("strong_max_concurrency", &"must be at least 1"));
             }
-            if let ScorerConfig::Knn { k, dims, .. } = &m.scorer {
-                if *k == 0 || *dims == 0 {
+            match &m.scorer {
+                ScorerConfig::Knn { k, dims, .. } if *k == 0 || *dims == 0 => {
                     return Err(bad("scorer", &"k and dims must be at least 1"));
                 }
+                ScorerConfig::Classifier {
+                    url, deadline_ms, ..
+                } => {
+                    if url
+                        .parse::<axum::http::Uri>()
+                        .map_or(true, |u| u.host().is_none())
+                    {
+                        return Err(bad("scorer.url", &"must be an absolute http(s) URL"));
+                    }
+                    if *deadline_ms == 0 {
+                        return Err(bad("scorer.deadline_ms", &"must be at least 1"));
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -30,6 +30,7 @@ pub(crate) struct DifficultyMetrics {
     escalations: Family<EscalationLabels, Counter>,
     inflight: Family<ModelLabel, Gauge>,
     threshold: Family<ModelLabel, FloatGauge>,
+    classifier_failures: Family<EscalationLabels, Counter>,
 }
 
 impl DifficultyMetrics {
@@ -55,6 +56,20 @@ impl DifficultyMetrics {
             "The score at or above which a routed name's requests go strong",
             self.threshold.clone(),
         );
+        r.register(
+            "routed_classifier_failures",
+            "Requests a classifier scorer did not score (timeout, error), scored by the default rules instead",
+            self.classifier_failures.clone(),
+        );
+    }
+
+    pub(crate) fn classifier_failure(&self, model: &str, reason: &'static str) {
+        self.classifier_failures
+            .get_or_create(&EscalationLabels {
+                model: model.to_owned(),
+                result: reason,
+            })
+            .inc();
     }
 
     pub(crate) fn request(&self, model: &str, strong: bool) {

@@ -3,6 +3,7 @@
 //! `kvgate_core::difficulty`'s; this module keeps their state on the pool's clock and counts
 //! them. The request path (`crate::cascade`) asks it what to do with each request.
 
+mod classifier;
 mod config;
 mod metrics;
 mod scoring;
@@ -101,6 +102,7 @@ impl Difficulty {
     pub(crate) fn new(
         config: &RoutingConfig,
         metrics: &DifficultyMetrics,
+        client: &crate::upstream::HttpClient,
     ) -> Result<Self, ConfigError> {
         let mut models = BTreeMap::new();
         for (name, m) in &config.models {
@@ -114,7 +116,7 @@ impl Difficulty {
             };
             let routed = Routed {
                 name: name.clone(),
-                scorer: Scorer::build(&m.scorer, &format!("{field}.scorer"))?,
+                scorer: Scorer::build(&m.scorer, &format!("{field}.scorer"), client)?,
                 state: Mutex::new(state),
                 strong: Arc::new(StrongTier {
                     inflight: AtomicUsize::new(0),
@@ -149,8 +151,18 @@ impl Difficulty {
 
 impl Routed {
     /// Scores a request of `tenant` and decides its first tier.
-    pub(crate) fn decide(&self, text: &str, tools: bool, tenant: &str, now: Nanos) -> Verdict {
-        let score = self.scorer.score(RuleInput { text, tools });
+    pub(crate) async fn decide(
+        &self,
+        text: &str,
+        tools: bool,
+        tenant: &str,
+        now: Nanos,
+    ) -> Verdict {
+        let (score, failed) = self.scorer.score(RuleInput { text, tools }).await;
+        if let Some(classifier::Failed(reason, detail)) = failed {
+            tracing::debug!(model = %self.name, reason, %detail, "classifier gave no score; scored by the rules");
+            self.metrics.classifier_failure(&self.name, reason);
+        }
         let mut state = lock(&self.state);
         state.controller.observe(score.p);
         let threshold = state.controller.threshold();
@@ -220,7 +232,8 @@ mod tests {
         );
         let config: RoutingConfig = yaml_serde::from_str(&yaml).unwrap();
         config.validate(&["small", "big"]).unwrap();
-        Difficulty::new(&config, &DifficultyMetrics::default()).unwrap()
+        let client = crate::upstream::client(&[]).unwrap();
+        Difficulty::new(&config, &DifficultyMetrics::default(), &client).unwrap()
     }
 
     #[test]
@@ -234,13 +247,13 @@ mod tests {
         assert!(r.strong_slot().is_some());
     }
 
-    #[test]
-    fn escalations_meet_the_budget_then_the_cap() {
+    #[tokio::test]
+    async fn escalations_meet_the_budget_then_the_cap() {
         let d = routed(1);
         let r = d.get("auto").unwrap();
         let now = Nanos::from_secs(1);
         for _ in 0..4 {
-            r.decide("hello", false, "t", now);
+            r.decide("hello", false, "t", now).await;
         }
         let slot = r.escalate("t", now).unwrap();
         assert_eq!(r.escalate("t", now).unwrap_err(), Refusal::Cap);

@@ -1,7 +1,9 @@
 //! What a routed request is scored on, and the scorers built from the configuration.
 
+use super::classifier::{Classifier, Failed};
 use super::config::ScorerConfig;
 use crate::error::ConfigError;
+use crate::upstream::HttpClient;
 use kvgate_core::difficulty::{HashedTfIdf, KnnScorer, RuleInput, RuleWeights, Score};
 use serde::Deserialize;
 use serde_json::Value;
@@ -67,11 +69,30 @@ pub(crate) enum Scorer {
         vectors: HashedTfIdf,
         knn: KnnScorer,
     },
+    Classifier(Box<Classifier>),
 }
 
 impl Scorer {
-    pub(crate) fn build(config: &ScorerConfig, field: &str) -> Result<Scorer, ConfigError> {
+    pub(crate) fn build(
+        config: &ScorerConfig,
+        field: &str,
+        client: &HttpClient,
+    ) -> Result<Scorer, ConfigError> {
         Ok(match config {
+            ScorerConfig::Classifier {
+                url,
+                model,
+                strong_class,
+                deadline_ms,
+                api_key_env,
+            } => Scorer::Classifier(Box::new(Classifier {
+                client: client.clone(),
+                url: url.clone(),
+                model: model.clone(),
+                strong_class: *strong_class,
+                deadline: std::time::Duration::from_millis(*deadline_ms),
+                key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+            })),
             ScorerConfig::Rules { weights } => Scorer::Rules(weights.clone()),
             ScorerConfig::Knn { examples, k, dims } => {
                 let examples = load_examples(examples)?;
@@ -91,13 +112,20 @@ impl Scorer {
         })
     }
 
-    /// Scores a request; kNN falls back to the default rules for a prompt without a word.
-    pub(crate) fn score(&self, input: RuleInput<'_>) -> Score {
+    /// Scores a request; kNN falls back to the default rules for a prompt without a word, a
+    /// classifier for one it did not score in time (returned with the failure).
+    pub(crate) async fn score(&self, input: RuleInput<'_>) -> (Score, Option<Failed>) {
         match self {
-            Scorer::Rules(w) => w.score(input),
-            Scorer::Knn { vectors, knn } => knn
-                .score(&vectors.vector(input.text))
-                .unwrap_or_else(|_| RuleWeights::default().score(input)),
+            Scorer::Rules(w) => (w.score(input), None),
+            Scorer::Knn { vectors, knn } => (
+                knn.score(&vectors.vector(input.text))
+                    .unwrap_or_else(|_| RuleWeights::default().score(input)),
+                None,
+            ),
+            Scorer::Classifier(c) => match c.score(input.text).await {
+                Ok(score) => (score, None),
+                Err(failed) => (RuleWeights::default().score(input), Some(failed)),
+            },
         }
     }
 }
