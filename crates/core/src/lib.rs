@@ -26,6 +26,7 @@
 
 pub mod cadence;
 pub mod decision;
+pub mod disagg;
 pub mod dispatch;
 pub mod fasthash;
 pub mod fleet;
