@@ -70,6 +70,8 @@ pub enum FaultKind {
     Draining,
     /// KV-event batches are lost (drawn per batch with the fault's probability).
     DropKvEvents,
+    /// A decode engine's read of this prefill engine's held KV fails (drawn per read).
+    KvTransferFail,
 }
 
 /// A fault and the probability that a request meets it.
@@ -195,7 +197,8 @@ impl FromStr for Fault {
             "slow_decode" => FaultKind::SlowDecode { factor: factor.unwrap_or(4.0) },
             "drain" => FaultKind::Draining,
             "kv_drop" => FaultKind::DropKvEvents,
-            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop)")),
+            "kv_fail" => FaultKind::KvTransferFail,
+            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, kv_fail)")),
         };
         let used_keys_ok = match kind {
             FaultKind::RateLimited { .. } => ms.is_none() && after.is_none() && factor.is_none(),
@@ -249,6 +252,7 @@ impl fmt::Display for Fault {
             }
             FaultKind::Draining => "drain",
             FaultKind::DropKvEvents => "kv_drop",
+            FaultKind::KvTransferFail => "kv_fail",
         };
         if self.probability < 1.0 {
             params.push(format!("p={}", self.probability));
@@ -326,10 +330,20 @@ impl FaultState {
 
     /// Whether the next KV-event batch is lost (`kv_drop`).
     pub(crate) fn drop_kv_batch(&self) -> bool {
+        self.engine_wide(FaultKind::DropKvEvents)
+    }
+
+    /// Whether the next read of held KV fails (`kv_fail`).
+    pub(crate) fn fail_transfer(&self) -> bool {
+        self.engine_wide(FaultKind::KvTransferFail)
+    }
+
+    /// Whether a draw of the active fault of `kind` hits (never without one).
+    fn engine_wide(&self, kind: FaultKind) -> bool {
         let active = self.active.read().unwrap_or_else(|e| e.into_inner());
         let Some(p) = active
             .iter()
-            .find(|f| f.kind == FaultKind::DropKvEvents)
+            .find(|f| f.kind == kind)
             .map(|f| f.probability)
         else {
             return false;
@@ -357,7 +371,9 @@ impl FaultState {
             };
             match fault.kind {
                 FaultKind::Draining => out.refuse = out.refuse.or(Some(FaultKind::Draining)),
-                FaultKind::SlowDecode { .. } | FaultKind::DropKvEvents => {}
+                FaultKind::SlowDecode { .. }
+                | FaultKind::DropKvEvents
+                | FaultKind::KvTransferFail => {}
                 FaultKind::RateLimited { .. }
                 | FaultKind::InternalError
                 | FaultKind::Unavailable

@@ -29,6 +29,7 @@ mod faults;
 mod handlers;
 mod kv_events;
 mod metrics;
+mod pd;
 mod request;
 mod scheduler;
 mod server;
@@ -41,6 +42,7 @@ pub use config::{BatchingMode, ConfigError, CostModel, EngineConfig};
 pub use error::EngineError;
 pub use faults::{Fault, FaultKind, FaultSpecError};
 pub use kv_events::KvEventsError;
+pub use pd::Role;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -145,7 +147,8 @@ async fn start(
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let mut shared = state::Shared::new(config, commands, metrics, faults, started);
+    let addr = listener.local_addr()?;
+    let mut shared = state::Shared::new(config, commands, metrics, faults, (started, addr));
     shared.tokenizer = tokenizer;
     let shared = Arc::new(shared);
     let app = handlers::router(shared);
