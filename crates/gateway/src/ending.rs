@@ -48,6 +48,14 @@ pub(crate) struct Facts {
     pub(crate) prediction: Option<kvgate_core::index::Prediction>,
     /// The answering deployment's token price (its own, else the model's in `tenancy.prices`).
     pub(crate) price: Option<kvgate_core::tenancy::Price>,
+    /// Prefill/decode disaggregation's outcome (`local`, `remote`, `fallback`, `rejected`).
+    pub(crate) disagg: Option<&'static str>,
+    /// The reason of its decision.
+    pub(crate) disagg_why: Option<&'static str>,
+    /// The endpoint that prefilled, when not the one that answered.
+    pub(crate) prefill_endpoint: Option<Arc<str>>,
+    /// The prefill leg's time.
+    pub(crate) prefill_ms: Option<f64>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -378,6 +386,10 @@ impl Ending {
             output_tokens: output,
             reason: decision.map(|d| d.reason.label()),
             why: decision.map(|d| d.reason.to_string()),
+            disagg: f.disagg,
+            disagg_why: f.disagg_why,
+            prefill_endpoint: f.prefill_endpoint.as_deref(),
+            prefill_ms: f.prefill_ms,
         });
         if !written {
             self.shared.metrics.requests.access_log_dropped.inc();

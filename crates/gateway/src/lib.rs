@@ -45,6 +45,7 @@ mod admin;
 mod admission;
 mod clock;
 pub mod cluster;
+pub mod disagg;
 pub mod discovery;
 mod dispatch;
 mod ending;

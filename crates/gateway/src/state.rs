@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     losses: Mutex<Option<mpsc::UnboundedReceiver<Loss>>>,
     /// Configuration reloads and the last one's result.
     reloads: Mutex<ReloadLog>,
+    /// Prefill/decode disaggregation.
+    pub(crate) disagg: crate::disagg::Disagg,
 }
 
 /// A poisoned lock is taken over: what these locks guard stays consistent at every await.
@@ -109,7 +111,7 @@ impl Shared {
             tokenizers,
             admission: Admission::new(config.admission.clone(), metrics.admission.clone()),
             pool,
-            metrics,
+            metrics: metrics.clone(),
             client,
             draining: AtomicBool::new(false),
             next_request: AtomicU64::new(1),
@@ -123,6 +125,10 @@ impl Shared {
             watch,
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),
+            disagg: crate::disagg::Disagg::new(
+                config.disaggregation.clone(),
+                metrics.disagg.clone(),
+            ),
             config,
         }))
     }

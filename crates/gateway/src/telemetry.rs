@@ -5,6 +5,7 @@
 
 use crate::admission::AdmissionMetrics;
 use crate::cluster::ClusterMetrics;
+use crate::disagg::DisaggMetrics;
 use crate::engine_state::EngineStateMetrics;
 use crate::listener::ConnectionMetrics;
 use crate::metrics::{Counter, Family, ReasonLabel, Registry, RequestMetrics, UsageMetrics};
@@ -42,6 +43,8 @@ pub(crate) struct Metrics {
     pub(crate) discovery: Family<ReasonLabel, Counter>,
     /// Configuration file reloads, `applied` or `rejected`.
     pub(crate) config_reloads: Family<ReasonLabel, Counter>,
+    /// Prefill/decode disaggregation.
+    pub(crate) disagg: DisaggMetrics,
 }
 
 impl Default for Metrics {
@@ -81,6 +84,7 @@ impl Metrics {
             admission: AdmissionMetrics::register(r),
             watch: WatchMetrics::register(r),
             resume: ResumeMetrics::register(r),
+            disagg: DisaggMetrics::register(r),
             tenants,
             engine_state,
             cluster,

@@ -73,6 +73,8 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterConfig,
     /// Endpoints discovered from the Kubernetes API (an InferencePool's pods).
     pub discovery: crate::discovery::DiscoveryConfig,
+    /// Prefill/decode disaggregation, for a pool with `role: prefill` endpoints.
+    pub disaggregation: crate::disagg::DisaggConfig,
 }
 
 impl Default for Config {
@@ -101,6 +103,7 @@ impl Default for Config {
             resume: Default::default(),
             cluster: Default::default(),
             discovery: Default::default(),
+            disaggregation: Default::default(),
         }
     }
 }
@@ -209,6 +212,7 @@ impl Config {
             .map_err(|(field, why)| ConfigError::invalid(field, why))?;
         self.cluster.validate()?;
         self.discovery.validate()?;
+        self.disaggregation.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::invalid(
                 "retry.max_attempts",

@@ -24,6 +24,7 @@
 pub(crate) mod admit;
 mod attempts;
 pub(crate) mod intake;
+mod pd;
 mod respond;
 
 use crate::ending::Ending;
