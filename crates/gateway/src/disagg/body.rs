@@ -91,13 +91,3 @@ pub(crate) fn host_of(base: &str) -> Option<String> {
             .to_owned(),
     )
 }
-
-/// The port of a base URL (its scheme's default when absent).
-pub(crate) fn port_of(base: &str) -> Option<u16> {
-    let uri: axum::http::Uri = base.parse().ok()?;
-    uri.port_u16().or(match uri.scheme_str() {
-        Some("https") => Some(443),
-        Some("http") => Some(80),
-        _ => None,
-    })
-}

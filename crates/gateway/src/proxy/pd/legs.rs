@@ -213,10 +213,16 @@ impl Leg {
         let failed = tokio::select! {
             biased;
             answered = &mut decode_leg => {
+                // A decode engine answers once its room's KV arrived, so the prefill's own
+                // answer is on its way; without it the decode engine prefilled alone.
+                let prefilled = prefill_leg.await;
                 self.timed(started);
-                self.legs.settle(&self.shared, "remote");
-                // The prefill leg's answer only closes its own bookkeeping.
-                let _ = prefill_leg.await;
+                let outcome = match prefilled {
+                    Ok(_) => "remote",
+                    Err(LegError::Rejected) => "rejected",
+                    Err(LegError::Failed) => "fallback",
+                };
+                self.legs.settle(&self.shared, outcome);
                 return answered;
             }
             prefilled = &mut prefill_leg => prefilled.err(),
