@@ -76,6 +76,21 @@ pub(crate) struct Args {
     /// Worker threads of the async runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Which legs of disaggregated requests it serves: prefill, decode or both.
+    #[arg(long, default_value = "both")]
+    role: kvgate_engine::Role,
+    /// KV link bandwidth to decode engines, gigabytes per second.
+    #[arg(long, default_value_t = EngineConfig::default().kv_bandwidth_gbps)]
+    kv_bandwidth_gbps: f64,
+    /// Fixed time per KV transfer, milliseconds.
+    #[arg(long, default_value_t = EngineConfig::default().kv_transfer_setup_ms)]
+    kv_transfer_setup_ms: f64,
+    /// KV bytes per token.
+    #[arg(long, default_value_t = EngineConfig::default().kv_bytes_per_token)]
+    kv_bytes_per_token: u64,
+    /// Seconds a prefill holds KV that no decode engine has read.
+    #[arg(long, default_value_t = EngineConfig::default().kv_lease_secs)]
+    kv_lease_secs: f64,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -104,6 +119,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         tokenizer: args.tokenizer.clone(),
         faults: args.faults.clone(),
         admin_token: args.admin_token.clone(),
+        role: args.role,
+        kv_bandwidth_gbps: args.kv_bandwidth_gbps,
+        kv_transfer_setup_ms: args.kv_transfer_setup_ms,
+        kv_bytes_per_token: args.kv_bytes_per_token,
+        kv_lease_secs: args.kv_lease_secs,
+        ..EngineConfig::default()
     };
     config.validate()?;
     let runtime = crate::runtime(args.threads)?;

@@ -27,6 +27,7 @@
 pub mod cadence;
 pub mod decision;
 pub mod difficulty;
+pub mod disagg;
 pub mod dispatch;
 pub mod fasthash;
 pub mod fleet;

@@ -123,7 +123,7 @@ mod tests {
             tx,
             metrics,
             Arc::new(FaultState::new(Vec::new(), 0)),
-            0.0,
+            (0.0, ([127, 0, 0, 1], 0).into()),
         )
     }
 

@@ -12,6 +12,9 @@ pub(crate) use kvgate_sim::model::{EngineStats, Iteration, SeqEvent, SeqRequest}
 pub(crate) trait StepModel: Send + 'static {
     /// Queues a sequence.
     fn submit(&mut self, request: SeqRequest);
+    /// Queues a sequence whose first `transferred` prompt tokens' KV came from a prefill
+    /// engine.
+    fn submit_transferred(&mut self, request: SeqRequest, transferred: u32);
     /// Drops a sequence (the client went away) and frees its blocks.
     fn abort(&mut self, id: u64);
     /// Runs one iteration; `None` when nothing is running or waiting.
@@ -23,6 +26,10 @@ pub(crate) trait StepModel: Send + 'static {
 impl StepModel for EngineModel {
     fn submit(&mut self, request: SeqRequest) {
         EngineModel::submit(self, request);
+    }
+
+    fn submit_transferred(&mut self, request: SeqRequest, transferred: u32) {
+        EngineModel::submit_transferred(self, request, transferred);
     }
 
     fn abort(&mut self, id: u64) {

@@ -80,6 +80,18 @@ pub struct EngineConfig {
     pub faults: Vec<Fault>,
     /// Bearer token for `/admin/*`; without one only loopback clients may use it.
     pub admin_token: Option<String>,
+    /// Which legs of disaggregated requests it serves (`crate::pd`).
+    pub role: crate::pd::Role,
+    /// KV link bandwidth to decode engines, gigabytes per second.
+    pub kv_bandwidth_gbps: f64,
+    /// Fixed time per KV transfer, milliseconds.
+    pub kv_transfer_setup_ms: f64,
+    /// KV bytes per token (the cost model's 8B model: 128 KiB).
+    pub kv_bytes_per_token: u64,
+    /// How long a prefill holds KV no decode engine has read.
+    pub kv_lease_secs: f64,
+    /// The longest a decode leg waits for its prefill's KV.
+    pub kv_wait_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +100,7 @@ impl Default for EngineConfig {
     /// context, real time, mean output 128 tokens.
     fn default() -> Self {
         let model = kvgate_sim::model::EngineConfig::default();
+        let transfer = kvgate_core::disagg::Transfer::default();
         let max_num_batched_tokens = match model.batching {
             kvgate_sim::model::Batching::Chunked {
                 max_num_batched_tokens,
@@ -113,6 +126,13 @@ impl Default for EngineConfig {
             tokenizer: None,
             faults: Vec::new(),
             admin_token: None,
+            role: crate::pd::Role::Both,
+            kv_bandwidth_gbps: transfer.bandwidth_gbps,
+            kv_transfer_setup_ms: transfer.setup_ms,
+            kv_bytes_per_token: transfer.bytes_per_token,
+            // vLLM's NIXL connector leases a prefill's blocks for 30 s.
+            kv_lease_secs: 30.0,
+            kv_wait_ms: 30_000,
         }
     }
 }
@@ -173,6 +193,18 @@ impl EngineConfig {
         }
         if self.mean_output_tokens == 0 {
             return fail("mean_output_tokens must be positive");
+        }
+        if !(self.kv_bandwidth_gbps.is_finite() && self.kv_bandwidth_gbps > 0.0) {
+            return fail("kv_bandwidth_gbps must be a positive number");
+        }
+        if !(self.kv_transfer_setup_ms.is_finite() && self.kv_transfer_setup_ms >= 0.0) {
+            return fail("kv_transfer_setup_ms must be a finite number >= 0");
+        }
+        if self.kv_bytes_per_token == 0 {
+            return fail("kv_bytes_per_token must be positive");
+        }
+        if !(self.kv_lease_secs.is_finite() && self.kv_lease_secs > 0.0) {
+            return fail("kv_lease_secs must be a positive number");
         }
         Ok(())
     }

@@ -79,6 +79,8 @@ pub enum FaultKind {
     },
     /// Returned token logprobs are low (a degraded model, for escalation storms).
     LowConfidence,
+    /// A decode engine's read of this prefill engine's held KV fails (drawn per read).
+    KvTransferFail,
 }
 
 /// A fault and the probability that a request meets it.
@@ -206,7 +208,8 @@ impl FromStr for Fault {
             "kv_drop" => FaultKind::DropKvEvents,
             "stall_embed" => FaultKind::StallEmbeddings { stall },
             "low_confidence" => FaultKind::LowConfidence,
-            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, stall_embed, low_confidence)")),
+            "kv_fail" => FaultKind::KvTransferFail,
+            _ => return Err(err("unknown kind (429, 500, 503, reset, stall_first, stall_mid, disconnect_mid, slow_decode, drain, kv_drop, kv_fail, stall_embed, low_confidence)")),
         };
         let used_keys_ok = match kind {
             FaultKind::RateLimited { .. } => ms.is_none() && after.is_none() && factor.is_none(),
@@ -265,6 +268,7 @@ impl fmt::Display for Fault {
                 "stall_embed"
             }
             FaultKind::LowConfidence => "low_confidence",
+            FaultKind::KvTransferFail => "kv_fail",
         };
         if self.probability < 1.0 {
             params.push(format!("p={}", self.probability));
@@ -361,10 +365,20 @@ impl FaultState {
     }
 
     pub(crate) fn drop_kv_batch(&self) -> bool {
+        self.engine_wide(FaultKind::DropKvEvents)
+    }
+
+    /// Whether the next read of held KV fails (`kv_fail`).
+    pub(crate) fn fail_transfer(&self) -> bool {
+        self.engine_wide(FaultKind::KvTransferFail)
+    }
+
+    /// Whether a draw of the active fault of `kind` hits (never without one).
+    fn engine_wide(&self, kind: FaultKind) -> bool {
         let active = self.active.read().unwrap_or_else(|e| e.into_inner());
         let Some(p) = active
             .iter()
-            .find(|f| f.kind == FaultKind::DropKvEvents)
+            .find(|f| f.kind == kind)
             .map(|f| f.probability)
         else {
             return false;
@@ -395,6 +409,7 @@ impl FaultState {
                 FaultKind::SlowDecode { .. }
                 | FaultKind::DropKvEvents
                 | FaultKind::StallEmbeddings { .. } => {}
+                FaultKind::KvTransferFail => {}
                 FaultKind::RateLimited { .. }
                 | FaultKind::InternalError
                 | FaultKind::Unavailable

@@ -9,7 +9,7 @@ use crate::server::Connection;
 use crate::state::Shared;
 use crate::stream::{self, SeqHandle, StreamPlan};
 use crate::wire::{self, FinishReason, Usage};
-use crate::{admin, backend::SeqRequest, metrics, tokenizer};
+use crate::{admin, backend::SeqRequest, metrics, pd, tokenizer};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -33,6 +33,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/kv_transfer/read", post(crate::pd::read))
         .route(
             "/admin/faults",
             get(admin::get_faults)
@@ -175,15 +176,32 @@ fn output_length(parsed: &Parsed, limit: u32, mean: u32, seed: u64) -> u32 {
     (draw.clamp(1.0, f64::from(u32::MAX)) as u32).clamp(floor.min(limit), limit)
 }
 
-/// Reads the request's body (refused past `MAX_BODY_BYTES`) and parses it.
-async fn read_request(shared: &Shared, endpoint: Endpoint, body: Body) -> Result<Parsed, ApiError> {
+/// The output length ([`output_length`]) and how it ends: at the limit, or a sampled stop.
+fn output_plan(parsed: &Parsed, limit: u32, mean: u32, seed: u64) -> (u32, FinishReason) {
+    let tokens = output_length(parsed, limit, mean, seed);
+    let finish = if tokens >= limit {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    };
+    (tokens, finish)
+}
+
+/// Reads the request's body (refused past `MAX_BODY_BYTES`) and parses it, with the leg of a
+/// disaggregated request it is.
+async fn read_request(
+    shared: &Shared,
+    endpoint: Endpoint,
+    body: Body,
+) -> Result<(Parsed, pd::Ask), ApiError> {
     let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "Request body too large or unreadable.",
         ));
     };
-    request::parse(endpoint, &bytes, shared.tokenizer.as_deref())
+    let parsed = request::parse(endpoint, &bytes, shared.tokenizer.as_deref())?;
+    Ok((parsed, pd::Ask::parse(&bytes, shared.pd.role)))
 }
 
 /// Refuses a request for another model, or one whose prompt and `max_tokens` do not fit the
@@ -241,7 +259,7 @@ fn submit(
     prompt: Vec<u32>,
     output_tokens: u32,
     finish: FinishReason,
-    arrived: Instant,
+    (arrived, transferred): (Instant, u32),
 ) -> Result<SeqHandle, ApiError> {
     let id = shared.next_id();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -254,6 +272,7 @@ fn submit(
         length_limited: finish == FinishReason::Length,
         arrived,
         updates: tx,
+        transferred,
     });
     if submitted.is_err() {
         return Err(ApiError::new(
@@ -282,6 +301,8 @@ struct Answer<'a> {
     logprobs: Option<u32>,
     /// The `low_confidence` fault met this request.
     low_confidence: bool,
+    /// A prefill leg's top-level `kv_transfer_params`.
+    kv_transfer_params: Option<serde_json::Value>,
 }
 
 impl Answer<'_> {
@@ -314,6 +335,9 @@ impl Answer<'_> {
                 self.low_confidence,
             );
         }
+        if let Some(params) = &self.kv_transfer_params {
+            body["kv_transfer_params"] = params.clone();
+        }
         Json(body).into_response()
     }
 }
@@ -329,7 +353,7 @@ async fn generate(
     if let Some(kind) = faults.refuse {
         return refuse(kind, &conn).await;
     }
-    let parsed = match read_request(&shared, endpoint, body).await {
+    let (parsed, ask) = match read_request(&shared, endpoint, body).await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -342,15 +366,19 @@ async fn generate(
         .max_tokens
         .unwrap_or((config.max_model_len - prompt_tokens) as u32);
     let text_seed = tokenizer::request_seed(&parsed.prompt, config.seed);
-    let output_tokens = output_length(&parsed, limit, config.mean_output_tokens, text_seed);
-    let finish = if output_tokens >= limit {
-        FinishReason::Length
-    } else {
-        FinishReason::Stop
+    // A prefill leg stops at its first token (SGLang's prefill server ignores the body's
+    // max_tokens; vLLM's proxy sends max_tokens 1).
+    let held = ask.held(&parsed.prompt);
+    let limit = if held.is_some() { limit.min(1) } else { limit };
+    let (output_tokens, finish) = output_plan(&parsed, limit, config.mean_output_tokens, text_seed);
+    let transferred = match &ask {
+        pd::Ask::Decode(source) => shared.pd.fetch(source, &parsed.prompt).await,
+        _ => 0,
     };
 
     let parsed_logprobs = parsed.logprobs;
-    let seq = match submit(&shared, parsed.prompt, output_tokens, finish, arrived) {
+    let times = (arrived, transferred);
+    let seq = match submit(&shared, parsed.prompt, output_tokens, finish, times) {
         Ok(seq) => seq,
         Err(e) => return e.into_response(),
     };
@@ -359,7 +387,7 @@ async fn generate(
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut response = if parsed.stream {
+    let mut response = if parsed.stream && held.is_none() {
         let plan = StreamPlan {
             writer: wire::ChunkWriter::new(endpoint, &response_id, created, &shared.model_json),
             text_seed,
@@ -380,6 +408,11 @@ async fn generate(
             return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped.")
                 .into_response();
         };
+        let kv_transfer_params = held.map(|(key, prompt)| {
+            shared
+                .pd
+                .hold(key, &response_id, &prompt, config.block_size)
+        });
         let answer = Answer {
             endpoint,
             response_id: &response_id,
@@ -390,6 +423,7 @@ async fn generate(
             finish,
             logprobs: parsed_logprobs,
             low_confidence: faults.low_confidence,
+            kv_transfer_params,
         };
         answer.full_response(counts)
     };

@@ -31,6 +31,7 @@ mod handlers;
 mod kv_events;
 mod logprobs;
 mod metrics;
+mod pd;
 mod request;
 mod scheduler;
 mod server;
@@ -43,6 +44,7 @@ pub use config::{BatchingMode, ConfigError, CostModel, EngineConfig};
 pub use error::EngineError;
 pub use faults::{Fault, FaultKind, FaultSpecError};
 pub use kv_events::KvEventsError;
+pub use pd::Role;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -147,7 +149,8 @@ async fn start(
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let mut shared = state::Shared::new(config, commands, metrics, faults, started);
+    let addr = listener.local_addr()?;
+    let mut shared = state::Shared::new(config, commands, metrics, faults, (started, addr));
     shared.tokenizer = tokenizer;
     let shared = Arc::new(shared);
     let app = handlers::router(shared);

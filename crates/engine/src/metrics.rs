@@ -35,7 +35,7 @@ pub(crate) struct Histogram {
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    pub(crate) fn new(bounds: &'static [f64]) -> Self {
         Histogram {
             bounds,
             counts: vec![0; bounds.len()],
@@ -77,6 +77,9 @@ pub(crate) struct MetricsState {
     pub(crate) e2e: Histogram,
     pub(crate) tpot: Histogram,
     pub(crate) inference: Histogram,
+    /// Disaggregation's counters; rendered once any is non-zero or the engine plays a role.
+    pub(crate) pd: crate::pd::PdMetrics,
+    pub(crate) pd_shown: bool,
 }
 
 impl Default for MetricsState {
@@ -101,6 +104,8 @@ impl Default for MetricsState {
             e2e: Histogram::new(REQUEST_BUCKETS),
             tpot: Histogram::new(ITL_BUCKETS),
             inference: Histogram::new(REQUEST_BUCKETS),
+            pd: crate::pd::PdMetrics::default(),
+            pd_shown: false,
         }
     }
 }
@@ -342,7 +347,56 @@ pub(crate) fn render(
     counters(&mut w, state);
     histograms(&mut w, state);
     cache_config_info(&mut w, cache);
+    if state.pd_shown {
+        disaggregation(&mut w, &state.pd);
+    }
     w.out
+}
+
+/// KV-transfer time buckets, seconds (a link moves a long prompt's KV in milliseconds to a
+/// second).
+pub(crate) const TRANSFER_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Disaggregation's series, named as vLLM's NIXL connector names them, and kvgate's own for
+/// what vLLM only logs.
+fn disaggregation(w: &mut Writer<'_>, pd: &crate::pd::PdMetrics) {
+    w.histogram(
+        "vllm:nixl_xfer_time_seconds",
+        "Histogram of transfer duration for NIXL KV Cache transfers.",
+        &pd.xfer_time,
+    );
+    w.counter(
+        "vllm:nixl_bytes_transferred_total",
+        "Bytes transferred per NIXL KV Cache transfer, summed.",
+        pd.bytes,
+    );
+    w.counter(
+        "vllm:nixl_num_failed_transfers_total",
+        "Number of failed NIXL KV Cache transfers.",
+        pd.failed,
+    );
+    w.counter(
+        "vllm:nixl_num_kv_expired_reqs_total",
+        "Number of requests whose held KV expired before a decode engine read it.",
+        pd.expired,
+    );
+    w.counter(
+        "kvgate_kv_prefill_legs_total",
+        "Prefill legs answered with their KV held for a decode engine.",
+        pd.prefills,
+    );
+    w.counter(
+        "kvgate_kv_transfers_total",
+        "Decode legs that read their KV from a prefill engine.",
+        pd.transfers,
+    );
+    w.counter(
+        "kvgate_kv_transfer_invalid_params_total",
+        "Decode legs with invalid transfer parameters, prefilled locally.",
+        pd.invalid,
+    );
 }
 
 #[cfg(test)]

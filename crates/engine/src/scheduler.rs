@@ -48,6 +48,8 @@ pub(crate) enum Command {
         length_limited: bool,
         arrived: Instant,
         updates: mpsc::UnboundedSender<Update>,
+        /// Leading prompt tokens whose KV a prefill engine sent (`crate::pd`).
+        transferred: u32,
     },
     /// The client went away.
     Abort { id: u64 },
@@ -184,6 +186,7 @@ fn apply(
             length_limited,
             arrived,
             updates,
+            transferred,
         } => {
             tracked.insert(
                 request.id,
@@ -198,7 +201,11 @@ fn apply(
                     scheduled_at: None,
                 },
             );
-            model.submit(request);
+            if transferred > 0 {
+                model.submit_transferred(request, transferred);
+            } else {
+                model.submit(request);
+            }
         }
         Command::Abort { id } => {
             // A sequence that finished in the current burst is already counted as finished.

@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     /// Mixed into response ids so that engines with different ids (or seeds) never repeat
     /// each other's ids.
     pub(crate) id_salt: u64,
+    /// Prefill/decode disaggregation.
+    pub(crate) pd: crate::pd::Pd,
     next_id: AtomicU64,
 }
 
@@ -37,7 +39,7 @@ impl Shared {
         commands: mpsc::UnboundedSender<Command>,
         metrics: Arc<Mutex<MetricsState>>,
         faults: Arc<FaultState>,
-        started: f64,
+        (started, addr): (f64, std::net::SocketAddr),
     ) -> Self {
         let cache_info = CacheInfo {
             block_size: config.block_size,
@@ -45,7 +47,9 @@ impl Shared {
             enable_prefix_caching: config.prefix_caching,
         };
         let id_salt = xxhash_rust::xxh3::xxh3_64_with_seed(config.id.as_bytes(), config.seed);
+        let pd = crate::pd::Pd::new(&config, addr, metrics.clone());
         Shared {
+            pd,
             model_json: serde_json::to_string(&config.model).unwrap_or_else(|_| "\"\"".to_owned()),
             config,
             commands,

@@ -120,6 +120,12 @@ impl Dispatch {
         }
     }
 
+    /// Restarts the attempt's clock: a decode leg sent after its prefill leg measures its time
+    /// to first token from its own send, not the prefill's.
+    pub(crate) fn restart_clock(&mut self) {
+        self.sent = self.shared.pool.clock().now();
+    }
+
     /// Whether the client asked for a stream.
     pub(crate) fn stream(&self) -> bool {
         self.stream

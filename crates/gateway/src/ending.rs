@@ -52,6 +52,14 @@ pub(crate) struct Facts {
     pub(crate) cache: Option<&'static str>,
     /// A routed name's tier and why (`crate::cascade`).
     pub(crate) route: Option<Arc<str>>,
+    /// Prefill/decode disaggregation's outcome (`local`, `remote`, `fallback`, `rejected`).
+    pub(crate) disagg: Option<&'static str>,
+    /// The reason of its decision.
+    pub(crate) disagg_why: Option<&'static str>,
+    /// The endpoint that prefilled, when not the one that answered.
+    pub(crate) prefill_endpoint: Option<Arc<str>>,
+    /// The prefill leg's time.
+    pub(crate) prefill_ms: Option<f64>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -384,6 +392,10 @@ impl Ending {
             why: decision.map(|d| d.reason.to_string()),
             cache: f.cache,
             route: f.route.as_deref(),
+            disagg: f.disagg,
+            disagg_why: f.disagg_why,
+            prefill_endpoint: f.prefill_endpoint.as_deref(),
+            prefill_ms: f.prefill_ms,
         });
         if !written {
             self.shared.metrics.requests.access_log_dropped.inc();

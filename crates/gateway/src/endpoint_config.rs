@@ -52,6 +52,26 @@ pub struct EndpointConfig {
     /// The deployment's own rate limits (a provider account's RPM/TPM): at any of them it is
     /// left out of picks until it refills. A reload that changes them starts them afresh.
     pub limits: Option<kvgate_core::tenancy::LimitsConfig>,
+    /// Which legs of a disaggregated request it serves (`disaggregation`): `prefill`
+    /// endpoints only prefill, `decode` and `both` take the decode leg (and every request of
+    /// a pool without prefill endpoints).
+    pub role: EndpointRole,
+    /// SGLang's bootstrap port of a prefill engine (its `--disaggregation-bootstrap-port`),
+    /// sent as `bootstrap_port`; null when absent.
+    pub bootstrap_port: Option<u16>,
+}
+
+/// An endpoint's part in prefill/decode disaggregation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointRole {
+    /// Prefill legs only.
+    Prefill,
+    /// Decode legs.
+    Decode,
+    /// Either, and whole requests.
+    #[default]
+    Both,
 }
 
 impl Default for EndpointConfig {
@@ -71,6 +91,8 @@ impl Default for EndpointConfig {
             price: None,
             prompt_cache_key: false,
             limits: None,
+            role: EndpointRole::Both,
+            bootstrap_port: None,
         }
     }
 }

@@ -47,6 +47,7 @@ mod cascade;
 mod clock;
 pub mod cluster;
 pub mod difficulty;
+pub mod disagg;
 pub mod discovery;
 mod dispatch;
 mod ending;

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) semcache: Arc<crate::semcache::SemCache>,
     /// Routed names' scorers, controllers, budgets and strong-tier slots.
     pub(crate) difficulty: crate::difficulty::Difficulty,
+    /// Prefill/decode disaggregation.
+    pub(crate) disagg: crate::disagg::Disagg,
 }
 
 /// A poisoned lock is taken over: what these locks guard stays consistent at every await.
@@ -121,7 +123,7 @@ impl Shared {
             tokenizers,
             admission: Admission::new(config.admission.clone(), metrics.admission.clone()),
             pool,
-            metrics,
+            metrics: metrics.clone(),
             client,
             draining: AtomicBool::new(false),
             next_request: AtomicU64::new(1),
@@ -137,6 +139,10 @@ impl Shared {
             reloads: Mutex::default(),
             semcache,
             difficulty,
+            disagg: crate::disagg::Disagg::new(
+                config.disaggregation.clone(),
+                metrics.disagg.clone(),
+            ),
             config,
         }))
     }

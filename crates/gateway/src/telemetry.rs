@@ -5,6 +5,7 @@
 
 use crate::admission::AdmissionMetrics;
 use crate::cluster::ClusterMetrics;
+use crate::disagg::DisaggMetrics;
 use crate::engine_state::EngineStateMetrics;
 use crate::listener::ConnectionMetrics;
 use crate::metrics::{Counter, Family, ReasonLabel, Registry, RequestMetrics, UsageMetrics};
@@ -46,6 +47,8 @@ pub(crate) struct Metrics {
     pub(crate) semcache: Arc<crate::semcache::SemCacheMetrics>,
     /// Difficulty routing: tiers, escalations, the strong tier's load, thresholds.
     pub(crate) difficulty: crate::difficulty::DifficultyMetrics,
+    /// Prefill/decode disaggregation.
+    pub(crate) disagg: DisaggMetrics,
 }
 
 impl Default for Metrics {
@@ -90,6 +93,7 @@ impl Metrics {
             admission: AdmissionMetrics::register(r),
             watch: WatchMetrics::register(r),
             resume: ResumeMetrics::register(r),
+            disagg: DisaggMetrics::register(r),
             tenants,
             engine_state,
             cluster,

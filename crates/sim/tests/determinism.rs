@@ -33,6 +33,7 @@ fn small(scenario: &str) -> Vec<(&'static str, &'static str)> {
             ("warmup_requests", "50"),
         ],
         "random" => vec![("requests", "200"), ("rates", "5,10")],
+        "pd" => vec![("requests", "120")],
         _ => vec![],
     }
 }

@@ -18,7 +18,7 @@ fn app(faults: &[&str]) -> Router {
         tx,
         Arc::new(Mutex::new(MetricsState::default())),
         Arc::new(FaultState::new(faults, 0)),
-        0.0,
+        (0.0, ([127, 0, 0, 1], 0).into()),
     );
     router(Arc::new(shared))
 }

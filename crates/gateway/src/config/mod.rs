@@ -77,6 +77,8 @@ pub struct Config {
     pub semantic_cache: crate::semcache::SemanticCacheConfig,
     /// Names that route each request to a cheap or a strong model by its difficulty.
     pub routing: crate::difficulty::RoutingConfig,
+    /// Prefill/decode disaggregation, for a pool with `role: prefill` endpoints.
+    pub disaggregation: crate::disagg::DisaggConfig,
 }
 
 impl Default for Config {
@@ -107,6 +109,7 @@ impl Default for Config {
             discovery: Default::default(),
             semantic_cache: Default::default(),
             routing: Default::default(),
+            disaggregation: Default::default(),
         }
     }
 }
@@ -217,6 +220,7 @@ impl Config {
         self.cluster.validate()?;
         self.discovery.validate()?;
         self.semantic_cache.validate()?;
+        self.disaggregation.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::invalid(
                 "retry.max_attempts",

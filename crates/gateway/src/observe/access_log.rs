@@ -100,6 +100,18 @@ pub(crate) struct AccessRecord<'a> {
     /// escalation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) route: Option<&'a str>,
+    /// Prefill/decode disaggregation: `local`, `remote`, `fallback` or `rejected`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) disagg: Option<&'static str>,
+    /// Why the prefill went where it went (`kvgate_core::disagg::Why`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) disagg_why: Option<&'static str>,
+    /// The endpoint that prefilled, when a prefill endpoint did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prefill_endpoint: Option<&'a str>,
+    /// The prefill leg's time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prefill_ms: Option<f64>,
 }
 
 /// Where lines go; the default writes nothing.
@@ -239,6 +251,10 @@ mod tests {
             why: Some("low match (0/40), least loaded".into()),
             cache: None,
             route: None,
+            disagg: None,
+            disagg_why: None,
+            prefill_endpoint: None,
+            prefill_ms: None,
         }
     }
 

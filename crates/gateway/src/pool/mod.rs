@@ -17,6 +17,7 @@
 //! tried it yet.
 
 mod cadence;
+mod disagg;
 mod endpoint;
 mod health;
 mod members;
@@ -29,6 +30,7 @@ mod unroutable;
 
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
+pub use disagg::RoleMember;
 pub(crate) use members::EndpointSet;
 pub use metrics::PoolMetrics;
 pub use peer::PeerEnd;

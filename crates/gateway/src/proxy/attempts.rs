@@ -48,6 +48,8 @@ pub(super) struct Run {
     last_decision: Option<Arc<DecisionRecord>>,
     /// The request span's context, when traces are on.
     pub(super) trace: Option<SpanContext>,
+    /// Its prefill and decode legs, when its pool disaggregates.
+    legs: Option<Arc<super::pd::Legs>>,
 }
 
 impl Run {
@@ -87,6 +89,7 @@ impl Run {
             last_endpoint: None,
             last_decision: None,
             trace: None,
+            legs: None,
             shared,
         }
     }
@@ -191,6 +194,9 @@ impl Run {
             .answered(&self.request, &self.body, &self.sending);
         ending.at(dispatch.target.name.clone());
         self.account(ending, Some(&dispatch));
+        if let Some(legs) = &self.legs {
+            legs.record(ending.facts());
+        }
         permit.prefilled();
         let explained = self.explain.then(|| dispatch.target.decision.summary());
         let owners = (permit, ending.take());
@@ -203,6 +209,9 @@ impl Run {
             resume,
         );
         add_explanation(&mut response, explained);
+        if let Some(legs) = &self.legs {
+            legs.add_headers(response.headers_mut());
+        }
         for (name, value) in ratelimit_headers.iter() {
             if let Ok(v) = HeaderValue::from_str(value) {
                 response.headers_mut().insert(*name, v);
@@ -223,6 +232,9 @@ impl Run {
         if let Some(name) = self.last_endpoint.clone() {
             ending.at(name);
         }
+        if let Some(legs) = &self.legs {
+            legs.record(ending.facts());
+        }
         self.account(ending, None);
         answer.map(|mut r| {
             add_explanation(&mut r, last);
@@ -235,7 +247,12 @@ impl Run {
     /// `Dispatched` event, a breaker probe slot and the TTFT clock all start at the send.
     fn launch(&mut self, attempt: Attempt) -> Result<Option<Duration>, Rejection> {
         let (request, tried) = (&self.request, &self.tried);
-        let mut dispatch = Dispatch::pick(&self.shared, request, tried, attempt, self.stream)?;
+        let members = super::pd::members(&self.shared, request);
+        let refused = match &members {
+            Some(m) => std::borrow::Cow::Owned(super::pd::decode_refusals(m, tried)),
+            None => std::borrow::Cow::Borrowed(tried.as_slice()),
+        };
+        let mut dispatch = Dispatch::pick(&self.shared, request, &refused, attempt, self.stream)?;
         let target = &dispatch.target;
         let hedge_after = target.hedge_after;
         self.tried.push(target.id);
@@ -245,8 +262,23 @@ impl Run {
         }
         let mut forwarded = self.sending.forwarded.clone();
         dispatch.span = self.attempt_span(&dispatch.target, attempt, &mut forwarded);
-        self.running
-            .push(dispatch.send(&self.sending, self.body.clone(), forwarded));
+        let future = match members.filter(|_| attempt == Attempt::First) {
+            Some(members) => {
+                let launch = super::pd::Launch {
+                    shared: &self.shared,
+                    request: &self.request,
+                    members,
+                    sending: &self.sending,
+                    body: self.body.clone(),
+                    forwarded: super::pd::with_request_id(forwarded, self.request.id),
+                };
+                let (future, legs) = launch.start(dispatch);
+                self.legs = Some(legs);
+                future
+            }
+            None => dispatch.send(&self.sending, self.body.clone(), forwarded),
+        };
+        self.running.push(future);
         Ok(hedge_after)
     }
 

@@ -25,6 +25,7 @@ pub(crate) mod admit;
 mod attempts;
 mod cache;
 pub(crate) mod intake;
+mod pd;
 mod respond;
 
 use crate::ending::Ending;

@@ -53,6 +53,8 @@ struct Seq {
     cached_tokens: u32,
     /// The oracle's guess at submission of the prompt tokens the cache will serve.
     expected_cached: u32,
+    /// Leading prompt tokens whose KV another engine computed and sent ([`EngineModel::submit_transferred`]).
+    transferred: u32,
 }
 
 impl Seq {
@@ -161,12 +163,26 @@ impl EngineModel {
             registered: 0,
             cached_tokens: 0,
             expected_cached,
+            transferred: 0,
         };
         self.seqs.insert(request.id, seq);
         if need > self.pool.total() {
             self.rejected.push(request.id);
         } else {
             self.waiting.push_back(request.id);
+        }
+    }
+
+    /// Queues a request whose first `transferred` prompt tokens arrive with their KV from a
+    /// prefill engine (prefill/decode disaggregation: vLLM's KV connector loads the remote blocks
+    /// before the request is scheduled). At admission those tokens count as computed, beyond
+    /// whatever the prefix cache holds; at least one token is still computed so the next can be
+    /// sampled. A preemption loses them: the engine recomputes its own KV.
+    pub fn submit_transferred(&mut self, request: SeqRequest, transferred: u32) {
+        let id = request.id;
+        self.submit(request);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.transferred = transferred;
         }
     }
 

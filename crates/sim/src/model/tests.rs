@@ -487,3 +487,27 @@ fn uncached_blocks_leave_out_prefix_hits() {
     );
     e.check().unwrap();
 }
+
+#[test]
+fn a_transferred_prompt_computes_only_its_last_token() {
+    let chunked = Batching::Chunked {
+        max_num_batched_tokens: 512,
+    };
+    let mut e = EngineModel::new(config(chunked, 100, 4));
+    e.submit_transferred(req(1, prompt(1, 600), 2), 600);
+    let it = e.step().unwrap();
+    assert_eq!(it.prefill_tokens, 1);
+    assert_eq!(
+        it.events,
+        vec![SeqEvent::FirstToken {
+            id: 1,
+            cached_tokens: 599
+        }]
+    );
+    // The engine's own prefix-cache hit rate does not count the transfer.
+    assert_eq!(e.stats().prefix_hits_tokens, 0);
+    // Without the transfer the same prompt takes two chunks before its first token.
+    let mut e = EngineModel::new(config(chunked, 100, 4));
+    e.submit(req(1, prompt(1, 600), 2));
+    assert_eq!(e.step().unwrap().prefill_tokens, 512);
+}

@@ -11,6 +11,7 @@
 //! | `sweep` | goodput versus arrival rate; each policy's capacity under the SLO |
 //! | `fanout`, `heterogeneous`, `tenants`, `replica-loss`, `mix` | capacity under a TTFT SLO in the failure modes measured against the peers' routers, against the oracle router |
 //! | `shared-prefix`, `random` | the same on the classic open-loop benchmarks: shared prefixes that fit everywhere, and prompts that share nothing |
+//! | `pd` | prefill/decode disaggregation's modes on long-prompt agentic sessions at one fleet size |
 //!
 //! [`configured`] runs a gateway's own configuration (`kvgate sim --config FILE`) as such a
 //! capacity sweep.
@@ -27,6 +28,7 @@ mod failure_modes;
 mod families;
 pub mod metrics;
 mod params;
+mod pd;
 mod prefix_player;
 mod routing_lab;
 mod staleness_lab;
@@ -42,7 +44,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The scenario names, in the order `kvgate sim` lists them.
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "routing-lab",
     "staleness-lab",
     "prefix-player",
@@ -56,6 +58,7 @@ pub const SCENARIOS: [&str; 13] = [
     "mix",
     "shared-prefix",
     "random",
+    "pd",
 ];
 
 /// What the user asked for.
@@ -161,6 +164,7 @@ pub fn run(name: &str, options: &Options) -> Result<Report, Error> {
         "batching" => batching::run(options),
         "agentic" => agentic::run(options),
         "sweep" => sweep::run(options),
+        "pd" => pd::run(options),
         // The rest of the list is the failure-mode sweeps, which reject a name they do not run.
         _ => match SCENARIOS.iter().find(|n| **n == name) {
             Some(n) => failure_modes::run(n, options),

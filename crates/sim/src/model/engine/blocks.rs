@@ -59,6 +59,7 @@ impl EngineModel {
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         seq.computed = 0;
+        seq.transferred = 0;
         seq.registered = 0;
         seq.target = (seq.prompt.len() as u32).max(1) + seq.output;
         self.waiting.push_front(id);
@@ -90,7 +91,8 @@ impl EngineModel {
             }
         }
         let hits = found.len();
-        let cached = (hits * bs) as u32;
+        let local = (hits * bs) as u32;
+        let cached = local.max(seq.transferred.min(seq.target - 1));
         let tokens = (seq.target - cached).min(budget.unwrap_or(u32::MAX));
         let need = (cached as usize + tokens as usize).div_ceil(bs) - hits;
         if need + idle_hits > self.pool.available() {
@@ -115,7 +117,7 @@ impl EngineModel {
         seq.cached_tokens = cached;
         let prompt_len = seq.prompt.len() as u64;
         self.prefix_queries_tokens += prompt_len;
-        self.prefix_hits_tokens += u64::from(cached);
+        self.prefix_hits_tokens += u64::from(local);
         self.running.push(id);
         if self.caches_on_schedule() {
             self.register(id, cached + tokens, it);

@@ -1,0 +1,349 @@
+//! A prefill/decode fleet on simulated time: replicas running the engine model, each a prefill,
+//! decode or whole-request replica, a router that keeps each session on one decode replica
+//! and asks [`kvgate_core::disagg`] where each prompt is prefilled, and the KV link between the
+//! pools (a transfer lands on the decode replica `Transfer::seconds` after its prefill ended,
+//! and the decode replica then computes only the prompt's last token).
+//!
+//! The router's view is exact, not scraped: its own queue of uncached prefill tokens per
+//! replica, the engine's running sequences, and what each replica holds of a session's last
+//! prompt (the replica that last computed or received it). The prices come from the cost model
+//! itself (its step overhead, prefill and per-sequence costs), so the comparison is of the
+//! modes, not of a learned model's error.
+
+use crate::model::{CostModel, EngineConfig, EngineModel, SeqEvent, SeqRequest};
+use kvgate_core::disagg::{Candidate, Decider, Prefill, Side};
+use kvgate_core::policy::calibration::Coefficients;
+use kvgate_core::{EndpointId, Nanos};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+/// What each replica does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    Prefill,
+    Decode,
+}
+
+/// One request of the workload: its session, prompt and output length, and when it arrives.
+#[derive(Clone, Debug)]
+pub(super) struct Turn {
+    pub(super) session: usize,
+    pub(super) prompt: Vec<u32>,
+    pub(super) output: u32,
+}
+
+/// What one request measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Measured {
+    pub(super) ttft: Option<f64>,
+    pub(super) tpot: Option<f64>,
+    pub(super) remote: bool,
+}
+
+/// The next turn of each session, given the turn that just finished (a closed loop).
+pub(super) trait Sessions {
+    /// The first turns and when they arrive.
+    fn starts(&mut self) -> Vec<(Nanos, Turn)>;
+    /// The session's next turn after one finished at `now`, if any.
+    fn next(&mut self, session: usize, now: Nanos) -> Option<(Nanos, Turn)>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrival(usize),
+    Step(usize),
+    Transferred(u64),
+}
+
+struct Request {
+    turn: Turn,
+    arrived: Nanos,
+    decode: usize,
+    first: Option<Nanos>,
+    remote: bool,
+    /// Uncached tokens queued at the replica prefilling it, until its first token there.
+    queued: (usize, f64),
+}
+
+struct Replica {
+    engine: EngineModel,
+    role: Role,
+    busy: bool,
+    pending: Vec<SeqEvent>,
+    queued: f64,
+}
+
+/// The fleet and its run.
+pub(super) struct PdFleet {
+    now: Nanos,
+    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    seq: u64,
+    replicas: Vec<Replica>,
+    decider: Decider,
+    coefficients: Coefficients,
+    turns: Vec<Option<Turn>>,
+    requests: BTreeMap<u64, Request>,
+    next_id: u64,
+    /// Per session: its decode replica, and (replica, tokens) holding its last prompt.
+    homes: BTreeMap<usize, (usize, Vec<(usize, usize)>)>,
+    decoders: Vec<usize>,
+    pub(super) measured: Vec<Measured>,
+    pub(super) output_tokens: u64,
+}
+
+impl PdFleet {
+    pub(super) fn new(engine: EngineConfig, roles: &[Role], decider: Decider) -> Self {
+        let cost: CostModel = engine.cost;
+        PdFleet {
+            now: Nanos::ZERO,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            replicas: roles
+                .iter()
+                .map(|&role| Replica {
+                    engine: EngineModel::new(engine).with_kv_events(false),
+                    role,
+                    busy: false,
+                    pending: Vec::new(),
+                    queued: 0.0,
+                })
+                .collect(),
+            decider,
+            coefficients: Coefficients {
+                fixed: cost.step_overhead_ns / 1e9,
+                per_decode: cost.decode_seq_ns / 1e9,
+                per_token: cost.prefill_token_ns / 1e9,
+                interference: 0.0,
+            },
+            turns: Vec::new(),
+            requests: BTreeMap::new(),
+            next_id: 1,
+            homes: BTreeMap::new(),
+            decoders: (0..roles.len())
+                .filter(|&i| roles[i] == Role::Decode)
+                .collect(),
+            measured: Vec::new(),
+            output_tokens: 0,
+        }
+    }
+
+    fn push(&mut self, at: Nanos, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, event)));
+    }
+
+    fn arrive_at(&mut self, at: Nanos, turn: Turn) {
+        self.turns.push(Some(turn));
+        self.push(at, Event::Arrival(self.turns.len() - 1));
+    }
+
+    /// Runs every session to its end; returns the time of the last event.
+    pub(super) fn run(&mut self, sessions: &mut dyn Sessions) -> Nanos {
+        for (at, turn) in sessions.starts() {
+            self.arrive_at(at, turn);
+        }
+        while let Some(Reverse((at, _, event))) = self.queue.pop() {
+            self.now = at;
+            match event {
+                Event::Arrival(i) => {
+                    let turn = self.turns[i].take().expect("arrives once");
+                    self.route(turn);
+                }
+                Event::Step(r) => self.step_ended(r, sessions),
+                Event::Transferred(id) => self.transferred(id),
+            }
+        }
+        self.now
+    }
+
+    fn held(&self, session: usize, replica: usize) -> u32 {
+        self.homes.get(&session).map_or(0, |(_, held)| {
+            held.iter()
+                .find(|(r, _)| *r == replica)
+                .map_or(0, |&(_, n)| n as u32)
+        })
+    }
+
+    fn side(&self, replica: usize, session: usize) -> Side {
+        let r = &self.replicas[replica];
+        Side {
+            coefficients: self.coefficients,
+            queued_tokens: r.queued,
+            decodes: f64::from(r.engine.stats().running),
+            cached_tokens: self.held(session, replica),
+        }
+    }
+
+    fn route(&mut self, turn: Turn) {
+        let session = turn.session;
+        let decode = match self.homes.get(&session) {
+            Some(&(d, _)) => d,
+            None => {
+                // A new session goes to the decode replica with the least queued prefill.
+                let d = *self
+                    .decoders
+                    .iter()
+                    .min_by(|&&a, &&b| {
+                        let (qa, qb) = (self.replicas[a].queued, self.replicas[b].queued);
+                        qa.total_cmp(&qb).then(a.cmp(&b))
+                    })
+                    .expect("a decode replica");
+                self.homes.insert(session, (d, Vec::new()));
+                d
+            }
+        };
+        let prompt = turn.prompt.len() as u32;
+        let candidates: Vec<Candidate> = (0..self.replicas.len())
+            .filter(|&r| self.replicas[r].role == Role::Prefill)
+            .map(|r| Candidate {
+                endpoint: EndpointId(r as u32),
+                side: Side {
+                    decodes: 0.0,
+                    ..self.side(r, session)
+                },
+            })
+            .collect();
+        let verdict = self
+            .decider
+            .decide(prompt, &self.side(decode, session), &candidates);
+        let (at, remote) = match verdict.prefill {
+            Prefill::Remote(e) => (e.0 as usize, true),
+            Prefill::Local => (decode, false),
+        };
+        let uncached = f64::from(prompt.saturating_sub(self.held(session, at)));
+        let id = self.next_id;
+        self.next_id += 1;
+        let output = if remote { 1 } else { turn.output };
+        let seq = SeqRequest {
+            id,
+            prompt: turn.prompt.clone(),
+            max_output_tokens: output,
+        };
+        self.requests.insert(
+            id,
+            Request {
+                turn,
+                arrived: self.now,
+                decode,
+                first: None,
+                remote,
+                queued: (at, uncached),
+            },
+        );
+        self.replicas[at].queued += uncached;
+        self.replicas[at].engine.submit(seq);
+        self.kick(at);
+    }
+
+    fn kick(&mut self, r: usize) {
+        if self.replicas[r].busy {
+            return;
+        }
+        if let Some(it) = self.replicas[r].engine.step() {
+            let replica = &mut self.replicas[r];
+            replica.busy = true;
+            replica.pending = it.events;
+            self.output_tokens += u64::from(it.output_tokens);
+            let at = self.now + it.duration.max(Nanos(1));
+            self.push(at, Event::Step(r));
+        }
+    }
+
+    fn step_ended(&mut self, r: usize, sessions: &mut dyn Sessions) {
+        self.replicas[r].busy = false;
+        for event in std::mem::take(&mut self.replicas[r].pending) {
+            match event {
+                SeqEvent::FirstToken { id, .. } => self.first_token(r, id),
+                SeqEvent::Finished { id, output_tokens } => {
+                    self.finished(r, id, output_tokens, sessions)
+                }
+                _ => {}
+            }
+        }
+        self.kick(r);
+    }
+
+    fn first_token(&mut self, r: usize, id: u64) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let (at, tokens) = std::mem::replace(&mut req.queued, (r, 0.0));
+        self.replicas[at].queued = (self.replicas[at].queued - tokens).max(0.0);
+        let leg_is_prefill = req.remote && self.replicas[r].role == Role::Prefill;
+        if !leg_is_prefill && req.first.is_none() {
+            req.first = Some(self.now);
+        }
+    }
+
+    fn finished(&mut self, r: usize, id: u64, output: u32, sessions: &mut dyn Sessions) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let session = req.turn.session;
+        let prompt = req.turn.prompt.len();
+        if req.remote && self.replicas[r].role == Role::Prefill {
+            // The prefill leg: the decode replica receives the KV it lacks over the link.
+            let lacking = (prompt as u32).saturating_sub(self.held(session, req.decode));
+            let secs = self.decider.config().transfer.seconds(lacking);
+            self.remember(session, r, prompt);
+            self.push(
+                self.now + Nanos::from_secs_f64(secs),
+                Event::Transferred(id),
+            );
+            return;
+        }
+        let req = self.requests.remove(&id).expect("present");
+        self.remember(session, r, prompt);
+        let ttft = req.first.map(|f| (f - req.arrived).as_secs_f64() * 1e3);
+        let tpot = req
+            .first
+            .filter(|_| output > 1)
+            .map(|f| (self.now - f).as_secs_f64() * 1e3 / f64::from(output - 1));
+        self.measured.push(Measured {
+            ttft,
+            tpot,
+            remote: req.remote,
+        });
+        if let Some((at, turn)) = sessions.next(session, self.now) {
+            self.arrive_at(at, turn);
+        }
+    }
+
+    /// Replica `r` now holds the session's prompt of `tokens` tokens (it computed or received
+    /// it); an older prompt elsewhere is a prefix of it, still held.
+    fn remember(&mut self, session: usize, r: usize, tokens: usize) {
+        if let Some((_, held)) = self.homes.get_mut(&session) {
+            match held.iter_mut().find(|(x, _)| *x == r) {
+                Some(h) => h.1 = tokens,
+                None => held.push((r, tokens)),
+            }
+        }
+    }
+
+    fn transferred(&mut self, id: u64) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let d = req.decode;
+        req.queued = (d, 0.0);
+        let seq = SeqRequest {
+            id,
+            prompt: req.turn.prompt.clone(),
+            max_output_tokens: req.turn.output,
+        };
+        let transferred = seq.prompt.len() as u32;
+        self.replicas[d].engine.submit_transferred(seq, transferred);
+        self.kick(d);
+    }
+
+    /// Prefix-cache hits over lookups, every replica.
+    pub(super) fn cache_hit_ratio(&self) -> Option<f64> {
+        let (mut hits, mut queries) = (0u64, 0u64);
+        for r in &self.replicas {
+            let s = r.engine.stats();
+            hits += s.prefix_hits_tokens;
+            queries += s.prefix_queries_tokens;
+        }
+        (queries > 0).then(|| hits as f64 / queries as f64)
+    }
+}

@@ -1,0 +1,278 @@
+//! `kvgate sim --scenario pd`: prefill/decode disaggregation's four modes on long-prompt agentic
+//! sessions, at the same fleet size. `never` runs every replica on whole requests; the other
+//! modes split the fleet into `prefill_replicas` prefill replicas and the rest decode replicas,
+//! and [`kvgate_core::disagg`] decides each prompt's prefill ([`fleet`]).
+//!
+//! Sessions arrive at `session_rate` per second (Poisson); each opens with a long context
+//! (`context_tokens` on average: system prompt, documents, tool output) and runs `turns` turns
+//! on average, each appending the previous answer and a tool result (`turn_tokens` on average)
+//! after a think time of `think_ms`; answers are `output_tokens` long on average. Replicas are
+//! the agentic scenario's (an ~8B model on one H100, chunked prefill in 2,048-token chunks).
+
+mod fleet;
+
+use super::table::{num, pct, Table};
+use super::{to_value, Error, Options, Params, Report};
+use crate::model::{Batching, CostModel, EngineConfig};
+use fleet::{Measured, PdFleet, Role, Sessions, Turn};
+use kvgate_core::disagg::{Config, Decider, Mode};
+use kvgate_core::stats::percentile;
+use kvgate_core::Nanos;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// The workload's knobs.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    sessions: usize,
+    session_rate: f64,
+    context_tokens: f64,
+    turns: f64,
+    turn_tokens: f64,
+    output_tokens: f64,
+    think_ms: f64,
+}
+
+/// Sessions drawn from one seed: every mode sees the same ones.
+struct Agentic {
+    shape: Shape,
+    rng: ChaCha8Rng,
+    /// Per session: its prompt so far and its turns left.
+    open: Vec<(Vec<u32>, u32)>,
+}
+
+impl Agentic {
+    fn around(&mut self, mean: f64) -> usize {
+        (mean * self.rng.random_range(0.5..1.5)).round().max(1.0) as usize
+    }
+
+    /// Appends `n` tokens no other session or turn has.
+    fn extend(prompt: &mut Vec<u32>, session: usize, n: usize) {
+        let base = (session as u32) << 20;
+        let from = prompt.len() as u32;
+        prompt.extend((from..from + n as u32).map(|i| base | (i & 0xF_FFFF)));
+    }
+
+    fn output(&mut self) -> u32 {
+        self.around(self.shape.output_tokens) as u32
+    }
+}
+
+impl Sessions for Agentic {
+    fn starts(&mut self) -> Vec<(Nanos, Turn)> {
+        let mut at = 0.0;
+        let mut starts = Vec::new();
+        for session in 0..self.shape.sessions {
+            at += -(1.0 - self.rng.random::<f64>()).ln() / self.shape.session_rate;
+            let mut prompt = Vec::new();
+            let n = self.around(self.shape.context_tokens);
+            Self::extend(&mut prompt, session, n);
+            let turns = self.around(self.shape.turns) as u32;
+            self.open.push((prompt.clone(), turns - 1));
+            let output = self.output();
+            starts.push((
+                Nanos::from_secs_f64(at),
+                Turn {
+                    session,
+                    prompt,
+                    output,
+                },
+            ));
+        }
+        starts
+    }
+
+    fn next(&mut self, session: usize, now: Nanos) -> Option<(Nanos, Turn)> {
+        let last_output = self.output();
+        let added = self.around(self.shape.turn_tokens) + last_output as usize;
+        let think = -(1.0 - self.rng.random::<f64>()).ln() * self.shape.think_ms / 1e3;
+        let output = self.output();
+        let (prompt, left) = &mut self.open[session];
+        if *left == 0 {
+            return None;
+        }
+        *left -= 1;
+        Self::extend(prompt, session, added);
+        let turn = Turn {
+            session,
+            prompt: prompt.clone(),
+            output,
+        };
+        Some((now + Nanos::from_secs_f64(think), turn))
+    }
+}
+
+/// One mode's results.
+#[derive(Debug, Serialize)]
+struct ModeResult {
+    variant: String,
+    prefill_replicas: usize,
+    decode_replicas: usize,
+    requests: usize,
+    remote_share: Option<f64>,
+    ttft_p50: Option<f64>,
+    ttft_p95: Option<f64>,
+    tpot_p50: Option<f64>,
+    tpot_p95: Option<f64>,
+    slo_attainment: Option<f64>,
+    cache_hit_ratio: Option<f64>,
+    /// Not a routing comparison: no oracle assignment to measure a gap against.
+    assignment_gap: Option<u64>,
+    output_tokens_per_tick: Option<f64>,
+}
+
+fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn summarise(
+    variant: &str,
+    roles: (usize, usize),
+    fleet: &PdFleet,
+    end: Nanos,
+    slo: (f64, f64),
+) -> ModeResult {
+    let m: &[Measured] = &fleet.measured;
+    let ttft = sorted(m.iter().filter_map(|r| r.ttft));
+    let tpot = sorted(m.iter().filter_map(|r| r.tpot));
+    let met = m
+        .iter()
+        .filter(|r| r.ttft.is_some_and(|t| t <= slo.0) && r.tpot.is_none_or(|t| t <= slo.1))
+        .count();
+    let n = m.len();
+    let share = |k: usize| (n > 0).then(|| k as f64 / n as f64);
+    let ticks = end.as_secs_f64() * 1e3;
+    ModeResult {
+        variant: variant.to_owned(),
+        prefill_replicas: roles.0,
+        decode_replicas: roles.1,
+        requests: n,
+        remote_share: share(m.iter().filter(|r| r.remote).count()),
+        ttft_p50: percentile(&ttft, 0.5),
+        ttft_p95: percentile(&ttft, 0.95),
+        tpot_p50: percentile(&tpot, 0.5),
+        tpot_p95: percentile(&tpot, 0.95),
+        slo_attainment: share(met),
+        cache_hit_ratio: fleet.cache_hit_ratio(),
+        assignment_gap: None,
+        output_tokens_per_tick: (ticks > 0.0).then(|| fleet.output_tokens as f64 / ticks),
+    }
+}
+
+/// The decision's settings from `--set`.
+fn decision(p: &mut Params<'_>) -> Result<Config, Error> {
+    let mut decision = Config {
+        threshold_tokens: p.u64("threshold_tokens", 2_048)? as u32,
+        decode_stall_weight: p.f64("decode_stall_weight", 0.1)?,
+        ..Config::default()
+    };
+    decision.transfer.bandwidth_gbps = p.positive_f64("bandwidth_gbps", 40.0)?;
+    decision.transfer.setup_ms = p.f64("setup_ms", 1.0)?;
+    decision.validate().map_err(|e| Error::BadSetting {
+        key: e.field.into(),
+        why: e.why.into(),
+    })?;
+    Ok(decision)
+}
+
+/// The workload's settings from `--set`.
+fn shape(p: &mut Params<'_>) -> Result<Shape, Error> {
+    let requests = p.u64("requests", 1_500)?.max(1) as f64;
+    let turns = p.positive_f64("turns", 4.0)?;
+    Ok(Shape {
+        sessions: (requests / turns).ceil() as usize,
+        session_rate: p.positive_f64("session_rate", 0.6)?,
+        context_tokens: p.positive_f64("context_tokens", 8_000.0)?,
+        turns,
+        turn_tokens: p.positive_f64("turn_tokens", 1_000.0)?,
+        output_tokens: p.positive_f64("output_tokens", 200.0)?,
+        think_ms: p.f64("think_ms", 1_000.0)?.max(0.0),
+    })
+}
+
+/// One table row.
+fn row(r: &ModeResult) -> Vec<String> {
+    vec![
+        r.variant.clone(),
+        format!("{}:{}", r.prefill_replicas, r.decode_replicas),
+        r.remote_share.map_or("-".into(), pct),
+        r.ttft_p50.map_or("-".into(), |v| num(v, 0)),
+        r.ttft_p95.map_or("-".into(), |v| num(v, 0)),
+        r.tpot_p50.map_or("-".into(), |v| num(v, 1)),
+        r.tpot_p95.map_or("-".into(), |v| num(v, 1)),
+        r.slo_attainment.map_or("-".into(), pct),
+    ]
+}
+
+pub(super) fn run(options: &Options) -> Result<Report, Error> {
+    let mut p = Params::new(&options.sets);
+    let replicas = p.u64("replicas", 4)?.max(2) as usize;
+    let prefill = (p.u64("prefill_replicas", 1)? as usize).clamp(1, replicas - 1);
+    let shape = shape(&mut p)?;
+    let decision = decision(&mut p)?;
+    let slo = (p.f64("slo_ttft_ms", 2_000.0)?, p.f64("slo_tpot_ms", 50.0)?);
+    let engine = EngineConfig {
+        max_num_seqs: 128,
+        kv_blocks: p.u64("kv_blocks", 16_384)? as usize,
+        block_size: 16,
+        batching: Batching::Chunked {
+            max_num_batched_tokens: 2_048,
+        },
+        prefix_caching: true,
+        cost: CostModel::default(),
+    };
+    let params = p.finish()?;
+    let mut table = Table::new(&[
+        "mode", "P:D", "remote", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "SLO met",
+    ]);
+    let mut results = Vec::new();
+    for mode in [
+        Mode::Never,
+        Mode::Always,
+        Mode::Threshold,
+        Mode::Conditional,
+    ] {
+        let split = if mode == Mode::Never { 0 } else { prefill };
+        let roles: Vec<Role> = (0..replicas)
+            .map(|i| {
+                if i < split {
+                    Role::Prefill
+                } else {
+                    Role::Decode
+                }
+            })
+            .collect();
+        let decider = Decider::new(Config {
+            mode,
+            ..decision.clone()
+        });
+        let mut fleet = PdFleet::new(engine, &roles, decider);
+        let mut sessions = Agentic {
+            shape,
+            rng: ChaCha8Rng::seed_from_u64(options.seed),
+            open: Vec::new(),
+        };
+        let end = fleet.run(&mut sessions);
+        let r = summarise(mode.label(), (split, replicas - split), &fleet, end, slo);
+        table.row(row(&r));
+        results.push(to_value(&r));
+    }
+    Ok(Report {
+        scenario: "pd".into(),
+        seed: options.seed,
+        params,
+        results,
+        notes: vec![
+            "Times in ms. `never` runs every replica on whole requests; the other modes split \
+             the same replicas into prefill and decode pools (P:D)."
+                .into(),
+            "The KV transfer costs setup plus 128 KiB per token over the link; the decode \
+             replica then computes one token of the prompt."
+                .into(),
+        ],
+        table: table.render(),
+    })
+}

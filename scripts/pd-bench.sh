@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation's modes through the gateway on four emulated engines in real
+# time (time-scale 1): `never` on four whole-request engines, `always`, `threshold` and
+# `conditional` on one prefill engine and three decode engines (the same fleet size), each on
+# a fresh fleet and gateway, then one `kvgate bench` run of long-prompt agentic sessions. The
+# same comparison as `kvgate sim --scenario pd`. Prints one table; JSON per mode in DIR.
+#
+#   scripts/pd-bench.sh [--rate SESSIONS_PER_S] [--requests N] [--protocol vllm|sglang]
+#                       [--prefill N] [--out DIR] [--seed N]
+#
+# KVGATE=path/to/kvgate skips the release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+rate=0.5
+requests=160
+protocol=vllm
+prefill=1
+out=target/pd-bench
+seed=1
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --rate) rate=$2; shift 2 ;;
+        --requests) requests=$2; shift 2 ;;
+        --protocol) protocol=$2; shift 2 ;;
+        --prefill) prefill=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --seed) seed=$2; shift 2 ;;
+        *) echo "unknown flag $1" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$out"
+kvgate_binary
+
+run_mode() {
+    local mode=$1 config="$out/$mode.yaml" i role port
+    echo "endpoints:" >"$config"
+    for i in 0 1 2 3; do
+        role=decode
+        if [[ $mode == never ]]; then role=both; elif (( i < prefill )); then role=prefill; fi
+        start "$KVGATE" engine --listen 127.0.0.1:0 --id "e$i" --model pd-model --role "$role" \
+            --time-scale 1 --seed "$i"
+        port=${url##*:}
+        echo "  - {url: \"$url\", role: $role, bootstrap_port: $port}" >>"$config"
+    done
+    echo "disaggregation: {protocol: $protocol, decision: {mode: $mode}}" >>"$config"
+    start "$KVGATE" serve --listen 127.0.0.1:0 --config "$config" --access-log "$out/$mode.access.jsonl"
+    local gateway=$url
+    for _ in $(seq 1 100); do
+        [[ $(http GET "$gateway/ready" | head -1) == *200* ]] && break
+        sleep 0.1
+    done
+    "$KVGATE" bench --url "$gateway" --workload agentic --rate "$rate" --num-requests "$requests" \
+        --agentic-tenants 64 --agentic-system-len 8000 --agentic-user-len 1000 \
+        --agentic-turns 4 --agentic-output-len 200 --agentic-think-time-ms 1000 \
+        --agentic-fanout-prob 0 --slo-ttft-ms 2000 --slo-tpot-ms 50 --seed "$seed" \
+        --no-progress --quiet --json "$out/$mode.json"
+    http GET "$gateway/metrics" | grep '^kvgate_disagg_requests_total' >"$out/$mode.disagg.txt" || true
+    stop_all
+}
+
+for mode in never always threshold conditional; do
+    run_mode "$mode"
+done
+python3 - "$out" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+print(f"{'mode':<12} {'remote':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT p50':>9} {'TPOT p95':>9} {'SLO met':>8} {'failed':>6}")
+for mode in ["never", "always", "threshold", "conditional"]:
+    report = json.loads((out / f"{mode}.json").read_text())
+    r = report["results"][0]
+    counts = {}
+    for line in (out / f"{mode}.disagg.txt").read_text().splitlines():
+        outcome = line.split('outcome="')[1].split('"')[0]
+        counts[outcome] = float(line.rsplit(" ", 1)[1])
+    total = sum(counts.values())
+    remote = f"{counts.get('remote', 0) / total:.0%}" if total else "-"
+    def f(x, d=0):
+        return "-" if x is None else f"{x:.{d}f}"
+    slo = r['slo_attainment']
+    print(f"{mode:<12} {remote:>7} {f(r['ttft_ms']['p50']):>9} {f(r['ttft_ms']['p95']):>9} "
+          f"{f(r['tpot_ms']['p50'], 1):>9} {f(r['tpot_ms']['p95'], 1):>9} "
+          f"{'-' if slo is None else f'{slo:.0%}':>8} {r['failed']:>6}")
+PY
