@@ -69,6 +69,10 @@ pub enum ScorerConfig {
         /// Hashed vector dimensions.
         #[serde(default = "default_dims")]
         dims: usize,
+        /// A static embedding model's directory (`scripts/fetch-static-embedder.sh`): the
+        /// examples and requests are compared by its embeddings instead of TF-IDF vectors.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        embedder_dir: Option<PathBuf>,
     },
     /// A classifier served over HTTP in vLLM's `/classify` shape: `POST url` with `{"model",
     /// "input"}` (the judged text), answered with `data[0].probs`, of which `strong_class`

@@ -3,6 +3,7 @@
 use super::classifier::{Classifier, Failed};
 use super::config::ScorerConfig;
 use crate::error::ConfigError;
+use crate::semcache::StaticModel;
 use crate::upstream::HttpClient;
 use kvgate_core::difficulty::{HashedTfIdf, KnnScorer, RuleInput, RuleWeights, Score};
 use serde::Deserialize;
@@ -65,11 +66,24 @@ pub fn parse_examples(text: &str) -> Result<Vec<Example>, String> {
 #[derive(Debug)]
 pub(crate) enum Scorer {
     Rules(RuleWeights),
-    Knn {
-        vectors: HashedTfIdf,
-        knn: KnnScorer,
-    },
+    Knn { vectors: Vectors, knn: KnnScorer },
     Classifier(Box<Classifier>),
+}
+
+/// How a kNN scorer turns text into a vector.
+#[derive(Debug)]
+pub(crate) enum Vectors {
+    Lexical(HashedTfIdf),
+    Embedded(Box<StaticModel>),
+}
+
+impl Vectors {
+    fn of(&self, text: &str) -> Vec<f32> {
+        match self {
+            Vectors::Lexical(v) => v.vector(text),
+            Vectors::Embedded(model) => crate::semcache::normalised(model.embed(text)),
+        }
+    }
 }
 
 impl Scorer {
@@ -94,16 +108,29 @@ impl Scorer {
                 key: api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
             })),
             ScorerConfig::Rules { weights } => Scorer::Rules(weights.clone()),
-            ScorerConfig::Knn { examples, k, dims } => {
+            ScorerConfig::Knn {
+                examples,
+                k,
+                dims,
+                embedder_dir,
+            } => {
                 let examples = load_examples(examples)?;
                 let bad = |e: kvgate_core::difficulty::DifficultyError| {
                     ConfigError::invalid(field, e.to_string())
                 };
-                let vectors = HashedTfIdf::fit(*dims, examples.iter().map(|e| e.prompt.as_str()))
-                    .map_err(bad)?;
+                let vectors = match embedder_dir {
+                    Some(dir) => Vectors::Embedded(Box::new(
+                        StaticModel::load(dir)
+                            .map_err(|e| ConfigError::invalid(field, e.to_string()))?,
+                    )),
+                    None => Vectors::Lexical(
+                        HashedTfIdf::fit(*dims, examples.iter().map(|e| e.prompt.as_str()))
+                            .map_err(bad)?,
+                    ),
+                };
                 // An example without a word has no direction; it cannot be a neighbour.
                 let labelled = examples.iter().filter_map(|e| {
-                    let v = vectors.vector(&e.prompt);
+                    let v = vectors.of(&e.prompt);
                     v.iter().any(|x| *x != 0.0).then_some((v, e.label))
                 });
                 let knn = KnnScorer::new(*k, labelled.collect::<Vec<_>>()).map_err(bad)?;
@@ -118,7 +145,7 @@ impl Scorer {
         match self {
             Scorer::Rules(w) => (w.score(input), None),
             Scorer::Knn { vectors, knn } => (
-                knn.score(&vectors.vector(input.text))
+                knn.score(&vectors.of(input.text))
                     .unwrap_or_else(|_| RuleWeights::default().score(input)),
                 None,
             ),
@@ -196,5 +223,38 @@ mod tests {
         assert!(err.starts_with("line 1"), "{err}");
         assert!(parse_examples("").is_err());
         assert!(parse_examples("{\"prompt\":\"a\",\"label\":1,\"weak\":true}").is_err());
+    }
+
+    #[tokio::test]
+    async fn knn_over_a_static_models_embeddings() {
+        let model = crate::semcache::static_model::tests::tiny_model("knn", false);
+        let examples = model.join("examples.jsonl");
+        std::fs::write(
+            &examples,
+            "{\"prompt\":\"hello hello\",\"label\":1}\n{\"prompt\":\"world\",\"label\":0}\n",
+        )
+        .unwrap();
+        let config = ScorerConfig::Knn {
+            examples,
+            k: 1,
+            dims: 64,
+            embedder_dir: Some(model.clone()),
+        };
+        let client = crate::upstream::client(&[]).unwrap();
+        let scorer = Scorer::build(&config, "scorer", &client).unwrap();
+        let score = |text| RuleInput { text, tools: false };
+        // "hello" embeds as [1, 0]: its one neighbour is "hello hello" (label 1).
+        assert_eq!(scorer.score(score("hello")).await.0.p, 1.0);
+        assert_eq!(scorer.score(score("world world")).await.0.p, 0.0);
+        let missing = ScorerConfig::Knn {
+            examples: model.join("examples.jsonl"),
+            k: 1,
+            dims: 64,
+            embedder_dir: Some(model.join("nowhere")),
+        };
+        let err = Scorer::build(&missing, "scorer", &client)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nowhere"), "{err}");
     }
 }

@@ -26,12 +26,13 @@ mod flights;
 mod key;
 mod metrics;
 mod record;
-mod static_model;
+pub(crate) mod static_model;
 
 pub use config::{CacheScope, EmbedderConfig, SemanticCacheConfig};
 pub use static_model::{LoadError, StaticModel};
 
 pub(crate) use answer::Answer;
+pub(crate) use embed::normalised;
 pub(crate) use metrics::SemCacheMetrics;
 pub(crate) use record::Recording;
 

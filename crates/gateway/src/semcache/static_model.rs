@@ -171,7 +171,7 @@ fn f16_to_f32(h: u16) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -181,6 +181,55 @@ mod tests {
         assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
         assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
         assert!(f16_to_f32(0x7c00).is_infinite());
+    }
+
+    /// Writes a three-word model (`[UNK]`, `hello`, `world`; rows `[0, 0]`, `[1, 0]`,
+    /// `[0, 1]`) to a fresh directory, as `f32` or `bf16`.
+    pub(crate) fn tiny_model(name: &str, bf16: bool) -> PathBuf {
+        use safetensors::tensor::{Dtype, TensorView};
+        let dir = std::env::temp_dir().join(format!("kvgate-static-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rows = [0.0f32, 0.0, 1.0, 0.0, 0.0, 1.0];
+        let (dtype, bytes): (Dtype, Vec<u8>) = if bf16 {
+            let b = rows
+                .iter()
+                .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes());
+            (Dtype::BF16, b.collect())
+        } else {
+            (
+                Dtype::F32,
+                rows.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        };
+        let view = TensorView::new(dtype, vec![3, 2], &bytes).unwrap();
+        let file = safetensors::serialize([("embedding", view)], None).unwrap();
+        std::fs::write(dir.join("embeddings.safetensors"), file).unwrap();
+        let tokenizer = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,
+            "decoder":null,"model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},
+            "unk_token":"[UNK]"}}"#;
+        std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+        dir
+    }
+
+    #[test]
+    fn embeds_as_the_mean_of_its_token_rows() {
+        for bf16 in [false, true] {
+            let model = StaticModel::load(&tiny_model(&format!("mean-{bf16}"), bf16)).unwrap();
+            assert_eq!(model.dim(), 2);
+            assert_eq!(model.embed("hello world"), vec![0.5, 0.5]);
+            assert_eq!(model.embed("hello hello"), vec![1.0, 0.0]);
+            assert_eq!(model.embed("world unknown"), vec![0.0, 0.5]);
+            assert_eq!(model.embed(""), vec![0.0, 0.0]);
+        }
+    }
+
+    #[test]
+    fn a_directory_without_the_files_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("kvgate-static-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = StaticModel::load(&dir).unwrap_err().to_string();
+        assert!(err.contains("expected one *.safetensors file"), "{err}");
     }
 
     /// Run with `KVGATE_STATIC_EMBEDDER=<dir>` (see scripts/fetch-static-embedder.sh).
