@@ -342,6 +342,13 @@ impl Answer<'_> {
     }
 }
 
+/// The `created` field of an answer: seconds since the Unix epoch.
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 async fn generate(
     shared: Arc<Shared>,
     conn: Connection,
@@ -375,18 +382,14 @@ async fn generate(
         pd::Ask::Decode(source) => shared.pd.fetch(source, &parsed.prompt).await,
         _ => 0,
     };
-
     let parsed_logprobs = parsed.logprobs;
     let times = (arrived, transferred);
     let seq = match submit(&shared, parsed.prompt, output_tokens, finish, times) {
         Ok(seq) => seq,
         Err(e) => return e.into_response(),
     };
-    let id = seq.id;
-    let response_id = wire::response_id(endpoint, id, shared.id_salt);
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let response_id = wire::response_id(endpoint, seq.id, shared.id_salt);
+    let created = unix_seconds();
     let mut response = if parsed.stream && held.is_none() {
         let plan = StreamPlan {
             writer: wire::ChunkWriter::new(endpoint, &response_id, created, &shared.model_json),
