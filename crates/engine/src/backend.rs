@@ -1,30 +1,28 @@
 //! The boundary between the server and the engine model that decides timing.
 //!
-//! The scheduler needs four operations of [`kvgate_sim::model::EngineModel`] (submit, abort,
-//! step, stats); [`StepModel`] names them so the scheduler depends on a role, not on the
+//! The scheduler needs five operations of [`kvgate_sim::model::EngineModel`] (submit, abort,
+//! step, stats, the LoRA adapter gauges); [`StepModel`] names them so the scheduler depends on a role, not on the
 //! simulator's full surface.
 
 use crate::config::EngineConfig;
 use kvgate_sim::model::{Batching, EngineModel};
-pub(crate) use kvgate_sim::model::{EngineStats, Iteration, SeqEvent, SeqRequest};
+pub(crate) use kvgate_sim::model::{EngineStats, Iteration, LoraStats, SeqEvent, SeqRequest};
 
 /// What the scheduler needs from an engine model.
 pub(crate) trait StepModel: Send + 'static {
-    /// Queues a sequence.
-    fn submit(&mut self, request: SeqRequest);
     /// Drops a sequence (the client went away) and frees its blocks.
     fn abort(&mut self, id: u64);
     /// Runs one iteration; `None` when nothing is running or waiting.
     fn step(&mut self) -> Option<Iteration>;
     /// Current gauges and counters.
     fn stats(&self) -> EngineStats;
+    /// Queues a sequence for a LoRA adapter (`None`: the base model).
+    fn submit_with_adapter(&mut self, request: SeqRequest, adapter: Option<&str>);
+    /// The adapter gauges, when adapters are served.
+    fn lora_stats(&self) -> Option<LoraStats>;
 }
 
 impl StepModel for EngineModel {
-    fn submit(&mut self, request: SeqRequest) {
-        EngineModel::submit(self, request);
-    }
-
     fn abort(&mut self, id: u64) {
         // The returned `Finished` is not needed: the handler that aborts is already gone.
         let _ = EngineModel::abort(self, id);
@@ -36,6 +34,14 @@ impl StepModel for EngineModel {
 
     fn stats(&self) -> EngineStats {
         EngineModel::stats(self)
+    }
+
+    fn submit_with_adapter(&mut self, request: SeqRequest, adapter: Option<&str>) {
+        EngineModel::submit_with_adapter(self, request, adapter);
+    }
+
+    fn lora_stats(&self) -> Option<LoraStats> {
+        EngineModel::lora_stats(self)
     }
 }
 
@@ -57,5 +63,10 @@ pub(crate) fn build(config: &EngineConfig) -> Box<dyn StepModel> {
         cost: config.cost,
     })
     .with_kv_events(config.kv_events.is_some());
+    let model = if config.lora.enabled() {
+        model.with_lora(config.lora.model_config())
+    } else {
+        model
+    };
     Box::new(model)
 }

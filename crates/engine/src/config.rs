@@ -80,6 +80,8 @@ pub struct EngineConfig {
     pub faults: Vec<Fault>,
     /// Bearer token for `/admin/*`; without one only loopback clients may use it.
     pub admin_token: Option<String>,
+    /// LoRA adapters (vLLM `--enable-lora`, `--lora-modules`, `--max-loras`).
+    pub lora: crate::lora::LoraSettings,
 }
 
 impl Default for EngineConfig {
@@ -113,6 +115,7 @@ impl Default for EngineConfig {
             tokenizer: None,
             faults: Vec::new(),
             admin_token: None,
+            lora: crate::lora::LoraSettings::default(),
         }
     }
 }
@@ -173,6 +176,9 @@ impl EngineConfig {
         }
         if self.mean_output_tokens == 0 {
             return fail("mean_output_tokens must be positive");
+        }
+        if let Some(problem) = self.lora.problem(&self.model) {
+            return fail(&problem);
         }
         Ok(())
     }

@@ -77,6 +77,8 @@ pub(crate) struct MetricsState {
     pub(crate) e2e: Histogram,
     pub(crate) tpot: Histogram,
     pub(crate) inference: Histogram,
+    /// The adapter gauges, when adapters are served.
+    pub(crate) lora: Option<crate::backend::LoraStats>,
 }
 
 impl Default for MetricsState {
@@ -101,6 +103,7 @@ impl Default for MetricsState {
             e2e: Histogram::new(REQUEST_BUCKETS),
             tpot: Histogram::new(ITL_BUCKETS),
             inference: Histogram::new(REQUEST_BUCKETS),
+            lora: None,
         }
     }
 }

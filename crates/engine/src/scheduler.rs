@@ -48,6 +48,8 @@ pub(crate) enum Command {
         length_limited: bool,
         arrived: Instant,
         updates: mpsc::UnboundedSender<Update>,
+        /// The LoRA adapter it names (`None`: the base model).
+        adapter: Option<String>,
     },
     /// The client went away.
     Abort { id: u64 },
@@ -184,6 +186,7 @@ fn apply(
             length_limited,
             arrived,
             updates,
+            adapter,
         } => {
             tracked.insert(
                 request.id,
@@ -198,7 +201,7 @@ fn apply(
                     scheduled_at: None,
                 },
             );
-            model.submit(request);
+            model.submit_with_adapter(request, adapter.as_deref());
         }
         Command::Abort { id } => {
             // A sequence that finished in the current burst is already counted as finished.
@@ -225,6 +228,7 @@ fn publish_gauges(model: &dyn StepModel, metrics: &Mutex<MetricsState>) {
     m.prefix_queries = stats.prefix_queries_tokens;
     m.prefix_hits = stats.prefix_hits_tokens;
     m.preemptions = stats.preemptions;
+    m.lora = model.lora_stats();
 }
 
 fn deliver(

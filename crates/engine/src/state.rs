@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     /// Mixed into response ids so that engines with different ids (or seeds) never repeat
     /// each other's ids.
     pub(crate) id_salt: u64,
+    /// The LoRA adapters it answers to.
+    pub(crate) lora: crate::lora::Registry,
     next_id: AtomicU64,
 }
 
@@ -45,6 +47,7 @@ impl Shared {
             enable_prefix_caching: config.prefix_caching,
         };
         let id_salt = xxhash_rust::xxh3::xxh3_64_with_seed(config.id.as_bytes(), config.seed);
+        let lora = crate::lora::Registry::new(&config.lora);
         Shared {
             model_json: serde_json::to_string(&config.model).unwrap_or_else(|_| "\"\"".to_owned()),
             config,
@@ -56,6 +59,7 @@ impl Shared {
             started_unix: started as u64,
             started: (started * 1000.0).round() / 1000.0,
             id_salt,
+            lora,
             next_id: AtomicU64::new(1),
         }
     }

@@ -162,6 +162,7 @@ fn read_event(event: &Value) -> Option<Read> {
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect::<Option<Vec<u32>>>()?;
             Read::Event(KvEvent::BlockStored {
+                lora_name: None,
                 block_hashes: hashes(get("block_hashes"))?,
                 parent_block_hash: parent,
                 token_ids,

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 mod blocks;
+mod lora;
 mod schedule;
 
 /// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute from
@@ -20,12 +21,17 @@ const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 /// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
 /// allocating per block.
 fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    chained_hashes_from(tokens, block_size, ENGINE_HASH_SEED)
+}
+
+/// [`chained_hashes`] from another seed (a LoRA adapter's: its blocks are not the base model's).
+fn chained_hashes_from(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
     let full = tokens.len() / block_size * block_size;
     let bytes: Vec<u8> = tokens[..full]
         .iter()
         .flat_map(|t| t.to_le_bytes())
         .collect();
-    let mut parent = ENGINE_HASH_SEED;
+    let mut parent = seed;
     bytes
         .chunks_exact(block_size * 4)
         .map(|block| {
@@ -53,6 +59,9 @@ struct Seq {
     cached_tokens: u32,
     /// The oracle's guess at submission of the prompt tokens the cache will serve.
     expected_cached: u32,
+    /// Its LoRA adapter (an index into the engine's adapter names plus one), 0 for the base
+    /// model.
+    adapter: u32,
 }
 
 impl Seq {
@@ -89,6 +98,8 @@ pub struct EngineModel {
     prefix_queries_tokens: u64,
     prefix_hits_tokens: u64,
     preemptions: u64,
+    /// LoRA adapters, when the engine serves them ([`EngineModel::with_lora`]).
+    lora: Option<lora::Adapters>,
 }
 
 impl EngineModel {
@@ -113,6 +124,7 @@ impl EngineModel {
             prefix_queries_tokens: 0,
             prefix_hits_tokens: 0,
             preemptions: 0,
+            lora: None,
         }
     }
 
@@ -136,6 +148,10 @@ impl EngineModel {
     /// Queues a request. A request whose prompt plus output can never fit in the pool is
     /// finished with zero output at the next step. An id already held is ignored.
     pub fn submit(&mut self, request: SeqRequest) {
+        self.submit_seeded(request, 0, ENGINE_HASH_SEED);
+    }
+
+    fn submit_seeded(&mut self, request: SeqRequest, adapter: u32, seed: u64) {
         if self.seqs.contains_key(&request.id) {
             return;
         }
@@ -144,7 +160,7 @@ impl EngineModel {
         let prompt_len = u32::try_from(request.prompt.len()).unwrap_or(u32::MAX);
         let need = (prompt_len as usize + max_output as usize).div_ceil(bs);
         let hashes = if self.config.prefix_caching {
-            chained_hashes(&request.prompt, bs)
+            chained_hashes_from(&request.prompt, bs, seed)
         } else {
             Vec::new()
         };
@@ -161,6 +177,7 @@ impl EngineModel {
             registered: 0,
             cached_tokens: 0,
             expected_cached,
+            adapter,
         };
         self.seqs.insert(request.id, seq);
         if need > self.pool.total() {
@@ -249,7 +266,7 @@ impl EngineModel {
             u64::from(it.prefill_tokens),
             u64::from(it.decode_seqs),
             context_tokens,
-        );
+        ) + self.take_adapter_loads();
         let mut finished = Vec::new();
         for w in work {
             if self.execute(w, &mut it) {

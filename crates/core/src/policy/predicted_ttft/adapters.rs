@@ -1,0 +1,94 @@
+//! The LoRA term of the prediction: what a request for an adapter waits on each endpoint beyond
+//! its queue ([`crate::lora::wait_seconds`]: the adapter's load, the drain of another adapter's
+//! batch). The engines' reports are a scrape old, so the adapters this router sent each endpoint
+//! since its last scrape count as queued there: two requests for new adapters in one scrape
+//! interval do not both see the same free slot.
+
+use crate::fasthash::IntMap;
+use crate::lora::{wait_seconds, AdapterState, Affinity};
+use crate::{EndpointId, EndpointView, Nanos};
+
+/// Adapters sent to each endpoint, with when, since its last scrape.
+#[derive(Debug, Default)]
+pub(super) struct SentAdapters {
+    sent: IntMap<EndpointId, Vec<(String, Nanos)>>,
+}
+
+impl SentAdapters {
+    /// A request for `adapter` went to `endpoint` at `at`.
+    pub(super) fn dispatched(&mut self, endpoint: EndpointId, adapter: &str, at: Nanos) {
+        self.sent
+            .entry(endpoint)
+            .or_default()
+            .push((adapter.to_owned(), at));
+    }
+
+    /// The endpoint left the pool.
+    pub(super) fn remove(&mut self, endpoint: EndpointId) {
+        self.sent.remove(&endpoint);
+    }
+
+    /// `view`'s adapters as reported, plus those sent there after the report; `None` when its
+    /// engine reports none. Entries the report already covers are dropped.
+    pub(super) fn state(&mut self, view: &EndpointView) -> Option<AdapterState> {
+        let reported = view.adapters.as_ref()?;
+        let Some(sent) = self.sent.get_mut(&view.id) else {
+            return Some(reported.clone());
+        };
+        sent.retain(|(_, at)| *at > view.observed_at);
+        let mut state = reported.clone();
+        for (adapter, _) in sent.iter() {
+            if !state.running.contains(adapter) && !state.waiting.contains(adapter) {
+                state.waiting.push(adapter.clone());
+            }
+        }
+        Some(state)
+    }
+}
+
+/// Seconds a request for `adapter` is predicted to wait at an endpoint in `state` beyond its
+/// queue, and its standing there (`Unknown` where the engine reports nothing).
+pub(super) fn wait(
+    state: Option<&AdapterState>,
+    adapter: &str,
+    load: f64,
+    stall: f64,
+) -> (f64, Affinity) {
+    let Some(state) = state else {
+        return (0.0, Affinity::Unknown);
+    };
+    let affinity = state.affinity(adapter);
+    (
+        wait_seconds(affinity, state.stalled(), load, stall),
+        affinity,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dispatch_since_the_scrape_takes_the_free_slot() {
+        let mut view = EndpointView::new(EndpointId(0));
+        view.observed_at = Nanos(10);
+        view.adapters = Some(AdapterState {
+            max_loras: Some(1),
+            ..AdapterState::default()
+        });
+        let mut sent = SentAdapters::default();
+        let free = sent.state(&view).unwrap();
+        assert_eq!(wait(Some(&free), "b", 0.2, 1.0).1, Affinity::FreeSlot);
+        sent.dispatched(view.id, "a", Nanos(20));
+        let taken = sent.state(&view).unwrap();
+        assert_eq!(wait(Some(&taken), "b", 0.2, 1.0), (1.2, Affinity::Full));
+        assert_eq!(wait(Some(&taken), "a", 0.2, 1.0).1, Affinity::Waiting);
+        view.observed_at = Nanos(30);
+        assert_eq!(
+            sent.state(&view).unwrap().waiting.len(),
+            0,
+            "the scrape covers it"
+        );
+        assert_eq!(wait(None, "a", 0.2, 1.0), (0.0, Affinity::Unknown));
+    }
+}
