@@ -27,6 +27,11 @@ pub struct AdapterState {
     /// Adapter slots in use when the engine reports only a count (SGLang's pool), not names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots_used: Option<u32>,
+    /// Adapters that ran when the engine last had work: with nothing running or waiting now they
+    /// are still loaded, so a request for one starts at once (llm-d keeps the last non-idle
+    /// report for the same reason).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<String>,
 }
 
 /// Where a request for an adapter stands on one engine, best first.
@@ -75,7 +80,10 @@ impl AdapterState {
     /// Where a request for `adapter` stands here (llm-d's order; a free slot needs running
     /// plus waiting adapters below `max_loras`, as llm-d counts it).
     pub fn affinity(&self, adapter: &str) -> Affinity {
-        if self.running.iter().any(|a| a == adapter) {
+        let idle = self.running.is_empty() && self.waiting.is_empty();
+        if self.running.iter().any(|a| a == adapter)
+            || (idle && self.recent.iter().any(|a| a == adapter))
+        {
             return Affinity::Running;
         }
         let Some(max) = self.max_loras else {
@@ -131,6 +139,7 @@ mod tests {
             running: running.iter().map(|s| (*s).to_owned()).collect(),
             waiting: waiting.iter().map(|s| (*s).to_owned()).collect(),
             slots_used: None,
+            recent: Vec::new(),
         }
     }
 
@@ -145,6 +154,12 @@ mod tests {
         assert_eq!(two.affinity("c"), Affinity::FreeSlot);
         assert!(!two.stalled());
         assert_eq!(AdapterState::default().affinity("a"), Affinity::Unknown);
+        let idle = AdapterState {
+            recent: vec!["a".into()],
+            ..state(1, &[], &[])
+        };
+        assert_eq!(idle.affinity("a"), Affinity::Running, "still loaded");
+        assert_eq!(idle.affinity("b"), Affinity::FreeSlot);
         let counted = AdapterState {
             slots_used: Some(8),
             ..state(8, &[], &[])

@@ -19,6 +19,7 @@
 mod cadence;
 mod endpoint;
 mod health;
+mod lora;
 mod members;
 mod metrics;
 mod outcome;
@@ -114,6 +115,8 @@ pub struct Pool {
     max_event_entries: usize,
     /// Who hears what this pool's own requests did (in a cluster, the link to the peers).
     subscriber: std::sync::OnceLock<Arc<dyn Subscriber>>,
+    /// Model names engines listed as LoRA adapters (`lora`).
+    adapters: RwLock<std::collections::BTreeSet<String>>,
 }
 
 impl Pool {
@@ -136,6 +139,7 @@ impl Pool {
             decisions: DecisionRing::new(settings.decision_records),
             learned: ArcSwap::default(),
             subscriber: Default::default(),
+            adapters: Default::default(),
         };
         pool.publish(&pool.lock());
         pool

@@ -8,6 +8,7 @@
 
 use super::EngineWatch;
 use crate::engine_state::exposition::{parse_models, parse_scrape};
+use crate::engine_state::lora::{listed_adapters, parse_adapters};
 use crate::error::ConfigError;
 use crate::upstream::Trouble;
 use axum::http::{Method, Request, StatusCode};
@@ -72,11 +73,14 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
             "GET {base}/metrics answered {status}: routing it without its load signals (is \
              the URL the engine's base URL, without /v1?)");
     }
-    let (observation, run) = status
+    let text = status
         .is_success()
-        .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
-        .flatten()
-        .unwrap_or_default();
+        .then(|| std::str::from_utf8(&body).ok())
+        .flatten();
+    let (observation, run) = text.map(parse_scrape).unwrap_or_default();
+    watch
+        .pool
+        .adapters_observed(id, text.and_then(parse_adapters));
     if watch.pool.incarnation(id, run) {
         restarted(watch, id, &name);
     }
@@ -86,6 +90,7 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
     count(watch, name, "ok");
     if watch.pool.needs_models(id) {
         if let Ok((status, body)) = get(watch, &base, "/v1/models").await {
+            watch.pool.note_adapters(listed_adapters(&body));
             let models = parse_models(&body);
             if status.is_success() && !models.is_empty() {
                 watch.pool.set_models(id, models);

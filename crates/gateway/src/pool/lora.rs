@@ -1,0 +1,23 @@
+//! Which model names are LoRA adapters: those an engine's `/v1/models` lists with a `parent`
+//! (vLLM lists each adapter after its base model that way). A request naming one carries the
+//! adapter into routing (`kvgate_core::lora`): adapter-scoped prefix keys and the
+//! adapter-affinity term of the policy.
+
+use super::Pool;
+
+impl Pool {
+    /// Adds adapter names an engine listed.
+    pub fn note_adapters(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        adapters.extend(names);
+    }
+
+    /// The adapter a request for `model` uses, when `model` is an adapter's name.
+    pub fn adapter_named(&self, model: &str) -> Option<String> {
+        let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        adapters.contains(model).then(|| model.to_owned())
+    }
+}
