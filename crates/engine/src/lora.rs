@@ -148,9 +148,10 @@ impl Registry {
         series.insert((running.join(","), waiting.join(",")), now);
     }
 
-    /// `vllm:lora_requests_info`, every label set it has had, labels in vLLM's declaration
-    /// order (`max_lora`, `waiting_lora_adapters`, `running_lora_adapters`, as
-    /// prometheus_client writes them), each valued at when it was last set.
+    /// `vllm:lora_requests_info`, every label set it has had, each valued at when it was last
+    /// set, written as vLLM 0.32 writes it (`test-data/vllm/lora-requests-info.txt`: labels
+    /// `max_lora`, `running_lora_adapters`, `waiting_lora_adapters`; the time as
+    /// prometheus_client formats a float, `1.7965514805616887e+09`).
     pub(crate) fn render(&self, out: &mut String, max_loras: usize) {
         let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
         out.push_str("# HELP vllm:lora_requests_info Running stats on lora requests.\n");
@@ -158,9 +159,27 @@ impl Registry {
         for ((running, waiting), at) in series.iter() {
             let _ = writeln!(
                 out,
-                "vllm:lora_requests_info{{max_lora=\"{max_loras}\",waiting_lora_adapters=\"{waiting}\",running_lora_adapters=\"{running}\"}} {at}"
+                "vllm:lora_requests_info{{max_lora=\"{max_loras}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\"}} {}",
+                go_float(*at)
             );
         }
+    }
+}
+
+/// A Unix time as prometheus_client's `floatToGoString` writes it: Python's shortest digits in
+/// Go's exponent form (`1.7965514805616887e+09`), which it uses past six digits before the point.
+/// Only for values that large.
+fn go_float(v: f64) -> String {
+    let s = format!("{v:e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = match exp.strip_prefix('-') {
+                Some(d) => ('-', d),
+                None => ('+', exp),
+            };
+            format!("{mantissa}e{sign}{digits:0>2}")
+        }
+        None => s,
     }
 }
 
@@ -264,8 +283,9 @@ mod tests {
         let mut out = String::new();
         registry.render(&mut out, 1);
         assert!(out.contains(
-            "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"b\",running_lora_adapters=\"a\"} 1500000000"
+            "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"a\",waiting_lora_adapters=\"b\"} 1.5e+09"
         ));
-        assert!(out.contains("waiting_lora_adapters=\"\",running_lora_adapters=\"a\"} 1000000000"));
+        assert!(out.contains("running_lora_adapters=\"a\",waiting_lora_adapters=\"\"} 1e+09"));
+        assert_eq!(go_float(1_796_551_480.561_688_7), "1.7965514805616887e+09");
     }
 }

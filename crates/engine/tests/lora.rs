@@ -84,7 +84,7 @@ async fn adapters_are_listed_served_loaded_and_reported() {
         .collect();
     assert!(
         info.iter().any(|l| l.starts_with(
-            "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"\",running_lora_adapters=\"\"}"
+            "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}"
         )),
         "{text}"
     );

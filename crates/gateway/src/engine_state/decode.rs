@@ -370,4 +370,40 @@ mod lora_tests {
         ]);
         assert!(matches!(read_event(&salted), Some(Read::Skipped)));
     }
+
+    fn to_msgpack(v: &serde_json::Value) -> V {
+        use serde_json::Value as J;
+        match v {
+            J::Null => V::Nil,
+            J::Bool(b) => V::from(*b),
+            J::Number(n) => n
+                .as_u64()
+                .map_or_else(|| V::from(n.as_f64().unwrap_or_default()), V::from),
+            J::String(s) => V::from(s.as_str()),
+            J::Array(items) => V::Array(items.iter().map(to_msgpack).collect()),
+            J::Object(map) => V::Map(
+                map.iter()
+                    .map(|(k, v)| (V::from(k.as_str()), to_msgpack(v)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// `test-data/vllm/kv-events-lora.jsonl`: stored-block events of an adapter's request from
+    /// a real vLLM 0.32 (`scripts/real-vllm-lora.sh`; token ids cut to four).
+    #[test]
+    fn a_real_adapter_s_blocks_are_kept_under_its_name() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../test-data/vllm/kv-events-lora.jsonl"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut read = 0;
+        for line in text.lines() {
+            let event = to_msgpack(&serde_json::from_str(line).unwrap());
+            assert_eq!(lora_of(&event), Some(Some("sql".to_owned())), "{line}");
+            read += 1;
+        }
+        assert!(read > 0);
+    }
 }

@@ -169,3 +169,29 @@ mod tests {
         assert!(parse_adapters("vllm:num_requests_running 1\n").is_none());
     }
 }
+
+/// The files `scripts/real-vllm-lora.sh` captured from a real vLLM 0.32 serving adapters.
+#[cfg(test)]
+mod real_vllm {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let path = format!("{}/../../test-data/vllm/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    #[test]
+    fn reads_the_lora_gauge_vllm_wrote() {
+        let state = parse_adapters(&fixture("lora-requests-info.txt")).unwrap();
+        assert_eq!(state.max_loras, Some(1));
+        // The newest series is the idle one, written after the last request finished.
+        assert!(state.running.is_empty() && state.waiting.is_empty());
+        assert_eq!(state.recent, ["sql"]);
+    }
+
+    #[test]
+    fn reads_the_adapters_vllm_lists() {
+        let body = fixture("models-lora.json");
+        assert_eq!(listed_adapters(body.as_bytes()), ["sql", "chat"]);
+    }
+}

@@ -15,6 +15,14 @@ impl Pool {
         adapters.extend(names);
     }
 
+    /// Whether `endpoint`'s configuration names its model (else its models are discovered).
+    pub fn model_configured(&self, endpoint: super::EndpointId) -> bool {
+        self.snapshot
+            .load()
+            .get(endpoint)
+            .is_none_or(|e| e.about.config.model.is_some())
+    }
+
     /// The adapter a request for `model` uses, when `model` is an adapter's name.
     pub fn adapter_named(&self, model: &str) -> Option<String> {
         let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
