@@ -23,6 +23,20 @@ impl Pool {
             .is_none_or(|e| e.about.config.model.is_some())
     }
 
+    /// Each endpoint's adapters as its engine last reported them (for the admin API).
+    pub(crate) fn adapter_states(
+        &self,
+    ) -> std::collections::BTreeMap<super::EndpointId, Option<kvgate_core::lora::AdapterState>>
+    {
+        let core = self.lock();
+        core.dispatch
+            .router()
+            .views()
+            .iter()
+            .map(|v| (v.id, v.adapters.clone()))
+            .collect()
+    }
+
     /// The adapter a request for `model` uses, when `model` is an adapter's name.
     pub fn adapter_named(&self, model: &str) -> Option<String> {
         let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
