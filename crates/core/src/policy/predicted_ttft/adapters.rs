@@ -92,3 +92,69 @@ mod tests {
         assert_eq!(wait(None, "a", 0.2, 1.0), (0.0, Affinity::Unknown));
     }
 }
+
+#[cfg(test)]
+mod policy_tests {
+    use crate::lora::AdapterState;
+    use crate::policy::predicted_ttft::Config;
+    use crate::router::accept_all;
+    use crate::{EndpointId, EndpointView, Nanos, Observation, PolicyConfig, Request, Routing};
+
+    fn routing(aware: bool) -> Routing {
+        let config = Config {
+            lora_aware: aware,
+            ..Config::default()
+        };
+        let mut r = Routing::new(&PolicyConfig::PredictedTtft(config), 1);
+        for i in 0..2 {
+            r.router_mut().add(EndpointView::new(EndpointId(i)));
+        }
+        // Endpoint 0 runs adapter `a` and has two more requests of ours to prefill; endpoint 1
+        // runs `b` alone.
+        for (i, adapter) in ["a", "b"].into_iter().enumerate() {
+            let id = EndpointId(i as u32);
+            let observation = Observation {
+                running: 1,
+                ..Observation::default()
+            };
+            r.observed(id, observation, Nanos(1));
+            r.router_mut().set_adapters(
+                id,
+                Some(AdapterState {
+                    max_loras: Some(1),
+                    running: vec![adapter.to_owned()],
+                    ..AdapterState::default()
+                }),
+            );
+        }
+        let only_0 = |v: &EndpointView| v.id == EndpointId(0);
+        for id in 100..102 {
+            let base = Request::from_tokens(id, (0..512).map(|t| t + id as u32 * 1_000).collect());
+            r.route(&base, Nanos(2), &only_0);
+        }
+        r
+    }
+
+    fn for_adapter(id: u64, adapter: &str) -> Request {
+        Request {
+            adapter: Some(adapter.to_owned()),
+            ..Request::from_tokens(id, (0..512).map(|t| t + id as u32 * 1_000).collect())
+        }
+    }
+
+    #[test]
+    fn a_request_goes_where_its_adapter_runs_unless_blind() {
+        let mut aware = routing(true);
+        let d = aware.route(&for_adapter(1, "a"), Nanos(2), &accept_all);
+        assert_eq!(d.endpoint(), Some(EndpointId(0)), "a runs on 0, busier");
+        let d = aware.route(&for_adapter(2, "b"), Nanos(2), &accept_all);
+        assert_eq!(d.endpoint(), Some(EndpointId(1)));
+        let mut blind = routing(false);
+        let d = blind.route(&for_adapter(1, "a"), Nanos(2), &accept_all);
+        assert_eq!(
+            d.endpoint(),
+            Some(EndpointId(1)),
+            "blind: the less loaded one"
+        );
+    }
+}
