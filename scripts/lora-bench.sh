@@ -4,7 +4,8 @@
 # default) and --lora-load-ms to load one that is not in memory. An open-loop adapter mix
 # (a JSONL replay whose lines name the adapter as `model`) is sent through a fresh fleet and
 # gateway per policy: round_robin, predicted_ttft blind to adapters (lora_aware=false) and
-# predicted_ttft (adapter-aware, the default). Prints one table of TTFT percentiles per policy.
+# predicted_ttft (adapter-aware, the default, told the engines' --lora-load-ms). Prints one
+# table of TTFT percentiles per policy, and per adapter from the gateways' access logs.
 #
 #   scripts/lora-bench.sh [--rate R] [--requests N] [--mix A,B,C] [--output N] [--load-ms MS]
 #                         [--seed N] [--out DIR]
@@ -74,7 +75,7 @@ run() {  # LABEL POLICY [serve flags...]
 
 run round_robin round_robin
 run blind_predicted_ttft predicted_ttft --policy-set lora_aware=false
-run predicted_ttft predicted_ttft
+run predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS"
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -85,4 +86,21 @@ for label in ("round_robin", "blind_predicted_ttft", "predicted_ttft"):
     t = r["ttft_ms"]
     f = lambda v: "-" if v is None else f"{v:.0f}"
     print(f"{label:24} {r['completed']:>5} {r['failed']:>4} {f(t.get('p50')):>12} {f(t.get('p95')):>12} {f(t.get('p99')):>12}")
+PY
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+print(f"\nTTFT p95 ms per adapter (requests): {'a':>12} {'b':>12} {'c':>12}")
+for label in ("round_robin", "blind_predicted_ttft", "predicted_ttft"):
+    by = {}
+    for line in open(f"{out}/{label}-gw.log"):
+        if line.startswith("{"):
+            r = json.loads(line)
+            if r.get("ttft_ms") is not None and r.get("model") in ("a", "b", "c"):
+                by.setdefault(r["model"], []).append(r["ttft_ms"])
+    cells = []
+    for m in ("a", "b", "c"):
+        v = sorted(by.get(m, []))
+        cells.append(f"{v[int(len(v) * 0.95)]:.0f} ({len(v)})" if v else "-")
+    print(f"{label:36} {cells[0]:>12} {cells[1]:>12} {cells[2]:>12}")
 PY

@@ -101,6 +101,17 @@ impl AdapterState {
         }
     }
 
+    /// Whether one more adapter would take the last free slot here.
+    pub fn last_slot(&self) -> bool {
+        let Some(max) = self.max_loras else {
+            return false;
+        };
+        let used = self
+            .slots_used
+            .map_or_else(|| self.active(), |u| u as usize);
+        used + 1 >= max as usize
+    }
+
     /// Whether other adapters wait here that the running batch keeps out: an adapter waits
     /// while not running and every slot is taken.
     pub fn stalled(&self) -> bool {

@@ -1,11 +1,18 @@
 //! The LoRA term of the prediction: what a request for an adapter waits on each endpoint beyond
 //! its queue ([`crate::lora::wait_seconds`]: the adapter's load, the drain of another adapter's
-//! batch). The engines' reports are a scrape old, so the adapters this router sent each endpoint
+//! batch). Taking an engine's last free slot for an adapter that already runs elsewhere also
+//! carries half a stall: the next request for another adapter there would wait behind it, so
+//! an adapter spreads to a second engine only when its own engine is that far behind (without
+//! it, an adapter whose engine had a short queue took over every idle engine and left the other
+//! adapters stalling behind it: `scripts/lora-bench.sh`, docs/lora.md). The engines' reports are a scrape old, so the adapters this router sent each endpoint
 //! since its last scrape count as queued there: two requests for new adapters in one scrape
 //! interval do not both see the same free slot.
 
+use super::PredictedTtft;
 use crate::fasthash::IntMap;
 use crate::lora::{wait_seconds, AdapterState, Affinity};
+use crate::policy::Query;
+use crate::LoadView;
 use crate::{EndpointId, EndpointView, Nanos};
 
 /// Adapters sent to each endpoint, with when, since its last scrape.
@@ -46,22 +53,69 @@ impl SentAdapters {
     }
 }
 
+impl PredictedTtft {
+    /// Seconds a LoRA request waits at `e` for its adapter ([`adapters`]); 0 for a base-model
+    /// request or when `lora_aware` is off.
+    pub(super) fn adapter_wait(
+        &mut self,
+        query: &Query<'_>,
+        e: &crate::EndpointView,
+        running_at: &[EndpointId],
+    ) -> f64 {
+        let Some(adapter) = query.request.adapter.as_deref() else {
+            return 0.0;
+        };
+        if !self.config.lora_aware {
+            return 0.0;
+        }
+        let state = self.adapters.state(e);
+        let costs = (
+            self.config.lora_load_ms / 1e3,
+            self.config.lora_stall_ms / 1e3,
+        );
+        let elsewhere = running_at.iter().any(|&id| id != e.id);
+        wait(state.as_ref(), adapter, elsewhere, costs).0
+    }
+
+    /// The routable endpoints where the request's adapter runs (none for a base-model request
+    /// or when `lora_aware` is off).
+    pub(super) fn running_at(&mut self, query: &Query<'_>, view: &LoadView<'_>) -> Vec<EndpointId> {
+        let Some(adapter) = query.request.adapter.as_deref() else {
+            return Vec::new();
+        };
+        if !self.config.lora_aware {
+            return Vec::new();
+        }
+        view.routable()
+            .map(|i| &query.fleet.views()[i])
+            .filter(|e| {
+                self.adapters
+                    .state(e)
+                    .is_some_and(|s| s.affinity(adapter) == Affinity::Running)
+            })
+            .map(|e| e.id)
+            .collect()
+    }
+}
+
 /// Seconds a request for `adapter` is predicted to wait at an endpoint in `state` beyond its
-/// queue, and its standing there (`Unknown` where the engine reports nothing).
+/// queue, plus the slot externality when the adapter `runs_elsewhere`, and its standing there
+/// (`Unknown` where the engine reports nothing).
 pub(super) fn wait(
     state: Option<&AdapterState>,
     adapter: &str,
-    load: f64,
-    stall: f64,
+    runs_elsewhere: bool,
+    (load, stall): (f64, f64),
 ) -> (f64, Affinity) {
     let Some(state) = state else {
         return (0.0, Affinity::Unknown);
     };
     let affinity = state.affinity(adapter);
-    (
-        wait_seconds(affinity, state.stalled(), load, stall),
-        affinity,
-    )
+    let mut wait = wait_seconds(affinity, state.stalled(), load, stall);
+    if affinity == Affinity::FreeSlot && runs_elsewhere && state.last_slot() {
+        wait += stall / 2.0;
+    }
+    (wait, affinity)
 }
 
 #[cfg(test)]
@@ -78,18 +132,26 @@ mod tests {
         });
         let mut sent = SentAdapters::default();
         let free = sent.state(&view).unwrap();
-        assert_eq!(wait(Some(&free), "b", 0.2, 1.0).1, Affinity::FreeSlot);
+        let costs = (0.2, 1.0);
+        assert_eq!(
+            wait(Some(&free), "b", false, costs),
+            (0.2, Affinity::FreeSlot)
+        );
+        assert_eq!(
+            wait(Some(&free), "b", true, costs),
+            (0.7, Affinity::FreeSlot),
+            "b runs elsewhere: taking the last slot here costs others half a stall"
+        );
         sent.dispatched(view.id, "a", Nanos(20));
         let taken = sent.state(&view).unwrap();
-        assert_eq!(wait(Some(&taken), "b", 0.2, 1.0), (1.2, Affinity::Full));
-        assert_eq!(wait(Some(&taken), "a", 0.2, 1.0).1, Affinity::Waiting);
+        assert_eq!(wait(Some(&taken), "b", false, costs), (1.2, Affinity::Full));
+        assert_eq!(wait(Some(&taken), "a", false, costs).1, Affinity::Waiting);
         view.observed_at = Nanos(30);
-        assert_eq!(
-            sent.state(&view).unwrap().waiting.len(),
-            0,
+        assert!(
+            sent.state(&view).unwrap().waiting.is_empty(),
             "the scrape covers it"
         );
-        assert_eq!(wait(None, "a", 0.2, 1.0), (0.0, Affinity::Unknown));
+        assert_eq!(wait(None, "a", false, costs), (0.0, Affinity::Unknown));
     }
 }
 

@@ -304,23 +304,6 @@ impl PredictedTtft {
         (f64::from(estimate) * self.token_ratio).max(1.0)
     }
 
-    /// Seconds a LoRA request waits at `e` for its adapter ([`adapters`]); 0 for a base-model
-    /// request or when `lora_aware` is off.
-    fn adapter_wait(&mut self, query: &Query<'_>, e: &crate::EndpointView) -> f64 {
-        let Some(adapter) = query.request.adapter.as_deref() else {
-            return 0.0;
-        };
-        if !self.config.lora_aware {
-            return 0.0;
-        }
-        let state = self.adapters.state(e);
-        let (load, stall) = (
-            self.config.lora_load_ms / 1e3,
-            self.config.lora_stall_ms / 1e3,
-        );
-        adapters::wait(state.as_ref(), adapter, load, stall).0
-    }
-
     /// The shared prefix this request may take to a second replica ([`second_copy`]): only
     /// while no replica's cache has had to evict (a copy then displaces nothing). The caller
     /// asks only for a request that names no session or starts one (a session's later
@@ -353,6 +336,7 @@ impl Policy for PredictedTtft {
         let mut predictions = std::mem::take(&mut self.predictions);
         predictions.clear();
         predictions.resize(fleet.len(), None);
+        let running_at = self.running_at(query, &view);
         for i in view.routable() {
             let e = &fleet.views()[i];
             let scrape = match (view.is_fresh(i), e.observation) {
@@ -373,7 +357,7 @@ impl Policy for PredictedTtft {
                 block_size: e.observation.and_then(|o| o.block_size),
             };
             let mut p = self.predict(e.id, query.overlaps, prompt, observed, phase, now);
-            p.ttft += self.adapter_wait(query, e);
+            p.ttft += self.adapter_wait(query, e, &running_at);
             predictions[i] = Some(p);
         }
         self.scores.clear();
