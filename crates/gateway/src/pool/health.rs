@@ -43,6 +43,7 @@ impl Pool {
         endpoint: EndpointId,
         adapters: Option<kvgate_core::lora::AdapterState>,
     ) {
+        self.note_adapter_report(endpoint, adapters.clone());
         self.lock().dispatch.adapters_observed(endpoint, adapters);
     }
 

@@ -23,18 +23,30 @@ impl Pool {
             .is_none_or(|e| e.about.config.model.is_some())
     }
 
+    /// Keeps `endpoint`'s adapter report for the admin API (read without the core's lock).
+    pub(crate) fn note_adapter_report(
+        &self,
+        endpoint: super::EndpointId,
+        report: Option<kvgate_core::lora::AdapterState>,
+    ) {
+        let mut reports = self
+            .adapter_reports
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        match report {
+            Some(state) => reports.insert(endpoint, state),
+            None => reports.remove(&endpoint),
+        };
+    }
+
     /// Each endpoint's adapters as its engine last reported them (for the admin API).
     pub(crate) fn adapter_states(
         &self,
-    ) -> std::collections::BTreeMap<super::EndpointId, Option<kvgate_core::lora::AdapterState>>
-    {
-        let core = self.lock();
-        core.dispatch
-            .router()
-            .views()
-            .iter()
-            .map(|v| (v.id, v.adapters.clone()))
-            .collect()
+    ) -> std::collections::BTreeMap<super::EndpointId, kvgate_core::lora::AdapterState> {
+        self.adapter_reports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The adapter a request for `model` uses, when `model` is an adapter's name.

@@ -117,6 +117,9 @@ pub struct Pool {
     subscriber: std::sync::OnceLock<Arc<dyn Subscriber>>,
     /// Model names engines listed as LoRA adapters (`lora`).
     adapters: RwLock<std::collections::BTreeSet<String>>,
+    /// Each endpoint's last adapter report, for the admin API without the core's lock.
+    adapter_reports:
+        RwLock<std::collections::BTreeMap<EndpointId, kvgate_core::lora::AdapterState>>,
 }
 
 impl Pool {
@@ -140,6 +143,7 @@ impl Pool {
             learned: ArcSwap::default(),
             subscriber: Default::default(),
             adapters: Default::default(),
+            adapter_reports: Default::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -242,6 +246,7 @@ impl Pool {
             self.metrics.inflight.remove(&label);
         }
         self.cache_mut().remove_endpoint(id);
+        self.note_adapter_report(id, None);
         true
     }
 

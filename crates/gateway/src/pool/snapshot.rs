@@ -254,7 +254,7 @@ impl Pool {
                     inflight,
                     iteration_ms: iteration.map(|s| s * 1e3),
                     kv_events: cache.engine_status(e.id),
-                    adapters: adapters.get(&e.id).cloned().flatten(),
+                    adapters: adapters.get(&e.id).cloned(),
                 }
             })
             .collect()
