@@ -184,9 +184,10 @@ mod real_vllm {
     fn reads_the_lora_gauge_vllm_wrote() {
         let state = parse_adapters(&fixture("lora-requests-info.txt")).unwrap();
         assert_eq!(state.max_loras, Some(1));
-        // The newest series is the idle one, written after the last request finished.
+        // Three series (sql's, chat's, idle); the newest is the idle one, written after the last
+        // request finished, and chat's is the newest with adapters.
         assert!(state.running.is_empty() && state.waiting.is_empty());
-        assert_eq!(state.recent, ["sql"]);
+        assert_eq!(state.recent, ["chat"]);
     }
 
     #[test]
