@@ -45,13 +45,14 @@ PY
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-start() {  # LOG ARGS... -> prints the URL from the readiness line
+start() {  # LOG ARGS... -> sets URL from the readiness line (not in a subshell: pids must stay)
   local log=$1; shift
   "$KVGATE" "$@" > "$log" 2>&1 &
   pids+=($!)
+  URL=
   for _ in $(seq 1 200); do
-    url=$(grep -o 'http://[0-9.:]*' "$log" | head -1 || true)
-    [ -n "$url" ] && { echo "$url"; return; }
+    URL=$(grep -o 'http://[0-9.:]*' "$log" | head -1 || true)
+    [ -n "$URL" ] && return
     sleep 0.05
   done
   echo "no readiness line in $log" >&2; exit 1
@@ -60,12 +61,15 @@ start() {  # LOG ARGS... -> prints the URL from the readiness line
 run() {  # LABEL POLICY [serve flags...]
   local label=$1; shift
   local e0 e1 gw
-  e0=$(start "$OUT/$label-e0.log" engine --listen 127.0.0.1:0 --id e0 --model base --seed 1 \
-    --lora-modules a b c --max-loras 1 --lora-load-ms "$LOAD_MS")
-  e1=$(start "$OUT/$label-e1.log" engine --listen 127.0.0.1:0 --id e1 --model base --seed 2 \
-    --lora-modules a b c --max-loras 1 --lora-load-ms "$LOAD_MS")
-  gw=$(start "$OUT/$label-gw.log" serve --listen 127.0.0.1:0 --endpoint "$e0" --endpoint "$e1" \
-    --scrape-interval-ms 100 --policy "$@")
+  start "$OUT/$label-e0.log" engine --listen 127.0.0.1:0 --id e0 --model base --seed 1 \
+    --lora-modules a b c --max-loras 1 --lora-load-ms "$LOAD_MS"
+  e0=$URL
+  start "$OUT/$label-e1.log" engine --listen 127.0.0.1:0 --id e1 --model base --seed 2 \
+    --lora-modules a b c --max-loras 1 --lora-load-ms "$LOAD_MS"
+  e1=$URL
+  start "$OUT/$label-gw.log" serve --listen 127.0.0.1:0 --endpoint "$e0" --endpoint "$e1" \
+    --scrape-interval-ms 100 --policy "$@"
+  gw=$URL
   for _ in $(seq 1 100); do curl -sf "$gw/v1/models" | grep -q '"c"' && break; sleep 0.1; done
   "$KVGATE" bench --url "$label=$gw" --workload "$OUT/mix.jsonl" --rate "$RATE" \
     --num-requests "$REQUESTS" --api completions --ignore-eos --seed "$SEED" \
