@@ -257,7 +257,7 @@ pub fn body(spec: &RequestSpec, opts: &BodyOptions) -> Bytes {
         Api::Completions => (None, Some(spec.prompt_text())),
     };
     let body = Body {
-        model: &opts.model,
+        model: spec.model.as_deref().unwrap_or(&opts.model),
         messages,
         prompt,
         max_tokens: spec.max_tokens,

@@ -93,6 +93,7 @@ impl Sessions {
 
     fn spec_request(spec: &Spec) -> RequestSpec {
         RequestSpec {
+            model: None,
             messages: vec![Message {
                 role: "user".into(),
                 content: render(&spec.tokens),

@@ -11,7 +11,8 @@
 //! - `agentic` and `fanout` are closed-loop and come from the simulator's own models (see
 //!   `crate::sessions`).
 //! - a JSONL file: one request per line, `{"prompt": "..."}` or `{"messages": [...]}`, with an
-//!   optional `max_tokens` (or `output_len`); lines are replayed in order and cycled.
+//!   optional `max_tokens` (or `output_len`), `user` and `model` (which overrides the run's, so
+//!   a file can mix LoRA adapters); lines are replayed in order and cycled.
 //!
 //! One "token" is one word from a small vocabulary of common short English words, each a single
 //! token in common BPE vocabularies, so prompt lengths are close to the requested token counts.
@@ -51,6 +52,9 @@ pub struct RequestSpec {
     /// The conversation it belongs to, sent as OpenAI's `user` field (which kvgate and other
     /// gateways read as a session for affinity).
     pub user: Option<String>,
+    /// The model to name instead of the run's (a replayed line's `model`: a LoRA adapter's name
+    /// makes an adapter mix).
+    pub model: Option<String>,
 }
 
 impl RequestSpec {
@@ -177,6 +181,7 @@ impl Workload {
             max_tokens: Option<u32>,
             output_len: Option<u32>,
             user: Option<String>,
+            model: Option<String>,
         }
         let text = std::fs::read_to_string(path).map_err(|source| BenchError::Io {
             path: path.to_owned(),
@@ -208,6 +213,7 @@ impl Workload {
                 messages,
                 max_tokens,
                 user: line.user,
+                model: line.model,
             });
         }
         if out.is_empty() {
@@ -242,6 +248,7 @@ impl Workload {
                 let input = spread(&mut self.rng, c.input_len, c.range_ratio);
                 let output = spread(&mut self.rng, c.output_len, c.range_ratio);
                 let spec = RequestSpec {
+                    model: None,
                     messages: vec![user(words(&mut self.rng, input))],
                     max_tokens: self.out_len(output),
                     user: None,
@@ -257,6 +264,7 @@ impl Workload {
                 content.push(' ');
                 content.push_str(&words(&mut self.rng, c.suffix_len));
                 let spec = RequestSpec {
+                    model: None,
                     messages: vec![user(content)],
                     max_tokens: self.out_len(c.output_len),
                     user: None,

@@ -91,6 +91,31 @@ pub(crate) struct Args {
     /// Seconds a prefill holds KV that no decode engine has read.
     #[arg(long, default_value_t = EngineConfig::default().kv_lease_secs)]
     kv_lease_secs: f64,
+    #[command(flatten)]
+    lora: LoraArgs,
+}
+
+/// LoRA adapters, with vLLM's flag names.
+#[derive(Debug, clap::Args)]
+struct LoraArgs {
+    /// Serve LoRA adapters (implied by --lora-modules); others can be loaded at runtime
+    /// through POST /v1/load_lora_adapter.
+    #[arg(long)]
+    enable_lora: bool,
+    /// Adapters served from startup, `name=path` or a bare name (a request whose `model` is
+    /// the name, or `BASE:name`, uses it).
+    #[arg(long, num_args = 1.., value_name = "NAME[=PATH]")]
+    lora_modules: Vec<String>,
+    /// Distinct adapters one batch may hold; a request for another waits.
+    #[arg(long, default_value_t = 1)]
+    max_loras: usize,
+    /// Adapters kept in memory (default: --max-loras); loading one that is not costs
+    /// --lora-load-ms.
+    #[arg(long)]
+    max_cpu_loras: Option<usize>,
+    /// Engine milliseconds to load an adapter that is not in memory.
+    #[arg(long, default_value_t = kvgate_engine::LoraSettings::default().load_ms)]
+    lora_load_ms: f64,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -119,6 +144,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         tokenizer: args.tokenizer.clone(),
         faults: args.faults.clone(),
         admin_token: args.admin_token.clone(),
+        lora: kvgate_engine::LoraSettings {
+            enable: args.lora.enable_lora,
+            modules: args.lora.lora_modules.clone(),
+            max_loras: args.lora.max_loras,
+            max_cpu_loras: args.lora.max_cpu_loras,
+            load_ms: args.lora.lora_load_ms,
+        },
         role: args.role,
         kv_bandwidth_gbps: args.kv_bandwidth_gbps,
         kv_transfer_setup_ms: args.kv_transfer_setup_ms,

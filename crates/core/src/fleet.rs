@@ -99,6 +99,9 @@ pub struct EndpointView {
     /// tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cadence: Option<Cadence>,
+    /// Its LoRA adapters as its engine last reported them; `None` when it reports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<crate::lora::AdapterState>,
 }
 
 impl EndpointView {
@@ -114,6 +117,7 @@ impl EndpointView {
             own_inflight: 0,
             joined_at: Nanos::ZERO,
             cadence: None,
+            adapters: None,
         }
     }
 

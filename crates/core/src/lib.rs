@@ -34,6 +34,7 @@ pub mod fleet;
 pub mod hashring;
 pub mod index;
 pub mod load;
+pub mod lora;
 pub mod policy;
 pub mod request;
 pub mod resilience;

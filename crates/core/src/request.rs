@@ -71,6 +71,12 @@ pub struct Request {
     pub thinking_budget: Option<u32>,
     /// Priority class.
     pub priority: Priority,
+    /// The LoRA adapter the request names (vLLM: `model` is the adapter's name; SGLang:
+    /// `base:adapter`). Engines key their prefix caches by it, and an engine whose batch runs
+    /// other adapters may stall the request, so it is part of the prefix key and of the
+    /// adapter-affinity term ([`crate::lora`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
 }
 
 impl Request {

@@ -165,6 +165,13 @@ impl Router {
         }
     }
 
+    /// What member `id`'s engine last said of its LoRA adapters (`None`: it reports none).
+    pub fn set_adapters(&mut self, id: EndpointId, adapters: Option<crate::lora::AdapterState>) {
+        if let Some(i) = self.position(id) {
+            self.views[i].adapters = adapters;
+        }
+    }
+
     /// Chooses an endpoint for `request` among the healthy members `accept` lets through, and
     /// when one is chosen records the dispatch (ledger, [`Event::Dispatched`]) at `now`.
     pub fn pick(

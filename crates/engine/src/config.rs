@@ -92,6 +92,8 @@ pub struct EngineConfig {
     pub kv_lease_secs: f64,
     /// The longest a decode leg waits for its prefill's KV.
     pub kv_wait_ms: u64,
+    /// LoRA adapters (vLLM `--enable-lora`, `--lora-modules`, `--max-loras`).
+    pub lora: crate::lora::LoraSettings,
 }
 
 impl Default for EngineConfig {
@@ -133,6 +135,7 @@ impl Default for EngineConfig {
             // vLLM's NIXL connector leases a prefill's blocks for 30 s.
             kv_lease_secs: 30.0,
             kv_wait_ms: 30_000,
+            lora: crate::lora::LoraSettings::default(),
         }
     }
 }
@@ -205,6 +208,9 @@ impl EngineConfig {
         }
         if !(self.kv_lease_secs.is_finite() && self.kv_lease_secs > 0.0) {
             return fail("kv_lease_secs must be a positive number");
+        }
+        if let Some(problem) = self.lora.problem(&self.model) {
+            return fail(&problem);
         }
         Ok(())
     }

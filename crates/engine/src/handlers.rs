@@ -1,6 +1,5 @@
 //! HTTP routes: the OpenAI API, health, metrics and the admin API.
 
-use crate::config::EngineConfig;
 use crate::error::ApiError;
 use crate::faults::FaultKind;
 use crate::request::{self, Endpoint, Parsed};
@@ -31,6 +30,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
+        .route("/v1/load_lora_adapter", post(crate::lora::load))
+        .route("/v1/unload_lora_adapter", post(crate::lora::unload))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/kv_transfer/read", post(crate::pd::read))
@@ -79,20 +80,24 @@ async fn completions(
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
     let model = &shared.config.model;
-    Json(serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": model,
+    let card = |id: &str, root: &str, parent: Option<&str>| {
+        serde_json::json!({
+            "id": id,
             "object": "model",
             "created": shared.started_unix,
             "owned_by": "vllm",
-            "root": model,
-            "parent": null,
+            "root": root,
+            "parent": parent,
             "max_model_len": shared.config.max_model_len,
             "permission": [],
-        }],
-    }))
-    .into_response()
+        })
+    };
+    let mut data = vec![card(model, model, None)];
+    // vLLM lists each adapter after the base model, its path as `root`, the base as `parent`.
+    for (name, path) in shared.lora.list() {
+        data.push(card(&name, &path, Some(model)));
+    }
+    Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
@@ -115,6 +120,18 @@ async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
         &shared.config.model,
         shared.started,
     );
+    let text = match &snapshot.lora {
+        Some(lora) => {
+            let mut text = text;
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            shared.lora.observe(&lora.running, &lora.waiting, now);
+            shared.lora.render(&mut text, lora.max_loras);
+            text
+        }
+        None => text,
+    };
     (
         [(
             header::CONTENT_TYPE,
@@ -205,10 +222,15 @@ async fn read_request(
 }
 
 /// Refuses a request for another model, or one whose prompt and `max_tokens` do not fit the
-/// context, with vLLM's wording.
-fn check_limits(config: &EngineConfig, parsed: &Parsed) -> Result<(), ApiError> {
+/// context, with vLLM's wording. Answers the LoRA adapter the request names.
+fn check_limits(shared: &Shared, parsed: &Parsed) -> Result<Option<String>, ApiError> {
+    let config = &shared.config;
+    let mut adapter = None;
     if let Some(model) = &parsed.model {
-        if model != &config.model {
+        let resolved = shared.lora.resolve(&config.model, model);
+        if let Ok(named) = resolved {
+            adapter = named;
+        } else {
             return Err(ApiError {
                 param: Some("model"),
                 ..ApiError::new(
@@ -249,14 +271,14 @@ fn check_limits(config: &EngineConfig, parsed: &Parsed) -> Result<(), ApiError> 
             ),
         ));
     }
-    Ok(())
+    Ok(adapter)
 }
 
 /// Hands the request to the scheduler: a handle on its sequence, or an error when the engine
 /// is shutting down.
 fn submit(
     shared: &Shared,
-    prompt: Vec<u32>,
+    (prompt, adapter): (Vec<u32>, Option<String>),
     output_tokens: u32,
     finish: FinishReason,
     (arrived, transferred): (Instant, u32),
@@ -273,6 +295,7 @@ fn submit(
         arrived,
         updates: tx,
         transferred,
+        adapter,
     });
     if submitted.is_err() {
         return Err(ApiError::new(
@@ -365,9 +388,10 @@ async fn generate(
         Err(e) => return e.into_response(),
     };
     let config = &shared.config;
-    if let Err(e) = check_limits(config, &parsed) {
-        return e.into_response();
-    }
+    let adapter = match check_limits(&shared, &parsed) {
+        Ok(adapter) => adapter,
+        Err(e) => return e.into_response(),
+    };
     let prompt_tokens = parsed.prompt.len();
     let limit = parsed
         .max_tokens
@@ -384,7 +408,13 @@ async fn generate(
     };
     let parsed_logprobs = parsed.logprobs;
     let times = (arrived, transferred);
-    let seq = match submit(&shared, parsed.prompt, output_tokens, finish, times) {
+    let seq = match submit(
+        &shared,
+        (parsed.prompt, adapter),
+        output_tokens,
+        finish,
+        times,
+    ) {
         Ok(seq) => seq,
         Err(e) => return e.into_response(),
     };

@@ -62,6 +62,7 @@ fn encode_event(out: &mut Vec<u8>, event: &KvEvent) {
             token_ids,
             block_size,
             tier,
+            lora_name,
         } => {
             let _ = rmp::encode::write_map_len(out, 11);
             write_str(out, "type");
@@ -86,7 +87,12 @@ fn encode_event(out: &mut Vec<u8>, event: &KvEvent) {
             write_str(out, "medium");
             write_str(out, medium(*tier));
             write_str(out, "lora_name");
-            let _ = rmp::encode::write_nil(out);
+            match lora_name {
+                Some(name) => write_str(out, name),
+                None => {
+                    let _ = rmp::encode::write_nil(out);
+                }
+            }
             // Per-block extra hash keys (multimodal inputs, LoRA, salts): none here.
             write_str(out, "extra_keys");
             let _ = rmp::encode::write_array_len(out, block_hashes.len() as u32);
@@ -237,6 +243,7 @@ mod tests {
     fn a_batch_decodes_to_vllm_shape() {
         let events = vec![
             KvEvent::BlockStored {
+                lora_name: None,
                 block_hashes: vec![u64::MAX, 2],
                 parent_block_hash: None,
                 token_ids: vec![1, 2, 3, 4],

@@ -80,6 +80,8 @@ pub(crate) struct MetricsState {
     /// Disaggregation's counters; rendered once any is non-zero or the engine plays a role.
     pub(crate) pd: crate::pd::PdMetrics,
     pub(crate) pd_shown: bool,
+    /// The adapter gauges, when adapters are served.
+    pub(crate) lora: Option<crate::backend::LoraStats>,
 }
 
 impl Default for MetricsState {
@@ -106,6 +108,7 @@ impl Default for MetricsState {
             inference: Histogram::new(REQUEST_BUCKETS),
             pd: crate::pd::PdMetrics::default(),
             pd_shown: false,
+            lora: None,
         }
     }
 }

@@ -50,6 +50,8 @@ pub(crate) enum Command {
         updates: mpsc::UnboundedSender<Update>,
         /// Leading prompt tokens whose KV a prefill engine sent (`crate::pd`).
         transferred: u32,
+        /// The LoRA adapter it names (`None`: the base model).
+        adapter: Option<String>,
     },
     /// The client went away.
     Abort { id: u64 },
@@ -187,6 +189,7 @@ fn apply(
             arrived,
             updates,
             transferred,
+            adapter,
         } => {
             tracked.insert(
                 request.id,
@@ -201,11 +204,7 @@ fn apply(
                     scheduled_at: None,
                 },
             );
-            if transferred > 0 {
-                model.submit_transferred(request, transferred);
-            } else {
-                model.submit(request);
-            }
+            model.submit(request, adapter.as_deref(), transferred);
         }
         Command::Abort { id } => {
             // A sequence that finished in the current burst is already counted as finished.
@@ -232,6 +231,7 @@ fn publish_gauges(model: &dyn StepModel, metrics: &Mutex<MetricsState>) {
     m.prefix_queries = stats.prefix_queries_tokens;
     m.prefix_hits = stats.prefix_hits_tokens;
     m.preemptions = stats.preemptions;
+    m.lora = model.lora_stats();
 }
 
 fn deliver(

@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) id_salt: u64,
     /// Prefill/decode disaggregation.
     pub(crate) pd: crate::pd::Pd,
+    /// The LoRA adapters it answers to.
+    pub(crate) lora: crate::lora::Registry,
     next_id: AtomicU64,
 }
 
@@ -48,6 +50,7 @@ impl Shared {
         };
         let id_salt = xxhash_rust::xxh3::xxh3_64_with_seed(config.id.as_bytes(), config.seed);
         let pd = crate::pd::Pd::new(&config, addr, metrics.clone());
+        let lora = crate::lora::Registry::new(&config.lora);
         Shared {
             pd,
             model_json: serde_json::to_string(&config.model).unwrap_or_else(|_| "\"\"".to_owned()),
@@ -60,6 +63,7 @@ impl Shared {
             started_unix: started as u64,
             started: (started * 1000.0).round() / 1000.0,
             id_salt,
+            lora,
             next_id: AtomicU64::new(1),
         }
     }

@@ -125,6 +125,7 @@ pub fn parse_with<'t>(
         false => (body, false),
     };
     let request = Request {
+        adapter: None,
         id: 0,
         tenant,
         session,

@@ -56,6 +56,7 @@ fn meter_parses_sse_split_across_reads() {
 #[test]
 fn body_has_stream_options_and_ignore_eos() {
     let spec = RequestSpec {
+        model: None,
         messages: vec![Message {
             role: "user".into(),
             content: "hi".into(),

@@ -41,6 +41,15 @@ impl DispatchCore {
         }
     }
 
+    /// What `id`'s engine said of its LoRA adapters in its last scrape.
+    pub fn adapters_observed(
+        &mut self,
+        id: EndpointId,
+        adapters: Option<crate::lora::AdapterState>,
+    ) {
+        self.router.set_adapters(id, adapters);
+    }
+
     /// A scrape of `id` sent at `sent_at` returned `observation` (`None` when the engine
     /// answered without metrics kvgate reads). The member is healthy again.
     pub fn observed(&mut self, id: EndpointId, observation: Option<Observation>, sent_at: Nanos) {

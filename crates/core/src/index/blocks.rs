@@ -49,6 +49,10 @@ pub enum KvEvent {
         block_size: u32,
         /// Where they were stored.
         tier: Tier,
+        /// The LoRA adapter the blocks were computed with (vLLM's `lora_name`); `None` for the
+        /// base model. The same tokens under another adapter are other blocks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lora_name: Option<String>,
     },
     /// Blocks were evicted.
     BlockRemoved {
@@ -121,6 +125,12 @@ type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 
 /// The seed of the first block of a chain stored by an engine event.
 pub const ENGINE_SCOPE: u64 = 0x6b76;
+
+/// `scope` narrowed to one LoRA adapter: blocks computed with an adapter never match the base
+/// model's or another adapter's.
+pub fn adapter_scope(adapter: &str, scope: u64) -> u64 {
+    xxh3_64_with_seed(adapter.as_bytes(), scope ^ 0x6c6f_7261)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Holder {
@@ -203,7 +213,7 @@ impl BlockIndex {
     /// inside an engine is the engine's business, vLLM's `cache_salt`).
     pub fn hashes_of(&self, key: &PrefixKey<'_>) -> Vec<u64> {
         let scope = if self.ttl.is_none() {
-            ENGINE_SCOPE
+            key.engine_scope()
         } else {
             key.scope
         };
@@ -284,10 +294,13 @@ impl BlockIndex {
                 token_ids,
                 block_size,
                 tier,
+                lora_name,
             } => {
                 let bs = (*block_size as usize).max(1);
                 let parent = match parent_block_hash {
-                    None => ENGINE_SCOPE,
+                    None => lora_name
+                        .as_deref()
+                        .map_or(ENGINE_SCOPE, |a| adapter_scope(a, ENGINE_SCOPE)),
                     Some(p) => match self.external.get(&(endpoint, *p)) {
                         Some(&local) => local,
                         None => {

@@ -179,7 +179,10 @@ impl PrefixCache {
     pub fn overlaps(&self, request: &Request, now: Nanos) -> Overlaps {
         let routed = self.routed_overlaps(request, now);
         match (&self.engines, request.prompt.tokens.as_deref()) {
-            (Some(engines), Some(tokens)) => engines.overlay(routed, tokens, now),
+            (Some(engines), Some(tokens)) => {
+                let scope = self.key(request).engine_scope();
+                engines.overlay(routed, tokens, scope, now)
+            }
             _ => routed,
         }
     }

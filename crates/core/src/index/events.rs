@@ -17,7 +17,7 @@
 //! blocks than any engine it could be (or missed removals): its entries are dropped and it
 //! becomes `Unknown`.
 
-use super::blocks::{block_hashes, BlockIndex, KvEvent, ENGINE_SCOPE};
+use super::blocks::{block_hashes, BlockIndex, KvEvent};
 use super::{Overlap, Overlaps, Unit};
 use crate::{EndpointId, Nanos};
 use serde::Serialize;
@@ -215,14 +215,15 @@ impl EngineCaches {
 
     /// Lays the engines' own account of `tokens` over `approx`, the router's index answer:
     /// everything in tokens, `Live` endpoints exact, `Unknown` ones the larger of the two, the
-    /// rest as the router believes. Pending (in-flight) overlap stays the router's.
-    pub fn overlay(&self, approx: Overlaps, tokens: &[u32], now: Nanos) -> Overlaps {
+    /// rest as the router believes. Pending (in-flight) overlap stays the router's. `scope`
+    /// seeds the chain: the engine's scope, or a LoRA adapter's.
+    pub fn overlay(&self, approx: Overlaps, tokens: &[u32], scope: u64, now: Nanos) -> Overlaps {
         let Some(index) = self.index.as_ref().filter(|_| !self.streams.is_empty()) else {
             return approx;
         };
         let n = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
         let bs = u32::try_from(index.block_size()).unwrap_or(u32::MAX);
-        let hashes = block_hashes(tokens, index.block_size(), ENGINE_SCOPE);
+        let hashes = block_hashes(tokens, index.block_size(), scope);
         let exact = index.overlaps_of(&hashes, now);
         // An engine recomputes at least the prompt's last token (vLLM caps a hit at whole
         // blocks of the first n - 1 tokens).

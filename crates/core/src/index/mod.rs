@@ -36,6 +36,9 @@ pub struct PrefixKey<'a> {
     pub text: Option<&'a [u8]>,
     /// The prompt's token ids.
     pub tokens: Option<&'a [u32]>,
+    /// The LoRA adapter: engines hash an adapter's blocks apart from the base model's and from
+    /// each other's (vLLM puts the adapter in each block's extra hash keys).
+    pub adapter: Option<&'a str>,
 }
 
 impl<'a> PrefixKey<'a> {
@@ -44,6 +47,9 @@ impl<'a> PrefixKey<'a> {
         let mut scope = 0x6b76_u64;
         if let Some(model) = &request.model {
             scope = xxh3_64_with_seed(model.as_bytes(), scope);
+        }
+        if let Some(adapter) = &request.adapter {
+            scope = blocks::adapter_scope(adapter, scope);
         }
         if !share_across_tenants {
             if let Some(tenant) = &request.tenant {
@@ -54,7 +60,16 @@ impl<'a> PrefixKey<'a> {
             scope,
             text: request.prompt.text.as_deref().map(str::as_bytes),
             tokens: request.prompt.tokens.as_deref(),
+            adapter: request.adapter.as_deref(),
         }
+    }
+
+    /// The seed of this key's first block in an index fed by engine events: the engine's own
+    /// scope for the base model, an adapter's scope for a LoRA request.
+    pub fn engine_scope(&self) -> u64 {
+        self.adapter.map_or(blocks::ENGINE_SCOPE, |a| {
+            blocks::adapter_scope(a, blocks::ENGINE_SCOPE)
+        })
     }
 }
 

@@ -25,6 +25,7 @@ pub(crate) struct OwnedKey {
     pub(crate) scope: u64,
     pub(crate) text: Option<Vec<u8>>,
     pub(crate) tokens: Option<Vec<u32>>,
+    pub(crate) adapter: Option<String>,
 }
 
 impl OwnedKey {
@@ -33,6 +34,7 @@ impl OwnedKey {
             scope: key.scope,
             text: key.text.map(<[u8]>::to_vec),
             tokens: key.tokens.map(<[u32]>::to_vec),
+            adapter: key.adapter.map(str::to_owned),
         }
     }
 
@@ -41,6 +43,7 @@ impl OwnedKey {
             scope: self.scope,
             text: self.text.as_deref(),
             tokens: self.tokens.as_deref(),
+            adapter: self.adapter.as_deref(),
         }
     }
 }
@@ -146,6 +149,7 @@ mod tests {
         let mut p = PendingPrompts::default();
         let prompt: Vec<u32> = (0..100).collect();
         let key = PrefixKey {
+            adapter: None,
             scope: 1,
             text: None,
             tokens: Some(&prompt),
@@ -154,6 +158,7 @@ mod tests {
         p.add(8, EndpointId(2), &key, &hashes(&key));
         let query: Vec<u32> = (0..64).chain(500..600).collect();
         let q = hashes(&PrefixKey {
+            adapter: None,
             scope: 1,
             text: None,
             tokens: Some(&query),

@@ -527,6 +527,7 @@ fn kv_cost_follows_engine_kv_events() {
     let prompt: Vec<u32> = (0..32).collect();
     let ext: Vec<u64> = block_hashes(&prompt, 4, 1234);
     let stored = KvEvent::BlockStored {
+        lora_name: None,
         block_hashes: ext.clone(),
         parent_block_hash: None,
         token_ids: prompt.clone(),

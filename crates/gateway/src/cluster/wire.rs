@@ -141,6 +141,7 @@ pub(crate) fn capped(request: &Request, max_bytes: usize) -> Request {
         tenant: request.tenant.clone(),
         session: request.session.clone(),
         model: request.model.clone(),
+        adapter: request.adapter.clone(),
         ..*request
     }
 }

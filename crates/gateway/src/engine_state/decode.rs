@@ -5,9 +5,12 @@
 //! that encoded them as tagged arrays, `[type, fields...]` in declaration order.
 //!
 //! Block hashes are integers, or bytes when the engine hashes with SHA-256; either only names a
-//! block, so bytes are folded to 64 bits. Stored blocks that carry LoRA or extra keys
-//! (multimodal inputs, a `cache_salt`) are keyed by more than their tokens, so a request's
-//! token hashes must not match them: they are left out.
+//! block, so bytes are folded to 64 bits. Stored blocks of a LoRA adapter (`lora_name`, or only
+//! `lora_id` from versions that sent no name) are kept under the adapter's scope, so only a
+//! request for that adapter matches them (an id without a name is scoped as `#lora_id=N`, which
+//! no request names: the chain stays placed, nothing matches it). Blocks whose extra keys hold
+//! more than the adapter's name (multimodal inputs, a `cache_salt`) are keyed by more than
+//! their tokens, so a request's token hashes must not match them: they are left out.
 
 use kvgate_core::index::blocks::{KvEvent, Tier};
 use rmpv::Value;
@@ -105,11 +108,26 @@ fn tier(v: Option<&Value>) -> Tier {
     }
 }
 
-fn is_set(v: Option<&Value>) -> bool {
-    match v {
-        None | Some(Value::Nil) => false,
-        Some(Value::Array(items)) => items.iter().any(|x| !x.is_nil()),
-        Some(_) => true,
+/// The adapter a stored block belongs to: its `lora_name` (trimmed), else its `lora_id`.
+fn adapter(name: Option<&Value>, id: Option<&Value>) -> Option<String> {
+    let name = name.and_then(Value::as_str).map(str::trim);
+    match (name.filter(|n| !n.is_empty()), id.filter(|v| !v.is_nil())) {
+        (Some(name), _) => Some(name.to_owned()),
+        (None, Some(id)) => Some(format!("#lora_id={id}")),
+        (None, None) => None,
+    }
+}
+
+/// Whether per-block extra keys are absent or name only the block's adapter.
+fn only_adapter_keys(keys: Option<&Value>, adapter: Option<&str>) -> bool {
+    let is_adapter = |v: &Value| v.is_nil() || (adapter.is_some() && v.as_str() == adapter);
+    match keys {
+        None | Some(Value::Nil) => true,
+        Some(Value::Array(blocks)) => blocks.iter().all(|block| match block {
+            Value::Array(items) => items.iter().all(is_adapter),
+            other => is_adapter(other),
+        }),
+        Some(_) => false,
     }
 }
 
@@ -149,7 +167,8 @@ fn read_event(event: &Value) -> Option<Read> {
     };
     Some(match kind {
         "BlockStored" => {
-            if is_set(get("lora_id")) || is_set(get("lora_name")) || is_set(get("extra_keys")) {
+            let lora_name = adapter(get("lora_name"), get("lora_id"));
+            if !only_adapter_keys(get("extra_keys"), lora_name.as_deref()) {
                 return Some(Read::Skipped);
             }
             let parent = match get("parent_block_hash") {
@@ -162,6 +181,7 @@ fn read_event(event: &Value) -> Option<Read> {
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect::<Option<Vec<u32>>>()?;
             Read::Event(KvEvent::BlockStored {
+                lora_name,
                 block_hashes: hashes(get("block_hashes"))?,
                 parent_block_hash: parent,
                 token_ids,
@@ -295,5 +315,95 @@ mod tests {
             decode(&[&seq, &encode(V::from(3))]),
             Err(DecodeError::Shape)
         );
+    }
+}
+
+#[cfg(test)]
+mod lora_tests {
+    use super::*;
+    use rmpv::Value as V;
+
+    fn stored(extra: Vec<(V, V)>) -> V {
+        let mut fields = vec![
+            (V::from("type"), V::from("BlockStored")),
+            (V::from("block_hashes"), V::Array(vec![V::from(5)])),
+            (V::from("parent_block_hash"), V::Nil),
+            (V::from("token_ids"), V::Array(vec![V::from(1), V::from(2)])),
+            (V::from("block_size"), V::from(2)),
+        ];
+        fields.extend(extra);
+        V::Map(fields)
+    }
+
+    fn lora_of(event: &V) -> Option<Option<String>> {
+        match read_event(event)? {
+            Read::Event(KvEvent::BlockStored { lora_name, .. }) => Some(lora_name),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn adapter_blocks_are_kept_under_their_adapter() {
+        let named = stored(vec![
+            (V::from("lora_id"), V::from(1)),
+            (V::from("lora_name"), V::from(" sql ")),
+            (
+                V::from("extra_keys"),
+                V::Array(vec![V::Array(vec![V::from("sql")])]),
+            ),
+        ]);
+        assert_eq!(lora_of(&named), Some(Some("sql".to_owned())));
+        let id_only = stored(vec![(V::from("lora_id"), V::from(3))]);
+        assert_eq!(lora_of(&id_only), Some(Some("#lora_id=3".to_owned())));
+        let base = stored(vec![
+            (V::from("lora_id"), V::Nil),
+            (V::from("lora_name"), V::Nil),
+            (V::from("extra_keys"), V::Array(vec![V::Nil])),
+        ]);
+        assert_eq!(lora_of(&base), Some(None));
+        let salted = stored(vec![
+            (V::from("lora_name"), V::from("sql")),
+            (
+                V::from("extra_keys"),
+                V::Array(vec![V::Array(vec![V::from("sql"), V::from("salt")])]),
+            ),
+        ]);
+        assert!(matches!(read_event(&salted), Some(Read::Skipped)));
+    }
+
+    fn to_msgpack(v: &serde_json::Value) -> V {
+        use serde_json::Value as J;
+        match v {
+            J::Null => V::Nil,
+            J::Bool(b) => V::from(*b),
+            J::Number(n) => n
+                .as_u64()
+                .map_or_else(|| V::from(n.as_f64().unwrap_or_default()), V::from),
+            J::String(s) => V::from(s.as_str()),
+            J::Array(items) => V::Array(items.iter().map(to_msgpack).collect()),
+            J::Object(map) => V::Map(
+                map.iter()
+                    .map(|(k, v)| (V::from(k.as_str()), to_msgpack(v)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// `test-data/vllm/kv-events-lora.jsonl`: stored-block events of an adapter's request from
+    /// a real vLLM 0.32 (`scripts/real-vllm-lora.sh`; token ids cut to four).
+    #[test]
+    fn a_real_adapter_s_blocks_are_kept_under_its_name() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../test-data/vllm/kv-events-lora.jsonl"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut read = 0;
+        for line in text.lines() {
+            let event = to_msgpack(&serde_json::from_str(line).unwrap());
+            assert_eq!(lora_of(&event), Some(Some("sql".to_owned())), "{line}");
+            read += 1;
+        }
+        assert!(read > 0);
     }
 }

@@ -9,6 +9,7 @@
 
 mod decode;
 pub mod exposition;
+pub mod lora;
 mod metrics;
 
 pub(crate) use decode::decode;

@@ -32,6 +32,10 @@ pub struct Candidate {
     /// The policy's score, when it ranks by one (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
+    /// For a request naming a LoRA adapter, where it stood there (running, free slot, waiting,
+    /// full: `kvgate_core::lora::Affinity`) by the engine's last report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<kvgate_core::lora::Affinity>,
     /// Whether this one was picked.
     pub chosen: bool,
 }
@@ -52,6 +56,8 @@ pub struct DecisionRecord {
     pub model: Option<String>,
     /// The session, if the client named one.
     pub session: Option<String>,
+    /// The LoRA adapter the request names.
+    pub adapter: Option<String>,
     /// The estimated prompt length in tokens.
     pub prompt_tokens: u32,
     /// The chosen endpoint.
@@ -77,6 +83,8 @@ impl Serialize for DecisionRecord {
             model: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             session: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            adapter: Option<&'a str>,
             prompt_tokens: u32,
             endpoint: &'a str,
             label: &'static str,
@@ -93,6 +101,7 @@ impl Serialize for DecisionRecord {
             policy: self.policy,
             model: self.model.as_deref(),
             session: self.session.as_deref(),
+            adapter: self.adapter.as_deref(),
             prompt_tokens: self.prompt_tokens,
             endpoint: &self.endpoint,
             label: self.reason.label(),
@@ -150,6 +159,11 @@ impl DecisionRecord {
                     in_flight: v.own_inflight - u32::from(v.id == chosen && v.own_inflight > 0),
                     engine_queue: v.observation.map(|o| o.running + o.waiting),
                     score,
+                    adapter: request.adapter.as_deref().map(|a| {
+                        v.adapters
+                            .as_ref()
+                            .map_or(kvgate_core::lora::Affinity::Unknown, |s| s.affinity(a))
+                    }),
                     chosen: v.id == chosen,
                 };
                 (v.id, candidate)
@@ -182,6 +196,7 @@ impl DecisionRecord {
             policy: scene.policy,
             model: request.model.clone(),
             session: request.session.clone(),
+            adapter: request.adapter.clone(),
             prompt_tokens: request.prompt_tokens,
             endpoint: name(chosen),
             reason: reason.clone(),

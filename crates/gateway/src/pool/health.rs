@@ -37,6 +37,16 @@ impl Pool {
         recovered
     }
 
+    /// What `endpoint`'s engine said of its LoRA adapters in its last scrape (`None`: nothing).
+    pub(crate) fn adapters_observed(
+        &self,
+        endpoint: EndpointId,
+        adapters: Option<kvgate_core::lora::AdapterState>,
+    ) {
+        self.note_adapter_report(endpoint, adapters.clone());
+        self.lock().dispatch.adapters_observed(endpoint, adapters);
+    }
+
     /// A scrape of `endpoint` failed with `trouble`; after `threshold` in a row it is
     /// unhealthy (see [`kvgate_core::dispatch::DispatchCore::scrape_failed`]). Whether this
     /// failure made it unhealthy.

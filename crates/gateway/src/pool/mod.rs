@@ -20,6 +20,7 @@ mod cadence;
 mod disagg;
 mod endpoint;
 mod health;
+mod lora;
 mod members;
 mod metrics;
 mod outcome;
@@ -116,6 +117,11 @@ pub struct Pool {
     max_event_entries: usize,
     /// Who hears what this pool's own requests did (in a cluster, the link to the peers).
     subscriber: std::sync::OnceLock<Arc<dyn Subscriber>>,
+    /// Model names engines listed as LoRA adapters (`lora`).
+    adapters: RwLock<std::collections::BTreeSet<String>>,
+    /// Each endpoint's last adapter report, for the admin API without the core's lock.
+    adapter_reports:
+        RwLock<std::collections::BTreeMap<EndpointId, kvgate_core::lora::AdapterState>>,
 }
 
 impl Pool {
@@ -138,6 +144,8 @@ impl Pool {
             decisions: DecisionRing::new(settings.decision_records),
             learned: ArcSwap::default(),
             subscriber: Default::default(),
+            adapters: Default::default(),
+            adapter_reports: Default::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -240,6 +248,7 @@ impl Pool {
             self.metrics.inflight.remove(&label);
         }
         self.cache_mut().remove_endpoint(id);
+        self.note_adapter_report(id, None);
         true
     }
 

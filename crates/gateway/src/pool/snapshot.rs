@@ -51,6 +51,10 @@ pub struct EndpointStatus {
     /// Its KV-event stream (trust, entries held, next sequence number), once one arrived.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<kvgate_core::index::events::StreamStatus>,
+    /// Its LoRA adapters as its engine last reported them (`vllm:lora_requests_info`, SGLang's
+    /// adapter pool); absent when it reports none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<kvgate_core::lora::AdapterState>,
 }
 
 /// The endpoints as last published: read without the lock.
@@ -205,6 +209,7 @@ impl Pool {
     pub fn status(&self) -> Vec<EndpointStatus> {
         let now = self.clock.now();
         let snapshot = self.snapshot.load();
+        let adapters = self.adapter_states();
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         snapshot
             .endpoints
@@ -249,6 +254,7 @@ impl Pool {
                     inflight,
                     iteration_ms: iteration.map(|s| s * 1e3),
                     kv_events: cache.engine_status(e.id),
+                    adapters: adapters.get(&e.id).cloned(),
                 }
             })
             .collect()

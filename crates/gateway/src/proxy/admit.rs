@@ -54,6 +54,7 @@ pub(crate) fn lease(
             ending.set(Outcome::ClientError);
             return Err(ApiError::unknown_model(model, &shared.pool.models()));
         }
+        inference.request.adapter = shared.pool.adapter_named(model);
     }
     let mut lease = shared
         .tenancy

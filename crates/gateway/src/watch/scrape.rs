@@ -8,6 +8,7 @@
 
 use super::EngineWatch;
 use crate::engine_state::exposition::{parse_models, parse_scrape};
+use crate::engine_state::lora::{listed_adapters, parse_adapters};
 use crate::error::ConfigError;
 use crate::upstream::Trouble;
 use axum::http::{Method, Request, StatusCode};
@@ -72,11 +73,14 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
             "GET {base}/metrics answered {status}: routing it without its load signals (is \
              the URL the engine's base URL, without /v1?)");
     }
-    let (observation, run) = status
+    let text = status
         .is_success()
-        .then(|| std::str::from_utf8(&body).ok().map(parse_scrape))
-        .flatten()
-        .unwrap_or_default();
+        .then(|| std::str::from_utf8(&body).ok())
+        .flatten();
+    let (observation, run) = text.map(parse_scrape).unwrap_or_default();
+    watch
+        .pool
+        .adapters_observed(id, text.and_then(parse_adapters));
     if watch.pool.incarnation(id, run) {
         restarted(watch, id, &name);
     }
@@ -86,6 +90,7 @@ pub(crate) async fn scrape_once(watch: &EngineWatch, id: EndpointId) -> Option<b
     count(watch, name, "ok");
     if watch.pool.needs_models(id) {
         if let Ok((status, body)) = get(watch, &base, "/v1/models").await {
+            watch.pool.note_adapters(listed_adapters(&body));
             let models = parse_models(&body);
             if status.is_success() && !models.is_empty() {
                 watch.pool.set_models(id, models);
@@ -138,6 +143,27 @@ fn restarted(watch: &EngineWatch, id: EndpointId, name: &str) {
     watch.losses.lost(id);
 }
 
+/// How often an endpoint that does not name its model is asked `/v1/models` again: vLLM and
+/// SGLang load LoRA adapters at runtime (`POST /v1/load_lora_adapter`), which appear only there.
+const MODELS_REFRESH_MS: u64 = 5_000;
+
+/// Asks `/v1/models` again of an endpoint whose models were discovered.
+async fn refresh_models(watch: &EngineWatch, id: EndpointId) {
+    if watch.pool.model_configured(id) {
+        return;
+    }
+    let Some(base) = watch.pool.base_of(id) else {
+        return;
+    };
+    if let Ok((status, body)) = get(watch, &base, "/v1/models").await {
+        let models = parse_models(&body);
+        if status.is_success() && !models.is_empty() {
+            watch.pool.note_adapters(listed_adapters(&body));
+            watch.pool.set_models(id, models);
+        }
+    }
+}
+
 /// Starts the scrape loop of one endpoint; it ends when the endpoint leaves the pool or the
 /// gateway stops.
 pub(crate) fn spawn(watch: EngineWatch, id: EndpointId) {
@@ -149,14 +175,20 @@ pub(crate) fn spawn(watch: EngineWatch, id: EndpointId) {
             return;
         }
         let mut next = tokio::time::Instant::now() + watch.pool.jitter(interval);
+        let every = (MODELS_REFRESH_MS / watch.scrape.interval_ms).max(1);
+        let mut rounds = 0u64;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
                 _ = stop.changed() => return,
             }
             next += interval;
-            if scrape_once(&watch, id).await.is_none() {
+            let Some(answered) = scrape_once(&watch, id).await else {
                 return;
+            };
+            rounds += 1;
+            if answered && rounds % every == 0 {
+                refresh_models(&watch, id).await;
             }
         }
     });

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 mod blocks;
+mod lora;
 mod schedule;
 
 /// Seed of the engine's own block hashes (engines hash with their own seed; routers recompute from
@@ -20,12 +21,17 @@ const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 /// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
 /// allocating per block.
 fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    chained_hashes_from(tokens, block_size, ENGINE_HASH_SEED)
+}
+
+/// [`chained_hashes`] from another seed (a LoRA adapter's: its blocks are not the base model's).
+fn chained_hashes_from(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
     let full = tokens.len() / block_size * block_size;
     let bytes: Vec<u8> = tokens[..full]
         .iter()
         .flat_map(|t| t.to_le_bytes())
         .collect();
-    let mut parent = ENGINE_HASH_SEED;
+    let mut parent = seed;
     bytes
         .chunks_exact(block_size * 4)
         .map(|block| {
@@ -55,6 +61,9 @@ struct Seq {
     expected_cached: u32,
     /// Leading prompt tokens whose KV another engine computed and sent ([`EngineModel::submit_transferred`]).
     transferred: u32,
+    /// Its LoRA adapter (an index into the engine's adapter names plus one), 0 for the base
+    /// model.
+    adapter: u32,
 }
 
 impl Seq {
@@ -91,6 +100,8 @@ pub struct EngineModel {
     prefix_queries_tokens: u64,
     prefix_hits_tokens: u64,
     preemptions: u64,
+    /// LoRA adapters, when the engine serves them ([`EngineModel::with_lora`]).
+    lora: Option<lora::Adapters>,
 }
 
 impl EngineModel {
@@ -115,6 +126,7 @@ impl EngineModel {
             prefix_queries_tokens: 0,
             prefix_hits_tokens: 0,
             preemptions: 0,
+            lora: None,
         }
     }
 
@@ -138,6 +150,10 @@ impl EngineModel {
     /// Queues a request. A request whose prompt plus output can never fit in the pool is
     /// finished with zero output at the next step. An id already held is ignored.
     pub fn submit(&mut self, request: SeqRequest) {
+        self.submit_seeded(request, 0, ENGINE_HASH_SEED);
+    }
+
+    fn submit_seeded(&mut self, request: SeqRequest, adapter: u32, seed: u64) {
         if self.seqs.contains_key(&request.id) {
             return;
         }
@@ -146,7 +162,7 @@ impl EngineModel {
         let prompt_len = u32::try_from(request.prompt.len()).unwrap_or(u32::MAX);
         let need = (prompt_len as usize + max_output as usize).div_ceil(bs);
         let hashes = if self.config.prefix_caching {
-            chained_hashes(&request.prompt, bs)
+            chained_hashes_from(&request.prompt, bs, seed)
         } else {
             Vec::new()
         };
@@ -164,6 +180,7 @@ impl EngineModel {
             cached_tokens: 0,
             expected_cached,
             transferred: 0,
+            adapter,
         };
         self.seqs.insert(request.id, seq);
         if need > self.pool.total() {
@@ -181,6 +198,13 @@ impl EngineModel {
     pub fn submit_transferred(&mut self, request: SeqRequest, transferred: u32) {
         let id = request.id;
         self.submit(request);
+        self.mark_transferred(id, transferred);
+    }
+
+    /// Marks the first `transferred` prompt tokens of the queued request `id` as arriving with
+    /// their KV (see [`Self::submit_transferred`]; for a request queued another way, such as
+    /// for a LoRA adapter).
+    pub fn mark_transferred(&mut self, id: u64, transferred: u32) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             seq.transferred = transferred;
         }
@@ -265,7 +289,7 @@ impl EngineModel {
             u64::from(it.prefill_tokens),
             u64::from(it.decode_seqs),
             context_tokens,
-        );
+        ) + self.take_adapter_loads();
         let mut finished = Vec::new();
         for w in work {
             if self.execute(w, &mut it) {

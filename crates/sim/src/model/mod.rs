@@ -39,12 +39,14 @@
 
 mod cost;
 mod engine;
+pub mod lora;
 mod pool;
 #[cfg(test)]
 mod tests;
 
 pub use cost::{CostModel, TICK_NANOS};
 pub use engine::EngineModel;
+pub use lora::{LoraConfig, LoraStats};
 
 use kvgate_core::index::blocks::KvEvent;
 use kvgate_core::Nanos;

@@ -3,6 +3,7 @@ use proptest::prelude::*;
 
 fn stored(tokens: &[u32], parent: Option<u64>, ext0: u64, tier: Tier) -> KvEvent {
     KvEvent::BlockStored {
+        lora_name: None,
         block_hashes: (0..(tokens.len() / 4) as u64).map(|i| ext0 + i).collect(),
         parent_block_hash: parent,
         token_ids: tokens.to_vec(),
@@ -93,9 +94,9 @@ proptest! {
                                  query in prop::collection::vec(0u32..3, 0..24)) {
         let mut idx = BlockIndex::new(4, None);
         for (e, toks) in &sent {
-            idx.insert(&PrefixKey { scope: 0, text: None, tokens: Some(toks) }, EndpointId(*e), Nanos(0));
+            idx.insert(&PrefixKey { adapter: None, scope: 0, text: None, tokens: Some(toks) }, EndpointId(*e), Nanos(0));
         }
-        let got = idx.overlaps(&PrefixKey { scope: 0, text: None, tokens: Some(&query) }, Nanos(0));
+        let got = idx.overlaps(&PrefixKey { adapter: None, scope: 0, text: None, tokens: Some(&query) }, Nanos(0));
         for e in 0..3 {
             let recount = sent.iter().filter(|(x, _)| *x == e)
                 .map(|(_, t)| t.iter().zip(&query).take_while(|(a, b)| a == b).count() / 4)

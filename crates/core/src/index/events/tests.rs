@@ -1,11 +1,13 @@
 use super::*;
 use crate::index::blocks::Tier;
+use crate::index::blocks::ENGINE_SCOPE;
 use proptest::prelude::*;
 
 const BS: u32 = 4;
 
 fn stored(tokens: &[u32], parent: Option<u64>, ext0: u64) -> KvEvent {
     KvEvent::BlockStored {
+        lora_name: None,
         block_hashes: (0..(tokens.len() as u64 / u64::from(BS)))
             .map(|i| ext0 + i)
             .collect(),
@@ -46,16 +48,16 @@ fn a_complete_stream_predicts_to_the_token() {
         BatchOutcome::InOrder
     );
     // The router believed endpoint 1 held 9 tokens; it has no stream, so that stands.
-    let out = caches.overlay(approx(&[(1, 9)], 13), &prompt, Nanos(0));
+    let out = caches.overlay(approx(&[(1, 9)], 13), &prompt, ENGINE_SCOPE, Nanos(0));
     assert_eq!(out.unit, Unit::Tokens);
     assert_eq!(out.of(EndpointId(0)).device, 12);
     assert_eq!(out.of(EndpointId(1)).device, 9);
     // Twelve tokens of a twelve-token prompt: the last token is always recomputed.
-    let out = caches.overlay(approx(&[], 12), &prompt[..12], Nanos(0));
+    let out = caches.overlay(approx(&[], 12), &prompt[..12], ENGINE_SCOPE, Nanos(0));
     assert_eq!(out.of(EndpointId(0)).device, 8);
     assert_eq!(out.engine, vec![(EndpointId(0), 8, true)]);
     // A trusted stream overrides the router's belief either way.
-    let out = caches.overlay(approx(&[(0, 4)], 13), &prompt, Nanos(0));
+    let out = caches.overlay(approx(&[(0, 4)], 13), &prompt, ENGINE_SCOPE, Nanos(0));
     assert_eq!(out.of(EndpointId(0)).device, 12);
 }
 
@@ -77,12 +79,12 @@ fn a_gap_is_noticed_at_the_next_batch_and_the_router_fills_in() {
     assert_eq!(status.trust, Trust::Unknown);
     // What came before the gap was dropped; the block after it has no known parent.
     assert_eq!(status.entries, 0);
-    let out = caches.overlay(approx(&[(2, 10)], 17), &prompt, Nanos(0));
+    let out = caches.overlay(approx(&[(2, 10)], 17), &prompt, ENGINE_SCOPE, Nanos(0));
     assert_eq!(out.of(e).device, 10, "the larger of router and events");
     assert_eq!(out.engine, vec![(e, 0, false)]);
     // New blocks stored after the gap are used when they say more than the router does.
     caches.batch(e, 4, &[stored(&prompt[..16], None, 200)], Nanos(0));
-    let out = caches.overlay(approx(&[(2, 10)], 17), &prompt, Nanos(0));
+    let out = caches.overlay(approx(&[(2, 10)], 17), &prompt, ENGINE_SCOPE, Nanos(0));
     assert_eq!(out.of(e).device, 16);
 }
 
@@ -131,6 +133,7 @@ fn another_block_size_is_not_matched() {
         Nanos(0),
     );
     let odd = KvEvent::BlockStored {
+        lora_name: None,
         block_hashes: vec![9],
         parent_block_hash: None,
         token_ids: vec![1, 2, 3, 4, 5, 6, 7, 8],
@@ -186,7 +189,7 @@ proptest! {
             let (endpoint, events) = match op {
                 Op::Store { endpoint, parent, first, blocks, host } => {
                     let tokens: Vec<u32> = (0..u32::from(blocks) * BS).map(|t| t + u32::from(first)).collect();
-                    let ev = KvEvent::BlockStored {
+                    let ev = KvEvent::BlockStored { lora_name: None,
                         block_hashes: (0..u64::from(blocks)).map(|i| u64::from(first) + i).collect(),
                         parent_block_hash: parent.map(u64::from),
                         token_ids: tokens,
@@ -214,6 +217,6 @@ proptest! {
             }
         }
         let query: Vec<u32> = (0..64).collect();
-        let _ = caches.overlay(Overlaps::default(), &query, Nanos(0));
+        let _ = caches.overlay(Overlaps::default(), &query, ENGINE_SCOPE, Nanos(0));
     }
 }

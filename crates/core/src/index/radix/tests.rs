@@ -212,6 +212,7 @@ fn a_system_prompt_many_questions_follow_is_shared_and_a_conversation_is_not() {
 fn an_endpoint_that_had_to_evict_is_listed_until_it_leaves() {
     let mut tree = RadixTree::<u8>::new(16);
     let key = |text: &'static [u8]| PrefixKey {
+        adapter: None,
         scope: 0,
         text: Some(text),
         tokens: None,

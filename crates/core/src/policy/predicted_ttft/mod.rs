@@ -33,9 +33,12 @@
 //! The index it consults mirrors each engine's cache (`mirror_engines`): bounded by the KV
 //! capacity the engine reports, and corrected when usage shows a predicted hit missed. Prompt
 //! token estimates (four bytes per token from text) are scaled by the ratio the engine's usage
-//! reports. Load signals go through [`LoadView`]: blackout and slow start apply as to every
+//! reports. A request for a LoRA adapter adds what it waits for the adapter beyond the queue
+//! ([`adapters`]: the adapter's load where a slot is free, the drain of another adapter's batch
+//! where none is). Load signals go through [`LoadView`]: blackout and slow start apply as to every
 //! load-reading policy (a slow-starting endpoint's prediction is divided by its factor).
 
+mod adapters;
 pub mod calibration;
 mod observe;
 mod prediction;
@@ -99,6 +102,18 @@ const DOC: PolicyDoc = PolicyDoc {
             "second_copies",
             "give a shared prefix one replica alone holds a second, while no cache evicts",
         ),
+        (
+            "lora_aware",
+            "price a LoRA adapter's load and the stall behind other adapters' batches",
+        ),
+        (
+            "lora_load_ms",
+            "time to load an adapter an engine does not run",
+        ),
+        (
+            "lora_stall_ms",
+            "wait for another adapter's batch to drain when every adapter slot is taken",
+        ),
         ("load", "stale-signal handling"),
     ],
 };
@@ -145,6 +160,15 @@ pub struct Config {
     /// ([`second_copy`]). On the classic shared-prefix benchmark through the gateway: 35 req/s
     /// against 30 without (docs/routing.md).
     pub second_copies: bool,
+    /// Price LoRA adapters ([`adapters`]): off, a request for an adapter is predicted as if
+    /// every engine ran it (adapter-blind).
+    pub lora_aware: bool,
+    /// Time to load an adapter into an engine's batch slots: the emulated engine's
+    /// `--lora-load-ms` default (a rank-8 to rank-16 adapter read from local disk).
+    pub lora_load_ms: f64,
+    /// The wait for another adapter's batch to drain where every slot is taken: about one
+    /// request's decode on the default engine model (128 output tokens at 12 ms per iteration).
+    pub lora_stall_ms: f64,
     /// Stale-signal handling.
     pub load: LoadConfig,
 }
@@ -163,6 +187,9 @@ impl Default for Config {
             externality_weight: 3.0,
             replicate_shared_prefixes: true,
             second_copies: true,
+            lora_aware: true,
+            lora_load_ms: 100.0,
+            lora_stall_ms: 1_500.0,
             load: LoadConfig::default(),
         }
     }
@@ -203,6 +230,14 @@ impl Params for Config {
             "must be a finite number, not negative",
         )?;
         check(
+            self.lora_load_ms >= 0.0
+                && self.lora_load_ms.is_finite()
+                && self.lora_stall_ms >= 0.0
+                && self.lora_stall_ms.is_finite(),
+            "lora_load_ms",
+            "lora_load_ms and lora_stall_ms must be finite numbers, not negative",
+        )?;
+        check(
             self.max_tree_size >= 1,
             "max_tree_size",
             "must be at least 1",
@@ -235,6 +270,7 @@ pub struct PredictedTtft {
     /// The last pick's predictions as decision-record scores, milliseconds.
     scores: Vec<(usize, f64)>,
     sessions: Sessions,
+    adapters: adapters::SentAdapters,
 }
 
 impl PredictedTtft {
@@ -260,6 +296,7 @@ impl PredictedTtft {
             chosen: None,
             scores: Vec::new(),
             sessions: Sessions::default(),
+            adapters: adapters::SentAdapters::default(),
         }
     }
 
@@ -299,6 +336,7 @@ impl Policy for PredictedTtft {
         let mut predictions = std::mem::take(&mut self.predictions);
         predictions.clear();
         predictions.resize(fleet.len(), None);
+        let running_at = self.running_at(query, &view);
         for i in view.routable() {
             let e = &fleet.views()[i];
             let scrape = match (view.is_fresh(i), e.observation) {
@@ -318,7 +356,8 @@ impl Policy for PredictedTtft {
                 scrape,
                 block_size: e.observation.and_then(|o| o.block_size),
             };
-            let p = self.predict(e.id, query.overlaps, prompt, observed, phase, now);
+            let mut p = self.predict(e.id, query.overlaps, prompt, observed, phase, now);
+            p.ttft += self.adapter_wait(query, e, &running_at);
             predictions[i] = Some(p);
         }
         self.scores.clear();
@@ -397,7 +436,12 @@ impl Policy for PredictedTtft {
                 endpoint,
                 at,
                 overlaps,
-            } => self.dispatched(request, endpoint, at, overlaps),
+            } => {
+                if let Some(adapter) = &request.adapter {
+                    self.adapters.dispatched(endpoint, adapter, at);
+                }
+                self.dispatched(request, endpoint, at, overlaps);
+            }
             Event::FirstToken {
                 request,
                 endpoint,
@@ -425,6 +469,7 @@ impl Policy for PredictedTtft {
             } => self.finish(request, endpoint, at),
             Event::EndpointRemoved { endpoint } => {
                 self.queues.remove(&endpoint);
+                self.adapters.remove(endpoint);
                 self.calibration.remove(endpoint.0);
                 self.pending.retain(|&(_, e), _| e != endpoint);
             }

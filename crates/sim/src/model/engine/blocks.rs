@@ -67,13 +67,15 @@ impl EngineModel {
         it.events.push(SeqEvent::Preempted { id });
     }
 
-    /// Admits the head of the queue if a slot and its blocks are available, computing at most
+    /// Admits the head of the queue (the first request whose LoRA adapter may join the batch,
+    /// [`EngineModel::admissible`]) if a slot and its blocks are available, computing at most
     /// `budget` tokens of it this iteration. Returns the tokens scheduled.
     pub(super) fn admit(&mut self, budget: Option<u32>, it: &mut Iteration) -> Option<u32> {
         if self.running.len() >= self.config.max_num_seqs {
             return None;
         }
-        let id = *self.waiting.front()?;
+        let pos = self.admissible()?;
+        let id = self.waiting[pos];
         let bs = self.config.block_size;
         let seq = &self.seqs[&id];
         // At least one token is computed, so the last token can be sampled.
@@ -99,7 +101,7 @@ impl EngineModel {
             self.found = found;
             return None;
         }
-        self.waiting.pop_front();
+        self.waiting.remove(pos);
         let mut blocks = Vec::with_capacity((seq.target as usize).div_ceil(bs));
         for &block in &found {
             self.pool.acquire(block);
@@ -119,6 +121,7 @@ impl EngineModel {
         self.prefix_queries_tokens += prompt_len;
         self.prefix_hits_tokens += u64::from(local);
         self.running.push(id);
+        self.adapter_admitted(id);
         if self.caches_on_schedule() {
             self.register(id, cached + tokens, it);
         }
@@ -156,7 +159,8 @@ impl EngineModel {
                 (true, None) => stored_from = Some(b),
                 (false, Some(from)) => {
                     if self.kv_events {
-                        it.kv_events.push(stored_event(seq, from, b, bs));
+                        let lora = self.adapter_name(seq.adapter);
+                        it.kv_events.push(stored_event(seq, from, b, bs, lora));
                     }
                     stored_from = None;
                 }
@@ -164,7 +168,8 @@ impl EngineModel {
             }
         }
         if let (Some(from), true) = (stored_from, self.kv_events) {
-            it.kv_events.push(stored_event(seq, from, full, bs));
+            let lora = self.adapter_name(seq.adapter);
+            it.kv_events.push(stored_event(seq, from, full, bs, lora));
         }
         let seq = self.seqs.get_mut(&id).expect("scheduled");
         seq.registered = seq.registered.max(full);
@@ -172,12 +177,13 @@ impl EngineModel {
 }
 
 /// `BlockStored` for prompt blocks `from..to` of `seq`.
-fn stored_event(seq: &Seq, from: usize, to: usize, bs: usize) -> KvEvent {
+fn stored_event(seq: &Seq, from: usize, to: usize, bs: usize, lora: Option<String>) -> KvEvent {
     KvEvent::BlockStored {
         block_hashes: seq.hashes[from..to].to_vec(),
         parent_block_hash: from.checked_sub(1).map(|p| seq.hashes[p]),
         token_ids: seq.prompt[from * bs..to * bs].to_vec(),
         block_size: bs as u32,
         tier: Tier::Device,
+        lora_name: lora,
     }
 }
