@@ -365,6 +365,24 @@ impl Answer<'_> {
     }
 }
 
+/// A request read and within the engine's limits (with the adapter it names), or the answer
+/// refusing it (a drawn fault, a bad body, a limit).
+async fn accept(
+    shared: &Shared,
+    faults: &crate::faults::RequestFaults,
+    conn: &Connection,
+    (endpoint, body): (Endpoint, Body),
+) -> Result<(Parsed, pd::Ask, Option<String>), Response> {
+    if let Some(kind) = faults.refuse {
+        return Err(refuse(kind, conn).await);
+    }
+    let (parsed, ask) = read_request(shared, endpoint, body)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let adapter = check_limits(shared, &parsed).map_err(IntoResponse::into_response)?;
+    Ok((parsed, ask, adapter))
+}
+
 /// The `created` field of an answer: seconds since the Unix epoch.
 fn unix_seconds() -> u64 {
     SystemTime::now()
@@ -380,18 +398,11 @@ async fn generate(
 ) -> Response {
     let arrived = Instant::now();
     let faults = shared.faults.draw();
-    if let Some(kind) = faults.refuse {
-        return refuse(kind, &conn).await;
-    }
-    let (parsed, ask) = match read_request(&shared, endpoint, body).await {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
+    let (parsed, ask, adapter) = match accept(&shared, &faults, &conn, (endpoint, body)).await {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
     };
     let config = &shared.config;
-    let adapter = match check_limits(&shared, &parsed) {
-        Ok(adapter) => adapter,
-        Err(e) => return e.into_response(),
-    };
     let prompt_tokens = parsed.prompt.len();
     let limit = parsed
         .max_tokens
