@@ -40,6 +40,29 @@ fn config(cheap: &Proc, strong: &Proc, route: &str) -> String {
     )
 }
 
+/// `kvgate serve` on the configuration at `path`, its access log on stderr, once ready.
+async fn serve_logged(path: &std::path::Path) -> (Proc, Log) {
+    let (g, log) = spawn_logged(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-log",
+            "stderr",
+            "--config",
+            path.to_str().unwrap(),
+        ],
+        "kvgate serve listening on",
+    );
+    wait_for(
+        &format!("{}/ready", g.url),
+        "the gateway to be ready",
+        |b| b == "ready",
+    )
+    .await;
+    (g, log)
+}
+
 async fn ask(front: &str, text: &str, stream: bool) -> reqwest::Response {
     client()
         .post(format!("{front}/v1/chat/completions"))
@@ -63,24 +86,7 @@ async fn easy_stays_cheap_hard_goes_strong_and_cascade_answers_come_back_as_aske
     let strong = tier_engine("strong", "big", "0", &[]);
     let route = "      share: {target: 0.5, min_samples: 100000, initial_threshold: 0.5}\n      cascade: {confidence: {threshold: 0.3}}\n";
     let path = config_file("difficulty-route", &config(&cheap, &strong, route));
-    let (g, log) = spawn_logged(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-log",
-            "stderr",
-            "--config",
-            path.to_str().unwrap(),
-        ],
-        "kvgate serve listening on",
-    );
-    wait_for(
-        &format!("{}/ready", g.url),
-        "the gateway to be ready",
-        |b| b == "ready",
-    )
-    .await;
+    let (g, log) = serve_logged(&path).await;
 
     let r = ask(&g.url, HARD, false).await;
     assert_eq!(r.status(), 200);
@@ -504,22 +510,7 @@ async fn a_classifier_endpoint_scores_and_an_outage_falls_back_to_the_rules() {
         "      scorer: {{kind: classifier, url: \"{url}/classify\", model: router}}\n      {share}\n    slow:\n      cheap: small\n      strong: big\n      scorer: {{kind: classifier, url: \"{url}/slow\", model: router, deadline_ms: 150}}\n      {share}\n"
     );
     let path = config_file("difficulty-classifier", &config(&cheap, &strong, &route));
-    let g = spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            path.to_str().unwrap(),
-        ],
-        "kvgate serve listening on",
-    );
-    wait_for(
-        &format!("{}/ready", g.url),
-        "the gateway to be ready",
-        |b| b == "ready",
-    )
-    .await;
+    let (g, _log) = serve_logged(&path).await;
 
     let r = ask(&g.url, HARD, false).await;
     assert_eq!(header(&r, "x-kvgate-tier"), "strong");

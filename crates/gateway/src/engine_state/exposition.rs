@@ -139,6 +139,11 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 
 /// The model ids in an OpenAI `/v1/models` answer.
 pub fn parse_models(body: &[u8]) -> Vec<String> {
+    model_ids(body, |_| true)
+}
+
+/// The ids of the entries of an OpenAI `/v1/models` answer that `keep` accepts.
+pub(crate) fn model_ids(body: &[u8], keep: impl Fn(&serde_json::Value) -> bool) -> Vec<String> {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
         return Vec::new();
     };
@@ -147,6 +152,7 @@ pub fn parse_models(body: &[u8]) -> Vec<String> {
         .map(|items| {
             items
                 .iter()
+                .filter(|m| keep(m))
                 .filter_map(|m| m["id"].as_str().map(str::to_string))
                 .collect()
         })

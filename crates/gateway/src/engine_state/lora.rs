@@ -13,19 +13,7 @@ use kvgate_core::lora::AdapterState;
 
 /// The adapters in an OpenAI `/v1/models` answer: the ids listed with a `parent` model.
 pub fn listed_adapters(body: &[u8]) -> Vec<String> {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return Vec::new();
-    };
-    value["data"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter(|m| m["parent"].as_str().is_some())
-                .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    super::exposition::model_ids(body, |m| m["parent"].as_str().is_some())
 }
 
 /// One `vllm:lora_requests_info` series.
