@@ -7,7 +7,8 @@
 //! join (with blackout and slow start), missing ones leave (requests already sent there finish),
 //! others get their new weight, model and labels. The policy is rebuilt only when the file's
 //! `policy` section itself changed, so command-line policy flags survive reloads that touch only
-//! endpoints. Other sections take effect on restart.
+//! endpoints. Other sections take effect on restart: a reload that changes one says which, in a
+//! warning and in `/admin/config`, rather than appearing to apply it.
 
 use crate::config::Config;
 use crate::pool::EndpointSet;
@@ -23,7 +24,12 @@ pub(crate) struct Reloader {
     endpoints: EndpointSet,
     file_policy: Option<PolicyConfig>,
     file_spillover: Option<crate::endpoint_config::SpilloverConfig>,
+    /// The file's other sections as the gateway started with them.
+    started: Option<serde_json::Value>,
 }
+
+/// The sections a reload applies; any other that changes needs a restart.
+const RELOADED: [&str; 3] = ["endpoints", "policy", "spillover"];
 
 impl Reloader {
     /// Starts from the file as it was when the gateway was configured (`None` if unreadable).
@@ -34,11 +40,27 @@ impl Reloader {
             }),
             file_policy: initial.map(|c| c.policy.clone()),
             file_spillover: initial.map(|c| c.spillover.clone()),
+            started: initial.and_then(|c| serde_json::to_value(c).ok()),
         }
     }
 
-    /// Applies a new version of the file.
-    pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) {
+    /// The sections of `new` other than those reloaded that differ from the file the gateway
+    /// started with, by name.
+    fn restart_needed(&self, new: &Config) -> Vec<String> {
+        let (Some(started), Ok(new)) = (&self.started, serde_json::to_value(new)) else {
+            return Vec::new();
+        };
+        let (Some(started), Some(new)) = (started.as_object(), new.as_object()) else {
+            return Vec::new();
+        };
+        new.iter()
+            .filter(|(k, v)| !RELOADED.contains(&k.as_str()) && started.get(*k) != Some(v))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Applies a new version of the file; answers the changed sections it could not apply.
+    pub(crate) fn apply(&mut self, shared: &Arc<Shared>, new: &Config) -> Vec<String> {
         let (joined, _) = self.endpoints.sync(&shared.pool, &new.endpoints);
         for id in joined {
             shared.watch.start(id);
@@ -51,6 +73,7 @@ impl Reloader {
             shared.pool.set_spillover(new.spillover.clone());
             self.file_spillover = Some(new.spillover.clone());
         }
+        self.restart_needed(new)
     }
 }
 
@@ -78,11 +101,18 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
                 continue;
             }
             last = now;
-            let result = match read(&path) {
+            let (result, restart_needed) = match read(&path) {
                 Ok(config) => {
-                    reloader.apply(&shared, &config);
+                    let pending = reloader.apply(&shared, &config);
                     tracing::info!(path = %path.display(), "configuration reloaded");
-                    None
+                    if !pending.is_empty() {
+                        tracing::warn!(
+                            path = %path.display(),
+                            sections = %pending.join(", "),
+                            "configuration sections changed that take effect only on restart"
+                        );
+                    }
+                    (None, pending)
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -90,7 +120,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
                         error = %e,
                         "configuration not reloaded; keeping the running one"
                     );
-                    Some(e)
+                    (Some(e), Vec::new())
                 }
             };
             let label = if result.is_some() {
@@ -103,7 +133,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, path: PathBuf, period: Duration) {
                 .config_reloads
                 .get_or_create(&crate::metrics::reason(label))
                 .inc();
-            shared.reloads().record(result);
+            shared.reloads().record(result, restart_needed);
         }
     });
 }
@@ -138,7 +168,7 @@ mod tests {
 
         let mut edited = file.clone();
         edited.endpoints = vec![EndpointConfig::from_url("http://127.0.0.1:3")];
-        reloader.apply(&shared, &edited);
+        assert!(reloader.apply(&shared, &edited).is_empty(), "all applied");
         assert_eq!(
             urls(&shared),
             vec!["http://127.0.0.1:2", "http://127.0.0.1:3"]
@@ -232,5 +262,28 @@ mod tests {
         );
         assert!(pick(4).is_err(), "one concurrent request at most");
         let _ = shared.stop.send(true);
+    }
+
+    #[tokio::test]
+    async fn a_reload_names_the_sections_that_need_a_restart() {
+        let file = Config::from_yaml("endpoints: [{url: 'http://127.0.0.1:1'}]").unwrap();
+        let shared = Shared::new(
+            file.clone(),
+            1,
+            crate::observe::access_log::AccessLog::default(),
+            None,
+        )
+        .unwrap();
+        let mut reloader = Reloader::new(&shared, Some(&file));
+        let edited = Config::from_yaml(
+            "endpoints: [{url: 'http://127.0.0.1:4'}]\npolicy: {name: round_robin}\nsemantic_cache: {ttl_secs: 9}\nadmission: {max_queue: 7}",
+        )
+        .unwrap();
+        assert_eq!(
+            reloader.apply(&shared, &edited),
+            vec!["admission".to_string(), "semantic_cache".to_string()]
+        );
+        // Back as it started: nothing is pending.
+        assert!(reloader.apply(&shared, &file).is_empty());
     }
 }

@@ -20,10 +20,13 @@ pub(crate) struct LastReload {
     pub(crate) at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// Sections the file changed that a reload does not apply (they take effect on restart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) restart_needed: Vec<String>,
 }
 
 impl ReloadLog {
-    pub(crate) fn record(&mut self, error: Option<String>) {
+    pub(crate) fn record(&mut self, error: Option<String>, restart_needed: Vec<String>) {
         let result = match error {
             None => {
                 self.applied += 1;
@@ -38,6 +41,7 @@ impl ReloadLog {
             result,
             at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             error,
+            restart_needed,
         });
     }
 }
