@@ -300,3 +300,32 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
         table: table.render(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn splits_of(set: Option<&str>, replicas: usize) -> Result<Vec<usize>, Error> {
+        let mut sets = BTreeMap::new();
+        if let Some(v) = set {
+            sets.insert("prefill_replicas".to_owned(), v.to_owned());
+        }
+        splits(&mut Params::new(&sets), replicas)
+    }
+
+    #[test]
+    fn every_split_by_default_or_the_ones_named() {
+        assert_eq!(splits_of(None, 4).unwrap(), vec![1, 2, 3]);
+        assert_eq!(splits_of(Some("3"), 4).unwrap(), vec![3]);
+        assert_eq!(splits_of(Some("1,2"), 4).unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_split_that_leaves_no_pool_is_refused() {
+        for bad in ["0", "4", "1.5", "x"] {
+            let e = splits_of(Some(bad), 4).unwrap_err();
+            assert!(e.to_string().contains("prefill_replicas"), "{bad}: {e}");
+        }
+    }
+}
