@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Prefill/decode disaggregation's modes through the gateway on four emulated engines in real
 # time (time-scale 1): `never` on four whole-request engines, `always`, `threshold` and
-# `conditional` on one prefill engine and three decode engines (the same fleet size), each on
+# `conditional` on `--prefill` prefill engines and the rest decode engines (the same fleet size), each on
 # a fresh fleet and gateway, then one `kvgate bench` run of long-prompt agentic sessions. The
 # same comparison as `kvgate sim --scenario pd`. Prints one table; JSON per mode in DIR.
 #
 #   scripts/pd-bench.sh [--rate SESSIONS_PER_S] [--requests N] [--protocol vllm|sglang]
-#                       [--prefill N] [--out DIR] [--seed N]
+#                       [--prefill N] [--stall-weight W] [--out DIR] [--seed N]
+#
+# --prefill N: prefill engines of the four in the disaggregated modes (the rest decode);
+# --stall-weight W: the conditional decision's decode_stall_weight (default: the gateway's).
 #
 # KVGATE=path/to/kvgate skips the release build.
 set -euo pipefail
@@ -19,6 +22,7 @@ protocol=vllm
 prefill=1
 out=target/pd-bench
 seed=1
+stall=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --rate) rate=$2; shift 2 ;;
@@ -27,6 +31,7 @@ while [[ $# -gt 0 ]]; do
         --prefill) prefill=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
+        --stall-weight) stall=", decode_stall_weight: $2"; shift 2 ;;
         *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
@@ -44,7 +49,7 @@ run_mode() {
         port=${url##*:}
         echo "  - {url: \"$url\", role: $role, bootstrap_port: $port}" >>"$config"
     done
-    echo "disaggregation: {protocol: $protocol, decision: {mode: $mode}}" >>"$config"
+    echo "disaggregation: {protocol: $protocol, decision: {mode: $mode$stall}}" >>"$config"
     start "$KVGATE" serve --listen 127.0.0.1:0 --config "$config" --access-log "$out/$mode.access.jsonl"
     local gateway=$url
     for _ in $(seq 1 100); do
