@@ -49,9 +49,60 @@ impl Pool {
             .clone()
     }
 
-    /// The adapter a request for `model` uses, when `model` is an adapter's name.
+    /// The adapter a request for `model` uses, when `model` is an adapter's name or SGLang's
+    /// `base:adapter` naming one (split at the first `:`, as SGLang splits it).
     pub fn adapter_named(&self, model: &str) -> Option<String> {
         let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
-        adapters.contains(model).then(|| model.to_owned())
+        if adapters.contains(model) {
+            return Some(model.to_owned());
+        }
+        let (_, adapter) = model.split_once(':')?;
+        adapters.contains(adapter).then(|| adapter.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+    use crate::endpoint_config::EndpointConfig;
+    use crate::pool::{Attempt, PoolMetrics};
+    use kvgate_core::Request;
+
+    #[test]
+    fn base_colon_adapter_goes_where_the_adapter_is_listed_named_as_vllm_wants() {
+        let mut config = crate::Config::default();
+        config.set_policy("round_robin").unwrap();
+        let pool = Pool::new(
+            &config.pool_settings(),
+            Clock::manual(),
+            PoolMetrics::register(&mut Default::default()),
+            7,
+        );
+        let with = pool.add(EndpointConfig::from_url("http://with:1"));
+        let without = pool.add(EndpointConfig::from_url("http://without:1"));
+        pool.set_models(with, vec!["base".into(), "sql".into()]);
+        pool.set_models(without, vec!["base".into()]);
+        pool.note_adapters(vec!["sql".into()]);
+        assert_eq!(pool.adapter_named("base:sql").as_deref(), Some("sql"));
+        assert_eq!(pool.adapter_named("sql").as_deref(), Some("sql"));
+        assert_eq!(pool.adapter_named("base:chat"), None);
+        assert!(pool.serves("base:sql") && !pool.serves("base:chat"));
+        for id in 0..4 {
+            let request = Request {
+                model: Some("base:sql".into()),
+                adapter: Some("sql".into()),
+                ..Request::from_text(id, "hello")
+            };
+            let t = pool.pick(&request, &[], Attempt::First).unwrap();
+            assert_eq!(t.id, with, "only the endpoint listing the adapter");
+            assert_eq!(t.send_model.as_deref(), Some("sql"));
+        }
+        let base = Request {
+            model: Some("base".into()),
+            ..Request::from_text(9, "hello")
+        };
+        let t = pool.pick(&base, &[], Attempt::First).unwrap();
+        assert_eq!(t.send_model, None, "the base model's name is left alone");
     }
 }
