@@ -31,10 +31,20 @@ async fn base_colon_adapter_goes_to_the_engines_listing_the_adapter() {
         &["--policy", "round_robin", "--admin-token", "t"],
     )
     .await;
-    wait_for(&format!("{}/v1/models", gw.url), "the adapters", |body| {
-        body.contains("\"a\"") && body.contains("\"b\"")
-    })
-    .await;
+    // Until an endpoint's models are known it serves any name: wait for both.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let status = admin_json(&gw.url, "/admin/endpoints", "t").await;
+        let known = |e: &serde_json::Value| e["models"].as_array().is_some_and(|m| !m.is_empty());
+        if status["endpoints"].as_array().unwrap().iter().all(known) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never discovered: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let lora_name = lora.url.trim_start_matches("http://").to_owned();
     for n in 0..4 {
         let r = complete(&gw.url, "test-model:a", n).await;

@@ -15,6 +15,25 @@ impl Pool {
         adapters.extend(names);
     }
 
+    /// `endpoint` loaded `adapter` at the gateway's request (`lora.on_demand`): it serves the
+    /// adapter from now on, without waiting for the next `/v1/models` refresh to list it.
+    pub fn adapter_loaded(&self, endpoint: super::EndpointId, adapter: &str) {
+        self.note_adapters(vec![adapter.to_owned()]);
+        let mut core = self.lock();
+        let Some(e) = core.endpoint_mut(endpoint) else {
+            return;
+        };
+        if e.about.models.iter().any(|m| m == adapter) {
+            return;
+        }
+        let mut models = e.about.models.clone();
+        models.push(adapter.to_owned());
+        e.about = std::sync::Arc::new(super::About::new(e.about.config.clone(), models));
+        let serving = e.about.serving.clone();
+        core.dispatch.set_serving(endpoint, serving);
+        self.publish(&core);
+    }
+
     /// Whether `endpoint`'s configuration names its model (else its models are discovered).
     pub fn model_configured(&self, endpoint: super::EndpointId) -> bool {
         self.snapshot
@@ -47,6 +66,12 @@ impl Pool {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The adapter names engines listed, sorted.
+    pub fn adapter_names(&self) -> Vec<String> {
+        let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        adapters.iter().cloned().collect()
     }
 
     /// The adapter a request for `model` uses, when `model` is an adapter's name or SGLang's
