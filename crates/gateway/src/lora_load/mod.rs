@@ -205,7 +205,7 @@ impl Loader {
         adapter: &str,
         path: &str,
     ) -> Result<(), Failure> {
-        let result = self.post(target, adapter, path).await;
+        let result = self.post(pool, target, adapter, path).await;
         let label = match &result {
             Ok(()) => "ok",
             Err(Failure::Refused(_)) => "refused",
@@ -229,14 +229,19 @@ impl Loader {
 
     async fn post(
         &self,
+        pool: &Pool,
         target: &EndpointStatus,
         adapter: &str,
         path: &str,
     ) -> Result<(), Failure> {
         let body = serde_json::json!({"lora_name": adapter, "lora_path": path}).to_string();
         let url = format!("{}/v1/load_lora_adapter", target.url.trim_end_matches('/'));
-        let request = axum::http::Request::post(&url)
-            .header(axum::http::header::CONTENT_TYPE, "application/json")
+        let mut request = axum::http::Request::post(&url)
+            .header(axum::http::header::CONTENT_TYPE, "application/json");
+        if let Some(authorization) = pool.authorization_of(target.id) {
+            request = request.header(axum::http::header::AUTHORIZATION, authorization);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Failure::Unreachable(e.to_string()))?;
         let timeout = Duration::from_millis(self.config.load_timeout_ms);

@@ -68,6 +68,15 @@ impl Pool {
             .clone()
     }
 
+    /// The `Authorization` header requests to `endpoint` carry (its `api_key`).
+    pub(crate) fn authorization_of(
+        &self,
+        endpoint: super::EndpointId,
+    ) -> Option<axum::http::HeaderValue> {
+        let snapshot = self.snapshot.load();
+        snapshot.get(endpoint)?.about.authorization.clone()
+    }
+
     /// The adapter names engines listed, sorted.
     pub fn adapter_names(&self) -> Vec<String> {
         let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
