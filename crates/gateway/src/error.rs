@@ -173,6 +173,29 @@ impl ApiError {
         .with_param("model")
     }
 
+    /// 404 for a LoRA adapter no endpoint lists and the gateway has no path to load it from.
+    pub fn unknown_adapter(adapter: &str, served: &[String]) -> Self {
+        let served = if served.is_empty() {
+            "none".to_string()
+        } else {
+            served
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "the LoRA adapter `{adapter}` is not loaded on any endpoint and `lora.paths` \
+                 names no path to load it from (adapters served: {served})"
+            ),
+        )
+        .with_param("model")
+    }
+
     /// 429 when the gateway's queue is full.
     pub fn overloaded(retry_after_secs: u64) -> Self {
         let mut e = Self::new(

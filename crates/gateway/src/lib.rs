@@ -58,6 +58,7 @@ mod epp;
 #[cfg(test)]
 mod fuzz;
 mod listener;
+pub mod lora_load;
 pub mod observe;
 mod proxy;
 mod relay;

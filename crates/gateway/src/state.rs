@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     reloads: Mutex<ReloadLog>,
     /// Answers served again (`semantic_cache:`).
     pub(crate) semcache: Arc<crate::semcache::SemCache>,
+    /// LoRA adapters loaded on demand (`lora:`).
+    pub(crate) lora: crate::lora_load::Loader,
     /// Routed names' scorers, controllers, budgets and strong-tier slots.
     pub(crate) difficulty: crate::difficulty::Difficulty,
     /// Prefill/decode disaggregation.
@@ -105,6 +107,8 @@ impl Shared {
             metrics.semcache.clone(),
             pool.clock().clone(),
         )?);
+        let lora =
+            crate::lora_load::Loader::new(&config.lora, client.clone(), metrics.lora_loads.clone());
         let rehome = Rehome::new(&config.resume, pool.clock().clone());
         let (stop, stopped) = watch::channel(false);
         let (signal, losses) = LossSignal::channel();
@@ -138,6 +142,7 @@ impl Shared {
             losses: Mutex::new(Some(losses)),
             reloads: Mutex::default(),
             semcache,
+            lora,
             difficulty,
             disagg: crate::disagg::Disagg::new(
                 config.disaggregation.clone(),

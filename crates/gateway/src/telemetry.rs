@@ -49,6 +49,8 @@ pub(crate) struct Metrics {
     pub(crate) difficulty: crate::difficulty::DifficultyMetrics,
     /// Prefill/decode disaggregation.
     pub(crate) disagg: DisaggMetrics,
+    /// LoRA adapters loaded on demand.
+    pub(crate) lora_loads: crate::lora_load::LoadMetrics,
 }
 
 impl Default for Metrics {
@@ -94,6 +96,7 @@ impl Metrics {
             watch: WatchMetrics::register(r),
             resume: ResumeMetrics::register(r),
             disagg: DisaggMetrics::register(r),
+            lora_loads: crate::lora_load::LoadMetrics::register(r),
             tenants,
             engine_state,
             cluster,

@@ -22,13 +22,25 @@ impl Serving {
     /// anything, and a request naming no model goes anywhere).
     pub fn serves(&self, model: Option<&str>) -> bool {
         match model {
-            Some(m) => {
-                self.models.is_empty()
-                    || self.models.iter().any(|x| x == m)
-                    || self.aliases.iter().any(|x| x == m)
-            }
+            Some(m) => self.models.is_empty() || self.names(m) || self.adapter_of(m).is_some(),
             None => true,
         }
+    }
+
+    fn names(&self, m: &str) -> bool {
+        self.models.iter().any(|x| x == m) || self.aliases.iter().any(|x| x == m)
+    }
+
+    /// The adapter a request for `model` in SGLang's `base:adapter` form runs here, when this
+    /// endpoint serves `base` and lists `adapter` among its models (as vLLM and SGLang list
+    /// loaded adapters in `/v1/models`). The name is split at its first `:` as SGLang splits
+    /// it; a model whose own name holds a `:` and is listed as such is not an adapter request.
+    pub fn adapter_of<'m>(&self, model: &'m str) -> Option<&'m str> {
+        if self.names(model) {
+            return None;
+        }
+        let (base, adapter) = model.split_once(':')?;
+        (self.names(base) && self.models.iter().any(|x| x == adapter)).then_some(adapter)
     }
 }
 
@@ -244,5 +256,37 @@ impl Member {
         let cooling = cool && now < s.cool_until;
         let was_tried = fresh && tried.contains(&s.id);
         s.serving.serves(model) && !s.held_back(now) && !cooling && !was_tried
+    }
+}
+
+#[cfg(test)]
+mod serving_tests {
+    use super::Serving;
+
+    #[test]
+    fn base_colon_adapter_is_served_where_the_base_lists_the_adapter() {
+        let vllm = Serving {
+            models: vec!["base".into(), "sql".into(), "odd:name".into()],
+            aliases: vec!["b".into()],
+        };
+        assert!(vllm.serves(Some("base:sql")));
+        assert_eq!(vllm.adapter_of("base:sql"), Some("sql"));
+        assert_eq!(
+            vllm.adapter_of("b:sql"),
+            Some("sql"),
+            "the base by its alias"
+        );
+        assert!(
+            !vllm.serves(Some("base:chat")),
+            "an adapter it does not list"
+        );
+        assert!(!vllm.serves(Some("other:sql")), "another base model");
+        assert_eq!(vllm.adapter_of("odd:name"), None, "a listed name is itself");
+        assert!(vllm.serves(Some("odd:name")));
+        assert!(
+            Serving::default().serves(Some("base:sql")),
+            "unknown models serve anything"
+        );
+        assert_eq!(Serving::default().adapter_of("base:sql"), None);
     }
 }

@@ -75,6 +75,8 @@ pub struct Config {
     pub discovery: crate::discovery::DiscoveryConfig,
     /// Answers served again to the same or a similar request (off by default).
     pub semantic_cache: crate::semcache::SemanticCacheConfig,
+    /// LoRA adapters loaded on demand (off by default).
+    pub lora: crate::lora_load::LoraConfig,
     /// Names that route each request to a cheap or a strong model by its difficulty.
     pub routing: crate::difficulty::RoutingConfig,
     /// Prefill/decode disaggregation, for a pool with `role: prefill` endpoints.
@@ -108,6 +110,7 @@ impl Default for Config {
             cluster: Default::default(),
             discovery: Default::default(),
             semantic_cache: Default::default(),
+            lora: Default::default(),
             routing: Default::default(),
             disaggregation: Default::default(),
         }
@@ -220,6 +223,7 @@ impl Config {
         self.cluster.validate()?;
         self.discovery.validate()?;
         self.semantic_cache.validate()?;
+        self.lora.validate()?;
         self.disaggregation.validate()?;
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::invalid(

@@ -61,9 +61,14 @@ impl About {
     }
 
     /// The model name to send upstream when a request names `model`: the endpoint's own
-    /// name when `model` is one of its aliases.
+    /// name when `model` is one of its aliases, and the adapter's name alone for SGLang's
+    /// `base:adapter` form where the endpoint lists the adapter (vLLM accepts only the adapter's
+    /// name; SGLang takes both). Elsewhere `base:adapter` goes as the client wrote it.
     pub(crate) fn rename(&self, model: Option<&str>) -> Option<Arc<str>> {
         let model = model?;
+        if let Some(adapter) = self.serving.adapter_of(model) {
+            return Some(Arc::from(adapter));
+        }
         self.config
             .served_as
             .iter()

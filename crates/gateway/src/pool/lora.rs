@@ -15,6 +15,25 @@ impl Pool {
         adapters.extend(names);
     }
 
+    /// `endpoint` loaded `adapter` at the gateway's request (`lora.on_demand`): it serves the
+    /// adapter from now on, without waiting for the next `/v1/models` refresh to list it.
+    pub fn adapter_loaded(&self, endpoint: super::EndpointId, adapter: &str) {
+        self.note_adapters(vec![adapter.to_owned()]);
+        let mut core = self.lock();
+        let Some(e) = core.endpoint_mut(endpoint) else {
+            return;
+        };
+        if e.about.models.iter().any(|m| m == adapter) {
+            return;
+        }
+        let mut models = e.about.models.clone();
+        models.push(adapter.to_owned());
+        e.about = std::sync::Arc::new(super::About::new(e.about.config.clone(), models));
+        let serving = e.about.serving.clone();
+        core.dispatch.set_serving(endpoint, serving);
+        self.publish(&core);
+    }
+
     /// Whether `endpoint`'s configuration names its model (else its models are discovered).
     pub fn model_configured(&self, endpoint: super::EndpointId) -> bool {
         self.snapshot
@@ -49,9 +68,75 @@ impl Pool {
             .clone()
     }
 
-    /// The adapter a request for `model` uses, when `model` is an adapter's name.
+    /// The `Authorization` header requests to `endpoint` carry (its `api_key`).
+    pub(crate) fn authorization_of(
+        &self,
+        endpoint: super::EndpointId,
+    ) -> Option<axum::http::HeaderValue> {
+        let snapshot = self.snapshot.load();
+        snapshot.get(endpoint)?.about.authorization.clone()
+    }
+
+    /// The adapter names engines listed, sorted.
+    pub fn adapter_names(&self) -> Vec<String> {
+        let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        adapters.iter().cloned().collect()
+    }
+
+    /// The adapter a request for `model` uses, when `model` is an adapter's name or SGLang's
+    /// `base:adapter` naming one (split at the first `:`, as SGLang splits it).
     pub fn adapter_named(&self, model: &str) -> Option<String> {
         let adapters = self.adapters.read().unwrap_or_else(|e| e.into_inner());
-        adapters.contains(model).then(|| model.to_owned())
+        if adapters.contains(model) {
+            return Some(model.to_owned());
+        }
+        let (_, adapter) = model.split_once(':')?;
+        adapters.contains(adapter).then(|| adapter.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+    use crate::endpoint_config::EndpointConfig;
+    use crate::pool::{Attempt, PoolMetrics};
+    use kvgate_core::Request;
+
+    #[test]
+    fn base_colon_adapter_goes_where_the_adapter_is_listed_named_as_vllm_wants() {
+        let mut config = crate::Config::default();
+        config.set_policy("round_robin").unwrap();
+        let pool = Pool::new(
+            &config.pool_settings(),
+            Clock::manual(),
+            PoolMetrics::register(&mut Default::default()),
+            7,
+        );
+        let with = pool.add(EndpointConfig::from_url("http://with:1"));
+        let without = pool.add(EndpointConfig::from_url("http://without:1"));
+        pool.set_models(with, vec!["base".into(), "sql".into()]);
+        pool.set_models(without, vec!["base".into()]);
+        pool.note_adapters(vec!["sql".into()]);
+        assert_eq!(pool.adapter_named("base:sql").as_deref(), Some("sql"));
+        assert_eq!(pool.adapter_named("sql").as_deref(), Some("sql"));
+        assert_eq!(pool.adapter_named("base:chat"), None);
+        assert!(pool.serves("base:sql") && !pool.serves("base:chat"));
+        for id in 0..4 {
+            let request = Request {
+                model: Some("base:sql".into()),
+                adapter: Some("sql".into()),
+                ..Request::from_text(id, "hello")
+            };
+            let t = pool.pick(&request, &[], Attempt::First).unwrap();
+            assert_eq!(t.id, with, "only the endpoint listing the adapter");
+            assert_eq!(t.send_model.as_deref(), Some("sql"));
+        }
+        let base = Request {
+            model: Some("base".into()),
+            ..Request::from_text(9, "hello")
+        };
+        let t = pool.pick(&base, &[], Attempt::First).unwrap();
+        assert_eq!(t.send_model, None, "the base model's name is left alone");
     }
 }

@@ -80,6 +80,19 @@ pub(crate) async fn admit(
     arrived: Nanos,
     ending: &mut Ending,
 ) -> Result<Admitted, ApiError> {
+    if let Some(model) = inference.request.model.as_deref() {
+        shared
+            .lora
+            .ensure(&shared.pool, model)
+            .await
+            .inspect_err(|e| {
+                ending.set(match e.status.as_u16() {
+                    404 => Outcome::ClientError,
+                    502 => Outcome::UpstreamError,
+                    _ => Outcome::NoEndpoint,
+                })
+            })?;
+    }
     let Leased {
         ratelimit_headers,
         tenant,
