@@ -59,17 +59,7 @@ async fn wait_adapters(gateway: &str, running: &[(&str, &str)]) -> serde_json::V
 }
 
 async fn ask(gateway: &str, model: &str, n: u32) -> (String, String) {
-    let r = client()
-        .post(format!("{gateway}/v1/completions"))
-        .json(&serde_json::json!({
-            "model": model,
-            "prompt": format!("question {n} for {model}"),
-            "max_tokens": 2,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap();
+    let r = complete(gateway, model, n).await;
     assert_eq!(r.status(), 200, "{model}");
     (
         header(&r, "x-kvgate-endpoint"),

@@ -8,20 +8,6 @@ mod support;
 
 use support::*;
 
-async fn complete(gateway: &str, model: &str, n: u32) -> reqwest::Response {
-    client()
-        .post(format!("{gateway}/v1/completions"))
-        .json(&serde_json::json!({
-            "model": model,
-            "prompt": format!("question {n} for {model}"),
-            "max_tokens": 2,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn base_colon_adapter_goes_to_the_engines_listing_the_adapter() {
     let lora = engine("e0", "1", &["--lora-modules", "a", "b"]);

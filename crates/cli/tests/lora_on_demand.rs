@@ -10,20 +10,6 @@ use support::*;
 
 const YAML: &str = "admin_token: t\nlora:\n  on_demand: true\n  paths:\n    sql: /adapters/sql\n";
 
-async fn complete(gateway: &str, model: &str, n: u32) -> reqwest::Response {
-    client()
-        .post(format!("{gateway}/v1/completions"))
-        .json(&serde_json::json!({
-            "model": model,
-            "prompt": format!("question {n} for {model}"),
-            "max_tokens": 2,
-            "ignore_eos": true,
-        }))
-        .send()
-        .await
-        .unwrap()
-}
-
 /// Waits until the gateway learned every endpoint's models from its `/v1/models` (before, an
 /// endpoint of unknown model serves any name, and nothing is loaded).
 async fn discovered(gateway: &str) {

@@ -155,15 +155,7 @@ impl ApiError {
 
     /// 404 for a model no endpoint serves.
     pub fn unknown_model(model: &str, served: &[String]) -> Self {
-        let served = if served.is_empty() {
-            "none is known yet".to_string()
-        } else {
-            served
-                .iter()
-                .map(|m| format!("`{m}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let served = quoted_list(served, "none is known yet");
         Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -175,15 +167,7 @@ impl ApiError {
 
     /// 404 for a LoRA adapter no endpoint lists and the gateway has no path to load it from.
     pub fn unknown_adapter(adapter: &str, served: &[String]) -> Self {
-        let served = if served.is_empty() {
-            "none".to_string()
-        } else {
-            served
-                .iter()
-                .map(|m| format!("`{m}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let served = quoted_list(served, "none");
         Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -353,6 +337,18 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// `names` as `` `a`, `b` `` for an error message, or `empty` when there are none.
+fn quoted_list(names: &[String], empty: &str) -> String {
+    if names.is_empty() {
+        return empty.to_string();
+    }
+    names
+        .iter()
+        .map(|m| format!("`{m}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

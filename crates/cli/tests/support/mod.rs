@@ -249,6 +249,21 @@ pub fn chat(messages: serde_json::Value, max_tokens: u32, stream: bool) -> serde
     })
 }
 
+/// A two-token completion of `model` through `gateway` (question `n`, so prompts differ).
+pub async fn complete(gateway: &str, model: &str, n: u32) -> reqwest::Response {
+    client()
+        .post(format!("{gateway}/v1/completions"))
+        .json(&serde_json::json!({
+            "model": model,
+            "prompt": format!("question {n} for {model}"),
+            "max_tokens": 2,
+            "ignore_eos": true,
+        }))
+        .send()
+        .await
+        .unwrap()
+}
+
 pub fn user(text: &str) -> serde_json::Value {
     serde_json::json!([{"role": "user", "content": text}])
 }
