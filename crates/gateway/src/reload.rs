@@ -234,9 +234,8 @@ mod tests {
         let _ = shared.stop.send(true);
     }
 
-    #[tokio::test]
-    async fn spillover_thresholds_and_an_endpoints_limits_are_reloaded() {
-        let file = Config::from_yaml("endpoints: [{url: 'http://127.0.0.1:1'}]").unwrap();
+    /// A gateway started from `file`, and its reloader.
+    fn started(file: &Config) -> (Arc<Shared>, Reloader) {
         let shared = Shared::new(
             file.clone(),
             1,
@@ -244,7 +243,14 @@ mod tests {
             None,
         )
         .unwrap();
-        let mut reloader = Reloader::new(&shared, Some(&file));
+        let reloader = Reloader::new(&shared, Some(file));
+        (shared, reloader)
+    }
+
+    #[tokio::test]
+    async fn spillover_thresholds_and_an_endpoints_limits_are_reloaded() {
+        let file = Config::from_yaml("endpoints: [{url: 'http://127.0.0.1:1'}]").unwrap();
+        let (shared, mut reloader) = started(&file);
         let pick = |id| {
             let request = kvgate_core::Request::from_text(id, "hello");
             shared.pool.pick(&request, &[], crate::pool::Attempt::First)
@@ -267,14 +273,7 @@ mod tests {
     #[tokio::test]
     async fn a_reload_names_the_sections_that_need_a_restart() {
         let file = Config::from_yaml("endpoints: [{url: 'http://127.0.0.1:1'}]").unwrap();
-        let shared = Shared::new(
-            file.clone(),
-            1,
-            crate::observe::access_log::AccessLog::default(),
-            None,
-        )
-        .unwrap();
-        let mut reloader = Reloader::new(&shared, Some(&file));
+        let (shared, mut reloader) = started(&file);
         let edited = Config::from_yaml(
             "endpoints: [{url: 'http://127.0.0.1:4'}]\npolicy: {name: round_robin}\nsemantic_cache: {ttl_secs: 9}\nadmission: {max_queue: 7}",
         )

@@ -29,11 +29,7 @@ pub struct RoleMember {
 impl Pool {
     /// Whether any endpoint prefills only: disaggregation then applies.
     pub fn has_prefill_endpoints(&self) -> bool {
-        self.snapshot
-            .load()
-            .endpoints
-            .iter()
-            .any(|e| e.about.config.role == EndpointRole::Prefill)
+        self.snapshot.load().has_prefill
     }
 
     /// Every endpoint serving `model`, with its role.

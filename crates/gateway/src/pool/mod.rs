@@ -164,7 +164,7 @@ impl Pool {
     }
 
     fn publish(&self, core: &Core) {
-        let endpoints = core
+        let endpoints: Vec<EndpointInfo> = core
             .endpoints
             .iter()
             .zip(core.dispatch.members())
@@ -180,9 +180,13 @@ impl Pool {
                 }
             })
             .collect();
+        let has_prefill = endpoints
+            .iter()
+            .any(|e| e.about.config.role == crate::endpoint_config::EndpointRole::Prefill);
         self.snapshot.store(Arc::new(Snapshot {
             policy: core.dispatch.router().policy_name(),
             endpoints,
+            has_prefill,
         }));
     }
 

@@ -62,6 +62,9 @@ pub struct EndpointStatus {
 pub(super) struct Snapshot {
     pub(super) policy: &'static str,
     pub(super) endpoints: Vec<EndpointInfo>,
+    /// Whether any endpoint prefills only, derived once per publication so the request path
+    /// asks without scanning the endpoints.
+    pub(super) has_prefill: bool,
 }
 
 impl Snapshot {
