@@ -3,9 +3,12 @@
 # 1), each serving adapters a, b and c with one adapter per batch (--max-loras 1, the vLLM
 # default) and --lora-load-ms to load one that is not in memory. An open-loop adapter mix
 # (a JSONL replay whose lines name the adapter as `model`) is sent through a fresh fleet and
-# gateway per policy: round_robin, predicted_ttft blind to adapters (lora_aware=false) and
-# predicted_ttft (adapter-aware, the default, told the engines' --lora-load-ms). Prints one
-# table of TTFT percentiles per policy, and per adapter from the gateways' access logs.
+# gateway per policy: round_robin, predicted_ttft blind to adapters (lora_aware=false),
+# predicted_ttft adapter-aware without the LoRA gate (lora.gate.enabled=false), and
+# predicted_ttft with the gate (the default); the adapter-aware ones are told the engines'
+# --lora-load-ms. The first three run without the gate, as kvgate routed before it had one.
+# Prints one table of TTFT percentiles per policy, and per adapter from the gateways' access
+# logs.
 #
 #   scripts/lora-bench.sh [--rate R] [--requests N] [--mix A,B,C] [--output N] [--load-ms MS]
 #                         [--seed N] [--out DIR]
@@ -74,17 +77,21 @@ run() {  # LABEL POLICY [serve flags...]
   "$KVGATE" bench --url "$label=$gw" --workload "$OUT/mix.jsonl" --rate "$RATE" \
     --num-requests "$REQUESTS" --api completions --ignore-eos --seed "$SEED" \
     --json "$OUT/$label.json" > "$OUT/$label.txt" 2>&1
+  curl -sf "$gw/metrics" > "$OUT/$label.metrics" || true
   cleanup; pids=()
 }
 
-run round_robin round_robin
-run blind_predicted_ttft predicted_ttft --policy-set lora_aware=false
+printf 'lora: { gate: { enabled: false } }\n' > "$OUT/ungated.yaml"
+UNGATED=(--config "$OUT/ungated.yaml")
+run round_robin round_robin "${UNGATED[@]}"
+run blind_predicted_ttft predicted_ttft --policy-set lora_aware=false "${UNGATED[@]}"
+run ungated_predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS" "${UNGATED[@]}"
 run predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS"
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 print(f"{'policy':24} {'ok':>5} {'err':>4} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12} {'TTFT p99 ms':>12}")
-for label in ("round_robin", "blind_predicted_ttft", "predicted_ttft"):
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
     report = json.load(open(f"{out}/{label}.json"))
     r = report["results"][0]
     t = r["ttft_ms"]
@@ -95,7 +102,7 @@ python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 print(f"\nTTFT p95 ms per adapter (requests): {'a':>12} {'b':>12} {'c':>12}")
-for label in ("round_robin", "blind_predicted_ttft", "predicted_ttft"):
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
     by = {}
     for line in open(f"{out}/{label}-gw.log"):
         if line.startswith("{"):
@@ -107,4 +114,16 @@ for label in ("round_robin", "blind_predicted_ttft", "predicted_ttft"):
         v = sorted(by.get(m, []))
         cells.append(f"{v[int(len(v) * 0.95)]:.0f} ({len(v)})" if v else "-")
     print(f"{label:36} {cells[0]:>12} {cells[1]:>12} {cells[2]:>12}")
+print("\nheld by the LoRA gate (kvgate_lora_held_total by reason; hold seconds sum/count):")
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
+    held = {}
+    try:
+        for line in open(f"{out}/{label}.metrics"):
+            if line.startswith("kvgate_lora_held_total{"):
+                held[line.split('"')[1]] = float(line.split()[-1])
+            elif line.startswith("kvgate_lora_hold_seconds_sum") or line.startswith("kvgate_lora_hold_seconds_count"):
+                held[line.split()[0].rsplit("_", 1)[-1]] = float(line.split()[-1])
+    except FileNotFoundError:
+        pass
+    print(f"{label:36} {held}")
 PY

@@ -102,6 +102,10 @@ pub struct EndpointView {
     /// Its LoRA adapters as its engine last reported them; `None` when it reports none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapters: Option<crate::lora::AdapterState>,
+    /// For the adapter request being placed, what it would meet here by the LoRA gate's
+    /// account (set by the dispatch core for that pick only; `None` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_outlook: Option<crate::lora::Outlook>,
 }
 
 impl EndpointView {
@@ -118,7 +122,13 @@ impl EndpointView {
             joined_at: Nanos::ZERO,
             cadence: None,
             adapters: None,
+            lora_outlook: None,
         }
+    }
+
+    /// Its adapter report with the time it was taken, as the LoRA gate reads it.
+    pub fn adapter_report(&self) -> crate::lora::Report<'_> {
+        self.adapters.as_ref().map(|a| (a, self.observed_at))
     }
 
     /// Sets the observation and when it was taken.

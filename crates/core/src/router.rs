@@ -19,7 +19,7 @@ use crate::index::{Overlaps, Prediction, PrefixCache};
 use crate::policy::Query;
 use crate::{
     Cadence, Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos,
-    Observation, Policy, PolicyConfig, Request,
+    lora, Observation, Policy, PolicyConfig, Request,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -163,6 +163,11 @@ impl Router {
             self.ledger.observed(id, at);
             self.ledger.annotate(&mut self.views[i]);
         }
+    }
+
+    /// Sets each view's LoRA outlook for the next pick (`None` clears it).
+    pub fn set_lora_outlooks(&mut self, f: impl Fn(&EndpointView) -> Option<lora::Outlook>) {
+        self.views.iter_mut().for_each(|v| v.lora_outlook = f(v));
     }
 
     /// What member `id`'s engine last said of its LoRA adapters (`None`: it reports none).

@@ -6,7 +6,7 @@
 
 use crate::metrics::{EndpointLabel, PolicyLabel};
 use crate::observe::otel::{self, LiveSpan};
-use crate::pool::{Attempt, Target};
+use crate::pool::{Attempt, Held, Placed, Target};
 use crate::state::Shared;
 use crate::upstream::{self, AttemptError, Ready, Sending};
 use axum::http::HeaderMap;
@@ -103,6 +103,20 @@ impl Dispatch {
     ) -> Result<Self, Rejection> {
         let target = shared.pool.pick(request, refused, attempt)?;
         Ok(Dispatch::new(shared.clone(), request.id, target, stream))
+    }
+
+    /// [`Dispatch::pick`] for a request's first attempt, through the LoRA gate: `Err` when the
+    /// gate holds it ([`crate::pool::Pool::hold`], then pick again).
+    pub(crate) fn pick_gated(
+        shared: &Arc<Shared>,
+        request: &Request,
+        refused: &[EndpointId],
+        stream: bool,
+    ) -> Result<Result<Self, Held>, Rejection> {
+        Ok(match shared.pool.pick_gated(request, refused)? {
+            Placed::Go(target) => Ok(Dispatch::new(shared.clone(), request.id, *target, stream)),
+            Placed::Held(held) => Err(held),
+        })
     }
 
     /// Starts tracking an attempt that the pool already recorded as dispatched.

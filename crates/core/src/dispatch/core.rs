@@ -4,6 +4,7 @@ use super::member::{Member, MemberSpec, Status};
 use super::tiers::{self, SessionPins};
 use super::{Attempt, DispatchConfig, Picked, SpilloverConfig};
 use crate::index::Overlaps;
+use crate::lora::LoraGate;
 use crate::resilience::{Attempts, BreakerConfig, HedgeDelay, Next, RetryBudget};
 use crate::tenancy::ChargeModel;
 use crate::{EndpointId, EndpointView, Nanos, PolicyConfig, Rejection, Request, Router};
@@ -25,6 +26,18 @@ pub struct DispatchCore {
     spillover: SpilloverConfig,
     pins: SessionPins,
     charge: ChargeModel,
+    pub(super) gate: LoraGate,
+    /// Requests the gate released since the runtime last asked ([`DispatchCore::released`]).
+    pub(super) released: Vec<u64>,
+}
+
+/// A pick chosen by the policy, not yet recorded.
+pub(super) struct Choice {
+    pub(super) route: crate::Route,
+    tier: u32,
+    spilled: Option<&'static str>,
+    eligible: Vec<EndpointId>,
+    charge: crate::tenancy::Charge,
 }
 
 impl DispatchCore {
@@ -39,6 +52,8 @@ impl DispatchCore {
             spillover: config.spillover.clone(),
             pins: SessionPins::default(),
             charge: config.charge,
+            gate: LoraGate::new(config.lora_gate.clone()),
+            released: Vec::new(),
         }
     }
 
@@ -90,6 +105,7 @@ impl DispatchCore {
             return false;
         };
         self.members.remove(i);
+        self.gate_event(id, super::gated::GateEvent::Removed, Nanos::ZERO);
         self.router.remove(id)
     }
 
@@ -142,6 +158,20 @@ impl DispatchCore {
         if attempt == Attempt::First {
             self.budget.request(now);
         }
+        let choice = self.choose(request, overlaps, (tried, None), attempt, now)?;
+        self.commit(request, overlaps, attempt, choice, now)
+    }
+
+    /// The policy's choice among the members eligible for this attempt, not yet recorded;
+    /// `avoid` is refused too.
+    pub(super) fn choose(
+        &mut self,
+        request: &Request,
+        overlaps: &Overlaps,
+        (tried, avoid): (&[EndpointId], Option<EndpointId>),
+        attempt: Attempt,
+        now: Nanos,
+    ) -> Result<Choice, Rejection> {
         let model = request.model.as_deref();
         // Deployments at one of their own rate limits sit this request out.
         let charge = self.charge.estimate(request);
@@ -161,13 +191,13 @@ impl DispatchCore {
                 .binary_search_by_key(&v.id, |m| m.status.id)
                 .is_ok_and(|k| members[k].admits(model, now, (fresh, cool), tried))
                 && !at_limit.contains(&v.id)
+                && avoid != Some(v.id)
         };
         let passes: &[(bool, bool)] = match attempt {
             Attempt::Retry => &[(true, true), (true, false), (false, false)],
             _ => &[(true, true), (true, false)],
         };
         let pin_ttl = Nanos::from_secs(self.spillover.session_pin_secs);
-        let session = request.session.as_deref();
         let placement = tiers::place(
             tiers::Scene {
                 router: &mut self.router,
@@ -176,7 +206,7 @@ impl DispatchCore {
                 request,
                 overlaps,
                 now,
-                pinned: self.pins.get(session, now, pin_ttl),
+                pinned: self.pins.get(request.session.as_deref(), now, pin_ttl),
             },
             passes,
             &accept,
@@ -189,10 +219,37 @@ impl DispatchCore {
             .filter(|v| tiers::tier_of(members, v) == tier && accept(v, fresh, cool))
             .map(|v| v.id)
             .collect();
-        let route = placement.route;
+        Ok(Choice {
+            route: placement.route,
+            tier,
+            spilled: placement.spilled,
+            eligible,
+            charge,
+        })
+    }
+
+    /// Records `choice` as the attempt's dispatch: the router's commit, the session pin, the
+    /// breaker ticket and the deployment limits' charge.
+    pub(super) fn commit(
+        &mut self,
+        request: &Request,
+        overlaps: &Overlaps,
+        attempt: Attempt,
+        choice: Choice,
+        now: Nanos,
+    ) -> Result<Picked, Rejection> {
+        let Choice {
+            route,
+            tier,
+            spilled,
+            eligible,
+            charge,
+        } = choice;
         self.router.commit(request, route.endpoint, overlaps, now);
+        self.gate_dispatched(request, route.endpoint, now);
+        let pin_ttl = Nanos::from_secs(self.spillover.session_pin_secs);
         self.pins
-            .placed(session, (tier, placement.spilled), now, pin_ttl);
+            .placed(request.session.as_deref(), (tier, spilled), now, pin_ttl);
         let hedge_after = match attempt {
             Attempt::First => self.hedge.delay(),
             _ => None,
@@ -210,10 +267,11 @@ impl DispatchCore {
             route,
             ticket,
             tier,
-            spilled: placement.spilled,
+            spilled,
             eligible,
             hedge_after,
             changed,
+            held: None,
         })
     }
 

@@ -3,6 +3,7 @@
 //! whether a member's published [`super::Status`] changed, so a runtime republishes only then.
 
 use super::core::DispatchCore;
+use super::gated::GateEvent;
 use super::member::Serving;
 use crate::decision::FailureKind;
 use crate::index::blocks::KvEvent;
@@ -48,6 +49,7 @@ impl DispatchCore {
         adapters: Option<crate::lora::AdapterState>,
     ) {
         self.router.set_adapters(id, adapters);
+        self.gate_event(id, GateEvent::Observed, Nanos::ZERO);
     }
 
     /// A scrape of `id` sent at `sent_at` returned `observation` (`None` when the engine
@@ -124,6 +126,7 @@ impl DispatchCore {
         if stream {
             self.hedge.record(ttft);
             self.router.first_token(request, endpoint, now, ttft);
+            self.gate_event(endpoint, GateEvent::FirstToken(request), now);
         }
         changed
     }
@@ -156,6 +159,8 @@ impl DispatchCore {
     /// limits settle its charge.
     pub fn ended(&mut self, (request, endpoint): (u64, EndpointId), end: End, now: Nanos) {
         self.peer_ended((request, endpoint), end, now);
+        let completed = matches!(end, End::Completed { .. });
+        self.gate_event(endpoint, GateEvent::Ended(request, completed), now);
         if let Some(limits) = self.member_mut(endpoint).and_then(|m| m.limits.as_mut()) {
             let usage = match &end {
                 End::Completed { usage, .. } => usage.as_ref(),

@@ -24,6 +24,7 @@ mod continuation;
 mod core;
 mod dispatcher;
 mod events;
+mod gated;
 mod limits;
 mod member;
 mod tiers;
@@ -33,6 +34,7 @@ pub use self::core::DispatchCore;
 pub use continuation::{head_held, ContinuationGate, RehomeBook};
 pub use dispatcher::Dispatcher;
 pub use events::End;
+pub use gated::Gated;
 pub use limits::DeploymentLimits;
 pub use member::{MemberSpec, Serving, Status};
 pub use tiers::SpilloverConfig;
@@ -58,6 +60,8 @@ pub struct DispatchConfig {
     /// How a request is charged against deployment limits before it runs (the tenancy
     /// configuration's, so limits and tenants count alike).
     pub charge: ChargeModel,
+    /// The LoRA gate ([`crate::lora::LoraGate`]).
+    pub lora_gate: crate::lora::GateConfig,
 }
 
 /// Which attempt of a request a pick is for.
@@ -104,6 +108,8 @@ pub struct Picked {
     pub hedge_after: Option<Nanos>,
     /// Whether the chosen member's published status changed (its breaker).
     pub changed: bool,
+    /// When the LoRA gate held the request before this pick: why it went and the hold.
+    pub held: Option<(crate::lora::Pass, crate::lora::Hold)>,
 }
 
 /// The prefix cache for `policy` in a gateway: its own index, or, for a policy that consults

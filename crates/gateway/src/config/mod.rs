@@ -200,6 +200,7 @@ impl Config {
                 breaker: self.breaker.clone(),
                 spillover: self.spillover.clone(),
                 charge: self.tenancy.charge,
+                lora_gate: self.lora.gate.clone(),
             },
             policy: self.policy.clone(),
             max_event_entries: self.kv_events.max_entries_per_endpoint,

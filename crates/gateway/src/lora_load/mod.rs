@@ -31,6 +31,9 @@ pub struct LoraConfig {
     pub paths: BTreeMap<String, String>,
     /// How long a load may take before the request gets a 503.
     pub load_timeout_ms: u64,
+    /// Gated admission: a running adapter's new requests wait while another adapter waits
+    /// behind its batch (`kvgate_core::lora::LoraGate`, docs/lora.md).
+    pub gate: kvgate_core::lora::GateConfig,
 }
 
 impl Default for LoraConfig {
@@ -41,6 +44,7 @@ impl Default for LoraConfig {
             // vLLM reads an adapter from local disk in well under a second; a download from a hub
             // takes longer, and the request waits for it either way.
             load_timeout_ms: 30_000,
+            gate: kvgate_core::lora::GateConfig::default(),
         }
     }
 }
@@ -48,6 +52,12 @@ impl Default for LoraConfig {
 impl LoraConfig {
     /// Checks the section's values.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.gate.max_hold_ms == 0 {
+            return Err(ConfigError::invalid(
+                "lora.gate.max_hold_ms",
+                "must be at least 1",
+            ));
+        }
         if self.load_timeout_ms == 0 {
             return Err(ConfigError::invalid(
                 "lora.load_timeout_ms",

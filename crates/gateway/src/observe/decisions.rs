@@ -69,6 +69,21 @@ pub struct DecisionRecord {
     pub score: Option<&'static str>,
     /// The winner and the best of the others, best first.
     pub candidates: Vec<Candidate>,
+    /// When the LoRA gate held the request before this pick.
+    pub lora_hold: Option<GateNote>,
+}
+
+/// How the LoRA gate held a request before its pick (`kvgate_core::lora::LoraGate`).
+#[derive(Clone, Debug, Serialize)]
+pub struct GateNote {
+    /// The endpoint it was held for.
+    pub endpoint: Arc<str>,
+    /// The adapter that waited there behind the batch of the request's adapter.
+    pub behind: String,
+    /// How long it was held.
+    pub held_ms: f64,
+    /// Why it went: `released` (that adapter's turn started) or `bound` (`max_hold_ms`).
+    pub released: &'static str,
 }
 
 impl Serialize for DecisionRecord {
@@ -93,6 +108,8 @@ impl Serialize for DecisionRecord {
             #[serde(skip_serializing_if = "Option::is_none")]
             score: Option<&'static str>,
             candidates: &'a [Candidate],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            lora_hold: Option<&'a GateNote>,
         }
         Json {
             request: self.request,
@@ -109,6 +126,7 @@ impl Serialize for DecisionRecord {
             reason: &self.reason,
             score: self.score,
             candidates: &self.candidates,
+            lora_hold: self.lora_hold.as_ref(),
         }
         .serialize(serializer)
     }
@@ -202,13 +220,21 @@ impl DecisionRecord {
             reason: reason.clone(),
             score: scene.scores.map(|(n, _)| n),
             candidates,
+            lora_hold: None,
         }
     }
 
     /// A one-line summary for the `x-kvgate-explain` response header: the label, the reason,
     /// then each candidate as `name(matched tokens, in flight[, score])`.
     pub fn summary(&self) -> String {
-        let mut out = format!("{} ({}); candidates:", self.reason.label(), self.reason);
+        let mut out = format!("{} ({});", self.reason.label(), self.reason);
+        if let Some(h) = &self.lora_hold {
+            out.push_str(&format!(
+                " lora gate: held {:.0} ms behind adapter {} at {} ({});",
+                h.held_ms, h.behind, h.endpoint, h.released
+            ));
+        }
+        out.push_str(" candidates:");
         for c in &self.candidates {
             out.push_str(&format!(
                 " {}{}(matched {}, in flight {}",

@@ -44,7 +44,9 @@ impl Pool {
         adapters: Option<kvgate_core::lora::AdapterState>,
     ) {
         self.note_adapter_report(endpoint, adapters.clone());
-        self.lock().dispatch.adapters_observed(endpoint, adapters);
+        let mut core = self.lock();
+        core.dispatch.adapters_observed(endpoint, adapters);
+        self.wake_released(&mut core);
     }
 
     /// A scrape of `endpoint` failed with `trouble`; after `threshold` in a row it is

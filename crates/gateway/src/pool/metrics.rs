@@ -31,6 +31,12 @@ pub struct PoolMetrics {
     pub speed_factor: Family<EndpointLabel, FloatGauge>,
     /// Attempts placed below the first priority tier, by why (`unavailable`, `ttft`, `queue`).
     pub spillover: Family<ReasonLabel, Counter>,
+    /// LoRA requests the gate held, by how the hold ended (`released`, `bound`, `gone`).
+    pub lora_held: Family<ReasonLabel, Counter>,
+    /// How long the LoRA gate held each request it held.
+    pub lora_hold: Histogram,
+    /// LoRA requests the gate holds now.
+    pub lora_holding: Gauge,
 }
 
 impl PoolMetrics {
@@ -48,7 +54,26 @@ impl PoolMetrics {
             ttft_fixed: Family::default(),
             speed_factor: Family::default(),
             spillover: Family::default(),
+            lora_held: Family::default(),
+            lora_hold: crate::metrics::latency_histogram(),
+            lora_holding: Gauge::default(),
         };
+        registry.register(
+            "lora_held",
+            "LoRA requests the gate held while another adapter waited behind their adapter's batch, by how the hold ended: released (that adapter's turn started), bound (lora.gate.max_hold_ms), gone (the client left)",
+            metrics.lora_held.clone(),
+        );
+        registry.register_with_unit(
+            "lora_hold",
+            "Time the LoRA gate held a request",
+            Unit::Seconds,
+            metrics.lora_hold.clone(),
+        );
+        registry.register(
+            "lora_holding",
+            "LoRA requests the gate holds now",
+            metrics.lora_holding.clone(),
+        );
         registry.register(
             "breaker_state",
             "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open",

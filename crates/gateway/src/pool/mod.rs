@@ -19,6 +19,7 @@
 mod cadence;
 mod disagg;
 mod endpoint;
+mod gate;
 mod health;
 mod lora;
 mod members;
@@ -38,6 +39,7 @@ pub use peer::PeerEnd;
 pub(crate) use peer::{PoolEvent, Progress, Subscriber};
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
+pub use gate::{Held, Placed};
 pub use target::{Attempt, Target};
 
 use crate::endpoint_config::EndpointConfig;
@@ -122,6 +124,8 @@ pub struct Pool {
     /// Each endpoint's last adapter report, for the admin API without the core's lock.
     adapter_reports:
         RwLock<std::collections::BTreeMap<EndpointId, kvgate_core::lora::AdapterState>>,
+    /// The LoRA gate's held requests, each woken when the gate releases it.
+    waiters: gate::Waiters,
 }
 
 impl Pool {
@@ -146,6 +150,7 @@ impl Pool {
             subscriber: Default::default(),
             adapters: Default::default(),
             adapter_reports: Default::default(),
+            waiters: Default::default(),
         };
         pool.publish(&pool.lock());
         pool
@@ -245,6 +250,7 @@ impl Pool {
             };
             let gone = core.endpoints.remove(i);
             core.dispatch.remove(id);
+            self.wake_released(&mut core);
             self.publish(&core);
             let label = crate::metrics::endpoint(&gone.about.name);
             self.metrics.endpoint_up.remove(&label);
@@ -315,6 +321,20 @@ impl Pool {
         tried: &[EndpointId],
         attempt: Attempt,
     ) -> Result<Target, Rejection> {
+        match self.place(request, tried, attempt, false)? {
+            gate::Placed::Go(target) => Ok(*target),
+            gate::Placed::Held(_) => Err(Rejection::NoRoutableEndpoint),
+        }
+    }
+
+    /// [`Pool::pick`], through the LoRA gate when `gated` ([`Pool::pick_gated`]).
+    fn place(
+        &self,
+        request: &Request,
+        tried: &[EndpointId],
+        attempt: Attempt,
+        gated: bool,
+    ) -> Result<gate::Placed, Rejection> {
         let now = self.clock.now();
         let overlaps = self.lookup(request, now);
         let mut target = {
@@ -326,14 +346,25 @@ impl Pool {
                     .router_mut()
                     .set_cadence(e.id, e.cadence.get());
             }
-            let picked = core.dispatch.pick(request, &overlaps, tried, attempt, now);
+            let picked = if gated {
+                core.dispatch
+                    .pick_gated(request, &overlaps, tried, attempt, now)
+            } else {
+                core.dispatch
+                    .pick(request, &overlaps, tried, attempt, now)
+                    .map(dispatch::Gated::Picked)
+            };
             self.metrics
                 .decision
                 .observe(started.elapsed().as_secs_f64());
-            let picked = picked?;
+            let picked = match picked? {
+                dispatch::Gated::Picked(picked) => picked,
+                dispatch::Gated::Held(hold) => return Ok(self.held(core, request.id, hold)),
+            };
             core.sync_inflight(picked.route.endpoint);
             let target = self.target(core, request, attempt, &overlaps, &picked)?;
             self.count_pick(core.dispatch.router().policy_name(), &target);
+            self.count_hold(&picked);
             self.publish_if(core, picked.changed);
             target
         };
@@ -351,7 +382,7 @@ impl Pool {
                 request,
             });
         }
-        Ok(target)
+        Ok(gate::Placed::Go(Box::new(target)))
     }
 
     /// Up to `limit` recent decision records, newest first; only `request`'s when given.

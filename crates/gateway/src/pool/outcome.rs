@@ -31,6 +31,7 @@ impl Pool {
             let changed =
                 core.dispatch
                     .first_token((request, endpoint), ticket, (ttft, stream), now);
+            self.wake_released(&mut core);
             self.publish_if(&core, changed);
         }
         self.share_about(endpoint, |base| Progress::FirstToken {
@@ -76,6 +77,7 @@ impl Pool {
             let mut core = self.lock();
             core.dispatch.ended((request, endpoint), end, now);
             core.sync_inflight(endpoint);
+            self.wake_released(&mut core);
         }
         let mut cache = self.cache_mut();
         cache.finished(request, endpoint);
@@ -161,6 +163,7 @@ impl Pool {
             .dispatch
             .failed((request, endpoint), ticket, (kind, retry_after), now);
         core.sync_inflight(endpoint);
+        self.wake_released(&mut core);
         self.publish_if(&core, changed);
     }
 }

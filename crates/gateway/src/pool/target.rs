@@ -3,7 +3,7 @@
 
 use super::Core;
 use crate::metrics::{self, PickLabels};
-use crate::observe::decisions::{DecisionRecord, PickScene};
+use crate::observe::decisions::{DecisionRecord, GateNote, PickScene};
 use axum::http::HeaderValue;
 use kvgate_core::dispatch::Picked;
 use kvgate_core::index::Overlaps;
@@ -77,7 +77,7 @@ impl super::Pool {
             overlaps,
             scores: router.last_scores(),
         };
-        let record = Arc::new(DecisionRecord::new(
+        let mut record = DecisionRecord::new(
             &scene,
             (route.endpoint, &route.reason),
             |v| picked.eligible.binary_search(&v.id).is_ok(),
@@ -85,7 +85,16 @@ impl super::Pool {
                 core.endpoint(id)
                     .map_or_else(|| Arc::from("?"), |e| e.about.name.clone())
             },
-        ));
+        );
+        record.lora_hold = picked.held.as_ref().map(|(pass, hold)| GateNote {
+            endpoint: core
+                .endpoint(hold.endpoint)
+                .map_or_else(|| Arc::from("?"), |e| e.about.name.clone()),
+            behind: hold.behind.clone(),
+            held_ms: (self.clock.now() - hold.since).as_millis_f64(),
+            released: pass.label(),
+        });
+        let record = Arc::new(record);
         let e = core
             .endpoint(route.endpoint)
             .ok_or(Rejection::NoRoutableEndpoint)?;

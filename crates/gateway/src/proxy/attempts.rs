@@ -103,7 +103,7 @@ impl Run {
         deadline: Option<Nanos>,
         ending: &mut Ending,
     ) -> Result<Response<Body>, ApiError> {
-        let hedge_after = match self.launch(Attempt::First) {
+        let hedge_after = match self.launch_first().await {
             Ok(after) => after,
             Err(r) => {
                 ending.set(Outcome::NoEndpoint);
@@ -242,17 +242,40 @@ impl Run {
         })
     }
 
+    /// The first attempt: picked through the LoRA gate, which may hold it (without polling:
+    /// the pool wakes it) until another adapter's turn starts or the bound passes; then it
+    /// picks again. Returns the hedging delay.
+    async fn launch_first(&mut self) -> Result<Option<Duration>, Rejection> {
+        loop {
+            let refused = self.refused();
+            match Dispatch::pick_gated(&self.shared, &self.request, &refused, self.stream)? {
+                Ok(dispatch) => return Ok(self.start(dispatch, Attempt::First)),
+                Err(held) => self.shared.pool.hold(held).await,
+            }
+        }
+    }
+
+    /// The endpoints this request may not use: those tried, and on a disaggregated pool the
+    /// prefill-only ones.
+    fn refused(&self) -> Vec<EndpointId> {
+        match super::pd::members(&self.shared, &self.request) {
+            Some(m) => super::pd::decode_refusals(&m, &self.tried),
+            None => self.tried.clone(),
+        }
+    }
+
     /// Picks an endpoint for another attempt and starts it; for the first attempt, returns the
     /// hedging delay. A retry's backoff is slept before this, so the ledger entry, the
     /// `Dispatched` event, a breaker probe slot and the TTFT clock all start at the send.
     fn launch(&mut self, attempt: Attempt) -> Result<Option<Duration>, Rejection> {
-        let (request, tried) = (&self.request, &self.tried);
-        let members = super::pd::members(&self.shared, request);
-        let refused = match &members {
-            Some(m) => std::borrow::Cow::Owned(super::pd::decode_refusals(m, tried)),
-            None => std::borrow::Cow::Borrowed(tried.as_slice()),
-        };
-        let mut dispatch = Dispatch::pick(&self.shared, request, &refused, attempt, self.stream)?;
+        let refused = self.refused();
+        let dispatch = Dispatch::pick(&self.shared, &self.request, &refused, attempt, self.stream)?;
+        Ok(self.start(dispatch, attempt))
+    }
+
+    /// Starts the attempt `dispatch` picked; for the first attempt, returns the hedging delay.
+    fn start(&mut self, mut dispatch: Dispatch, attempt: Attempt) -> Option<Duration> {
+        let members = super::pd::members(&self.shared, &self.request);
         let target = &dispatch.target;
         let hedge_after = target.hedge_after;
         self.tried.push(target.id);
@@ -279,7 +302,7 @@ impl Run {
             None => dispatch.send(&self.sending, self.body.clone(), forwarded),
         };
         self.running.push(future);
-        Ok(hedge_after)
+        hedge_after
     }
 
     /// An attempt failed before its first bytes: report it, then wait for a running hedge,

@@ -10,7 +10,7 @@
 
 use super::PredictedTtft;
 use crate::fasthash::IntMap;
-use crate::lora::{wait_seconds, AdapterState, Affinity};
+use crate::lora::{wait_seconds, AdapterState, Affinity, Outlook};
 use crate::policy::Query;
 use crate::LoadView;
 use crate::{EndpointId, EndpointView, Nanos};
@@ -74,7 +74,11 @@ impl PredictedTtft {
             self.config.lora_stall_ms / 1e3,
         );
         let elsewhere = running_at.iter().any(|&id| id != e.id);
-        wait(state.as_ref(), adapter, elsewhere, costs).0
+        let (wait, affinity) = wait(state.as_ref(), adapter, elsewhere, costs);
+        match &e.lora_outlook {
+            Some(o) if affinity != Affinity::Unknown => gated_wait(o, affinity, costs),
+            _ => wait,
+        }
     }
 
     /// The routable endpoints where the request's adapter runs (none for a base-model request
@@ -116,6 +120,29 @@ pub(super) fn wait(
         wait += stall / 2.0;
     }
     (wait, affinity)
+}
+
+/// Seconds a request for an adapter waits at an endpoint where the LoRA gate serves adapters
+/// in turns ([`crate::lora::LoraGate`]), by what the gate knows there: the batches in the way
+/// drain by the run learned there (`lora_stall` until one is learned), each adapter waiting
+/// ahead takes a turn, and a held request first waits for its own adapter's batch to drain.
+/// Taking the slot of a busier adapter costs a turn for each of its requests per request of this
+/// one (their ratio of traffic).
+pub(super) fn gated_wait(o: &Outlook, affinity: Affinity, (load, stall): (f64, f64)) -> f64 {
+    let turn = o.turn.map_or(stall, Nanos::as_secs_f64);
+    let ahead = f64::from(o.ahead) * turn;
+    let displace = turn * o.displaces;
+    if o.held {
+        let own = o.own_drain.map_or(turn / 2.0, Nanos::as_secs_f64);
+        return own + ahead.max(turn) + load;
+    }
+    match affinity {
+        Affinity::Running | Affinity::Unknown => 0.0,
+        Affinity::FreeSlot => load + displace,
+        Affinity::Waiting | Affinity::Full => {
+            o.others_drain.map_or(stall, Nanos::as_secs_f64) + ahead + load + displace
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,10 @@
 
 use serde::{Deserialize, Serialize};
 
+mod gate;
+
+pub use gate::{GateConfig, Hold, LoraGate, Outlook, Pass, Report, Verdict};
+
 /// One engine's adapters, from vLLM's `vllm:lora_requests_info` gauge (labels `max_lora`,
 /// `running_lora_adapters`, `waiting_lora_adapters`) or SGLang's `sglang:lora_pool_slots_used` /
 /// `sglang:lora_pool_slots_total`.
