@@ -102,42 +102,21 @@ pub enum Verdict {
     Hold(Hold),
 }
 
-/// What sending a request for an adapter to one endpoint would meet, for pricing it: the
-/// policy adds these to its prediction (`predicted_ttft`'s adapter term).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Outlook {
-    /// The gate would hold it here: another adapter waits behind the batch this one runs.
-    pub held: bool,
-    /// Until the adapter's own requests here finish by the learned run (the hold's length).
-    pub own_drain: Option<Nanos>,
-    /// Until the other running adapters' requests here finish by the learned run.
-    pub others_drain: Option<Nanos>,
-    /// Other adapters waiting here, each of which runs a turn first.
-    pub ahead: u32,
-    /// One request's run from first token to end, learned here.
-    pub turn: Option<Nanos>,
-    /// How many times this adapter's traffic the adapter whose slot the request would take
-    /// gets (running here, or the last to run on an idle engine), when that is more than one:
-    /// that many of its requests would wait a turn per request of this one, so the busiest
-    /// adapter keeps its engine. 0 when no busier adapter is displaced.
-    pub displaces: f64,
-}
-
 #[derive(Clone, Debug)]
-struct Entry {
-    adapter: String,
+pub(super) struct Entry {
+    pub(super) adapter: String,
     sent: Nanos,
-    first: Option<Nanos>,
+    pub(super) first: Option<Nanos>,
 }
 
 /// This gateway's adapter requests at one endpoint.
 #[derive(Clone, Debug, Default)]
-struct Book {
-    entries: BTreeMap<u64, Entry>,
+pub(super) struct Book {
+    pub(super) entries: BTreeMap<u64, Entry>,
     /// When each adapter's last request here ended: a report older than that is stale about it.
     last_end: BTreeMap<String, Nanos>,
     /// Learned first-token-to-end seconds.
-    turn: Option<f64>,
+    pub(super) turn: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -150,7 +129,7 @@ struct Held {
 #[derive(Clone, Debug, Default)]
 pub struct LoraGate {
     config: GateConfig,
-    books: BTreeMap<EndpointId, Book>,
+    pub(super) books: BTreeMap<EndpointId, Book>,
     held: BTreeMap<u64, Held>,
     /// Each adapter's decayed arrival count and when it was last updated.
     rates: BTreeMap<String, (f64, Nanos)>,
@@ -259,7 +238,7 @@ impl LoraGate {
     /// The oldest adapter waiting at `endpoint` behind a batch in which `adapter` runs, if any:
     /// every slot is taken, `adapter` is among the running, and a request of ours for another
     /// adapter awaits its first token while that adapter does not run.
-    fn blocker(&self, endpoint: EndpointId, adapter: &str, report: Report<'_>) -> Option<String> {
+    pub(super) fn blocker(&self, endpoint: EndpointId, adapter: &str, report: Report<'_>) -> Option<String> {
         let (state, _) = report?;
         let max = state.max_loras? as usize;
         let book = self.books.get(&endpoint)?;
@@ -273,68 +252,6 @@ impl LoraGate {
             .filter(|e| !running.contains(&e.adapter.as_str()))
             .min_by_key(|e| e.sent)
             .map(|e| e.adapter.clone())
-    }
-
-    /// What a request for `adapter` would meet at `endpoint` (see [`Outlook`]); `None` when
-    /// the gate is off or the engine reports no adapter slots.
-    pub fn outlook(
-        &self,
-        adapter: &str,
-        endpoint: EndpointId,
-        report: Report<'_>,
-        now: Nanos,
-    ) -> Option<Outlook> {
-        let (state, _) = report?;
-        let max = state.max_loras? as usize;
-        if !self.config.enabled {
-            return None;
-        }
-        let empty = Book::default();
-        let book = self.books.get(&endpoint).unwrap_or(&empty);
-        let running = running(book, report);
-        let turn = book.turn.map(Nanos::from_secs_f64);
-        let drain = |own: bool| {
-            let run = turn?;
-            book.entries
-                .values()
-                .filter(|e| (e.adapter == adapter) == own)
-                .filter_map(|e| e.first)
-                .map(|first| (first + run) - now)
-                .max()
-        };
-        let mut waiting: Vec<&str> = book
-            .entries
-            .values()
-            .filter(|e| e.first.is_none() && e.adapter != adapter)
-            .map(|e| e.adapter.as_str())
-            .filter(|a| !running.contains(a))
-            .collect();
-        waiting.sort_unstable();
-        waiting.dedup();
-        let holders: Vec<&str> = if running.is_empty() && waiting.is_empty() {
-            state.recent.iter().map(String::as_str).collect()
-        } else {
-            running.clone()
-        };
-        let mine = self.rate(adapter, now).max(1.0);
-        let displaces = if holders.contains(&adapter) || holders.len() < max {
-            0.0
-        } else {
-            let busiest = holders.iter().map(|h| self.rate(h, now)).fold(0.0, f64::max);
-            if busiest > mine {
-                busiest / mine
-            } else {
-                0.0
-            }
-        };
-        Some(Outlook {
-            held: self.blocker(endpoint, adapter, report).is_some(),
-            own_drain: drain(true),
-            others_drain: drain(false),
-            ahead: waiting.len() as u32,
-            turn,
-            displaces,
-        })
     }
 
     /// A request for `adapter` went to `endpoint` at `now`.
@@ -474,7 +391,7 @@ impl LoraGate {
     }
 
     /// `adapter`'s arrivals, each weighted by how long ago it came (decay [`RATE_TAU_SECS`]).
-    fn rate(&self, adapter: &str, now: Nanos) -> f64 {
+    pub(super) fn rate(&self, adapter: &str, now: Nanos) -> f64 {
         self.rates.get(adapter).map_or(0.0, |&(count, at)| {
             count * (-(now - at).as_secs_f64() / RATE_TAU_SECS).exp()
         })
@@ -483,7 +400,7 @@ impl LoraGate {
 
 /// The adapters running at an endpoint: those of our requests past their first token, and
 /// those its engine reported running unless one of ours for it ended after the report.
-fn running<'a>(book: &'a Book, report: Report<'a>) -> Vec<&'a str> {
+pub(super) fn running<'a>(book: &'a Book, report: Report<'a>) -> Vec<&'a str> {
     let mut out: Vec<&str> = book
         .entries
         .values()

@@ -14,8 +14,10 @@
 use serde::{Deserialize, Serialize};
 
 mod gate;
+mod outlook;
 
-pub use gate::{GateConfig, Hold, LoraGate, Outlook, Pass, Report, Verdict};
+pub use gate::{GateConfig, Hold, LoraGate, Pass, Report, Verdict};
+pub use outlook::Outlook;
 
 /// One engine's adapters, from vLLM's `vllm:lora_requests_info` gauge (labels `max_lora`,
 /// `running_lora_adapters`, `waiting_lora_adapters`) or SGLang's `sglang:lora_pool_slots_used` /
