@@ -50,11 +50,7 @@ async fn until_metrics(gateway: &str, what: &str, check: impl Fn(&str) -> bool) 
 
 #[tokio::test]
 async fn a_waiting_adapter_is_served_within_the_bound_while_the_other_keeps_arriving() {
-    let e0 = engine(
-        "e0",
-        "1",
-        &["--lora-modules", "a", "b", "--max-loras", "1"],
-    );
+    let e0 = engine("e0", "1", &["--lora-modules", "a", "b", "--max-loras", "1"]);
     let yaml = "policy: { name: predicted_ttft }\n\
                 admin_token: t\n\
                 lora: { gate: { enabled: true, max_hold_ms: 8000 } }\n";

@@ -18,8 +18,8 @@ use crate::index::blocks::KvEvent;
 use crate::index::{Overlaps, Prediction, PrefixCache};
 use crate::policy::Query;
 use crate::{
-    Cadence, Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos,
-    lora, Observation, Policy, PolicyConfig, Request,
+    lora, Cadence, Decision, EndpointId, EndpointView, Event, Fleet, Health, InflightLedger, Nanos,
+    Observation, Policy, PolicyConfig, Request,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -49,7 +49,9 @@ impl DispatchCore {
             .set_lora_outlooks(|v| gate.outlook(adapter, v.id, v.adapter_report(), now));
         let avoid = self.gate.avoid(request.id, now);
         let choice = match self.choose(request, overlaps, (tried, avoid), attempt, now) {
-            Err(_) if avoid.is_some() => self.choose(request, overlaps, (tried, None), attempt, now),
+            Err(_) if avoid.is_some() => {
+                self.choose(request, overlaps, (tried, None), attempt, now)
+            }
             chosen => chosen,
         };
         self.router.set_lora_outlooks(|_| None);
@@ -105,8 +107,7 @@ impl DispatchCore {
         let released = match event {
             GateEvent::FirstToken(request) => self.gate.first_token(request, endpoint, report, now),
             GateEvent::Ended(request, completed) => {
-                self.gate
-                    .ended(request, endpoint, (completed, report), now)
+                self.gate.ended(request, endpoint, (completed, report), now)
             }
             GateEvent::Observed => self.gate.observed(endpoint, report),
             GateEvent::Removed => self.gate.remove(endpoint),

@@ -204,7 +204,10 @@ impl LoraGate {
                 return Verdict::Send { pass, held };
             }
         }
-        let behind = self.config.enabled.then(|| self.blocker(endpoint, adapter, report));
+        let behind = self
+            .config
+            .enabled
+            .then(|| self.blocker(endpoint, adapter, report));
         match behind.flatten() {
             Some(behind) => {
                 let since = self.held.get(&request).map_or(now, |h| h.hold.since);
@@ -238,12 +241,17 @@ impl LoraGate {
     /// The oldest adapter waiting at `endpoint` behind a batch in which `adapter` runs, if any:
     /// every slot is taken, `adapter` is among the running, and a request of ours for another
     /// adapter awaits its first token while that adapter does not run.
-    pub(super) fn blocker(&self, endpoint: EndpointId, adapter: &str, report: Report<'_>) -> Option<String> {
+    pub(super) fn blocker(
+        &self,
+        endpoint: EndpointId,
+        adapter: &str,
+        report: Report<'_>,
+    ) -> Option<String> {
         let (state, _) = report?;
         let max = state.max_loras? as usize;
         let book = self.books.get(&endpoint)?;
         let running = running(book, report);
-        if running.len() < max || !running.iter().any(|r| *r == adapter) {
+        if running.len() < max || !running.contains(&adapter) {
             return None;
         }
         book.entries

@@ -102,7 +102,10 @@ fn a_report_that_shows_the_waiting_adapter_running_releases() {
         g.check(3, "a", E, Some((&stalled, ms(0))), ms(10)),
         Verdict::Hold(_)
     ));
-    assert_eq!(g.ended(2, E, (false, Some((&stalled, ms(0)))), ms(30)), vec![3]);
+    assert_eq!(
+        g.ended(2, E, (false, Some((&stalled, ms(0)))), ms(30)),
+        vec![3]
+    );
     // Off, nothing is held.
     let mut off = LoraGate::new(GateConfig {
         enabled: false,
@@ -128,8 +131,16 @@ fn the_outlook_prices_the_hold_and_keeps_the_busier_adapter_home() {
     }
     g.arrived(9, "b", ms(9));
     let o = g.outlook("b", E, Some((&idle, ms(0))), ms(10)).unwrap();
-    assert!(o.displaces > 4.9 && o.displaces < 5.0, "a gets 5 times b's traffic");
-    assert_eq!(g.outlook("a", E, Some((&idle, ms(0))), ms(10)).unwrap().displaces, 0.0);
+    assert!(
+        o.displaces > 4.9 && o.displaces < 5.0,
+        "a gets 5 times b's traffic"
+    );
+    assert_eq!(
+        g.outlook("a", E, Some((&idle, ms(0))), ms(10))
+            .unwrap()
+            .displaces,
+        0.0
+    );
     // `a` runs with a learned run of 800 ms; `b` waits.
     let r = report(1, &[]);
     g.dispatched(1, "a", E, ms(0));
@@ -140,7 +151,10 @@ fn the_outlook_prices_the_hold_and_keeps_the_busier_adapter_home() {
     g.dispatched(3, "b", E, ms(1_100));
     let o = g.outlook("a", E, Some((&r, ms(0))), ms(1_200)).unwrap();
     assert!(o.held);
-    assert_eq!((o.own_drain, o.ahead, o.turn), (Some(ms(600)), 1, Some(ms(800))));
+    assert_eq!(
+        (o.own_drain, o.ahead, o.turn),
+        (Some(ms(600)), 1, Some(ms(800)))
+    );
     let o = g.outlook("c", E, Some((&r, ms(0))), ms(1_200)).unwrap();
     assert_eq!((o.held, o.others_drain, o.ahead), (false, Some(ms(600)), 1));
 }
@@ -194,8 +208,9 @@ fn simulate(arrivals: &[(u64, usize)], run: u64, gated: bool) -> Vec<u64> {
             ready.push(next as u64);
             next += 1;
         }
-        let (done, running): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut engine.running).into_iter().partition(|r| r.2 <= t);
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut engine.running)
+            .into_iter()
+            .partition(|r| r.2 <= t);
         engine.running = running;
         let mut released: Vec<u64> = Vec::new();
         for (id, _, _) in done {
@@ -227,7 +242,10 @@ fn simulate(arrivals: &[(u64, usize)], run: u64, gated: bool) -> Vec<u64> {
             for id in engine.admit(t, run) {
                 waits[id as usize] = t - arrivals[id as usize].0;
                 for r in g.first_token(id, E, rep, now) {
-                    let i = held.iter().position(|h| h.0 == r).expect("released a held one");
+                    let i = held
+                        .iter()
+                        .position(|h| h.0 == r)
+                        .expect("released a held one");
                     held.remove(i);
                     ready.push(r);
                 }

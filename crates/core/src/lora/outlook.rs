@@ -72,7 +72,10 @@ impl LoraGate {
         let displaces = if holders.contains(&adapter) || holders.len() < max {
             0.0
         } else {
-            let busiest = holders.iter().map(|h| self.rate(h, now)).fold(0.0, f64::max);
+            let busiest = holders
+                .iter()
+                .map(|h| self.rate(h, now))
+                .fold(0.0, f64::max);
             if busiest > mine {
                 busiest / mine
             } else {
@@ -88,5 +91,4 @@ impl LoraGate {
             displaces,
         })
     }
-
 }

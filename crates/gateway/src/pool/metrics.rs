@@ -58,22 +58,7 @@ impl PoolMetrics {
             lora_hold: crate::metrics::latency_histogram(),
             lora_holding: Gauge::default(),
         };
-        registry.register(
-            "lora_held",
-            "LoRA requests the gate held while another adapter waited behind their adapter's batch, by how the hold ended: released (that adapter's turn started), bound (lora.gate.max_hold_ms), gone (the client left)",
-            metrics.lora_held.clone(),
-        );
-        registry.register_with_unit(
-            "lora_hold",
-            "Time the LoRA gate held a request",
-            Unit::Seconds,
-            metrics.lora_hold.clone(),
-        );
-        registry.register(
-            "lora_holding",
-            "LoRA requests the gate holds now",
-            metrics.lora_holding.clone(),
-        );
+        metrics.register_lora(registry);
         registry.register(
             "breaker_state",
             "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open",
@@ -133,5 +118,25 @@ impl PoolMetrics {
             metrics.spillover.clone(),
         );
         metrics
+    }
+
+    /// The LoRA gate's families.
+    fn register_lora(&self, registry: &mut Registry) {
+        registry.register(
+            "lora_held",
+            "LoRA requests the gate held while another adapter waited behind their adapter's batch, by how the hold ended: released (that adapter's turn started), bound (lora.gate.max_hold_ms), gone (the client left)",
+            self.lora_held.clone(),
+        );
+        registry.register_with_unit(
+            "lora_hold",
+            "Time the LoRA gate held a request",
+            Unit::Seconds,
+            self.lora_hold.clone(),
+        );
+        registry.register(
+            "lora_holding",
+            "LoRA requests the gate holds now",
+            self.lora_holding.clone(),
+        );
     }
 }

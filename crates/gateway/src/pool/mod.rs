@@ -33,13 +33,13 @@ mod unroutable;
 pub use crate::clock::Clock;
 pub use cadence::CadenceCell;
 pub use disagg::RoleMember;
+pub use gate::{Held, Placed};
 pub(crate) use members::EndpointSet;
 pub use metrics::PoolMetrics;
 pub use peer::PeerEnd;
 pub(crate) use peer::{PoolEvent, Progress, Subscriber};
 pub use snapshot::EndpointStatus;
 use snapshot::Snapshot;
-pub use gate::{Held, Placed};
 pub use target::{Attempt, Target};
 
 use crate::endpoint_config::EndpointConfig;
