@@ -162,3 +162,92 @@ fn a_scrape_failure_counts_only_when_the_member_answered_nothing_since() {
     assert!(!d.core_mut().scrape_failed(EndpointId(0), 1), "it answered");
     let _ = Decision::Reject(Rejection::NoRoutableEndpoint);
 }
+
+/// Two engines with one adapter slot each: `a` runs on 0, `b` waits behind it there (sent by
+/// this core), `c` runs on 1. A new `a` is held for 0 (or goes elsewhere if the policy says
+/// so), is released when `b`'s first token comes, and its pick then carries the hold.
+#[test]
+fn the_lora_gate_holds_a_running_adapter_behind_a_waiting_one() {
+    use crate::lora::{AdapterState, Pass};
+    let mut core = DispatchCore::new(
+        &DispatchConfig::default(),
+        &PolicyConfig::default_for("predicted_ttft").unwrap(),
+        7,
+    );
+    for id in 0..2 {
+        core.add(EndpointId(id), &MemberSpec::default(), Nanos::ZERO);
+    }
+    let for_adapter = |id: u64, adapter: &str| Request {
+        adapter: Some(adapter.to_owned()),
+        ..Request::from_text(id, &format!("{adapter} request {id}"))
+    };
+    let overlaps = Overlaps::default();
+    let only = |e: u32| {
+        (0..2)
+            .filter(move |&i| i != e)
+            .map(EndpointId)
+            .collect::<Vec<_>>()
+    };
+    let report = |running: &str| AdapterState {
+        max_loras: Some(1),
+        running: vec![running.to_owned()],
+        ..AdapterState::default()
+    };
+    core.adapters_observed(EndpointId(0), Some(report("a")));
+    core.adapters_observed(EndpointId(1), Some(report("c")));
+    let sent = |core: &mut DispatchCore, id: u64, adapter: &str, to: u32, at: u64| {
+        let r = for_adapter(id, adapter);
+        match core.pick_gated(&r, &overlaps, &only(to), Attempt::First, ms(at)) {
+            Ok(Gated::Picked(p)) => assert_eq!(p.route.endpoint, EndpointId(to)),
+            other => panic!("{other:?}"),
+        }
+    };
+    sent(&mut core, 1, "a", 0, 0);
+    core.first_token((1, EndpointId(0)), Ticket::default(), (ms(5), true), ms(5));
+    sent(&mut core, 2, "b", 0, 10);
+    // A new `a` may not go to 0 now: held there, or sent to 1 if the policy prefers it.
+    let r = for_adapter(3, "a");
+    let hold = match core.pick_gated(&r, &overlaps, &only(0), Attempt::First, ms(20)) {
+        Ok(Gated::Held(hold)) => hold,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((hold.endpoint, hold.behind.as_str()), (EndpointId(0), "b"));
+    assert_eq!(core.held(), 1);
+    assert!(core.released().is_empty());
+    // Base-model requests and retries are never held.
+    let base = Request::from_text(4, "base");
+    assert!(matches!(
+        core.pick_gated(&base, &overlaps, &only(0), Attempt::First, ms(21)),
+        Ok(Gated::Picked(_))
+    ));
+    let retry = for_adapter(5, "a");
+    assert!(matches!(
+        core.pick_gated(&retry, &overlaps, &only(0), Attempt::Retry, ms(21)),
+        Ok(Gated::Picked(_))
+    ));
+    core.ended(
+        (1, EndpointId(0)),
+        End::Failed(FailureKind::Cancelled),
+        ms(30),
+    );
+    core.ended(
+        (5, EndpointId(0)),
+        End::Failed(FailureKind::Cancelled),
+        ms(30),
+    );
+    core.first_token(
+        (2, EndpointId(0)),
+        Ticket::default(),
+        (ms(25), true),
+        ms(35),
+    );
+    assert_eq!(core.released(), vec![3]);
+    match core.pick_gated(&r, &overlaps, &only(0), Attempt::First, ms(36)) {
+        Ok(Gated::Picked(p)) => {
+            let (pass, held) = p.held.expect("the hold is carried");
+            assert_eq!((pass, held.since), (Pass::Released, ms(20)));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(core.held(), 0);
+}

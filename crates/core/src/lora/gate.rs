@@ -24,9 +24,10 @@ use crate::{EndpointId, Nanos};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Adapter arrival rates decay with this time constant: long enough to smooth a Poisson
-/// stream of a few requests a second, short enough to follow a shift in the mix.
-const RATE_TAU_SECS: f64 = 10.0;
+/// Adapter arrival rates decay with this time constant: long enough that a few requests a
+/// second make a steady ratio between adapters (placement follows it), short enough to follow
+/// a shift in the mix within a minute.
+const RATE_TAU_SECS: f64 = 30.0;
 /// Weight of a new sample in the learned run of one request (an exponential moving average).
 const TURN_ALPHA: f64 = 0.2;
 

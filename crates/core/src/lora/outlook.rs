@@ -6,23 +6,31 @@ use crate::{EndpointId, Nanos};
 use serde::{Deserialize, Serialize};
 
 /// What sending a request for an adapter to one endpoint would meet, for pricing it: the
-/// policy adds these to its prediction (`predicted_ttft`'s adapter term).
+/// policy adds these to its prediction (`predicted_ttft`'s adapter term). The gate's own
+/// account is fresher than the engine's last report: it sees each of its requests' first token
+/// and end as they happen.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outlook {
     /// The gate would hold it here: another adapter waits behind the batch this one runs.
     pub held: bool,
+    /// The adapter runs here: the request joins its batch.
+    pub runs: bool,
+    /// It does not run here and every slot is taken by running or queued adapters (as llm-d
+    /// counts them): the request waits for a turn.
+    pub full: bool,
     /// Until the adapter's own requests here finish by the learned run (the hold's length).
     pub own_drain: Option<Nanos>,
-    /// Until the other running adapters' requests here finish by the learned run.
+    /// Until the other running adapters' requests here finish by the learned run; zero when no
+    /// other adapter runs, `None` when one runs that none of this gateway's requests show.
     pub others_drain: Option<Nanos>,
-    /// Other adapters waiting here, each of which runs a turn first.
+    /// Other adapters queued here and not running, each of which runs a turn first.
     pub ahead: u32,
     /// One request's run from first token to end, learned here.
     pub turn: Option<Nanos>,
-    /// How many times this adapter's traffic the adapter whose slot the request would take
-    /// gets (running here, or the last to run on an idle engine), when that is more than one:
-    /// that many of its requests would wait a turn per request of this one, so the busiest
-    /// adapter keeps its engine. 0 when no busier adapter is displaced.
+    /// The traffic of the adapter whose slot the request would take (running here, else
+    /// queued to run, else the last to run on an idle engine) over this adapter's: that many of
+    /// its requests wait a turn per request of this one, so a busy adapter keeps its engine and
+    /// a rare one does not take it. 0 when no slot would be taken from another adapter.
     pub displaces: f64,
 }
 
@@ -54,41 +62,54 @@ impl LoraGate {
                 .map(|first| (first + run) - now)
                 .max()
         };
-        let mut waiting: Vec<&str> = book
+        let mut queued: Vec<&str> = book
             .entries
             .values()
-            .filter(|e| e.first.is_none() && e.adapter != adapter)
+            .filter(|e| e.first.is_none())
             .map(|e| e.adapter.as_str())
             .filter(|a| !running.contains(a))
             .collect();
-        waiting.sort_unstable();
-        waiting.dedup();
-        let holders: Vec<&str> = if running.is_empty() && waiting.is_empty() {
-            state.recent.iter().map(String::as_str).collect()
-        } else {
+        queued.sort_unstable();
+        queued.dedup();
+        let others_run = running.iter().any(|r| *r != adapter);
+        let holders: Vec<&str> = if !running.is_empty() {
             running.clone()
-        };
-        let mine = self.rate(adapter, now).max(1.0);
-        let displaces = if holders.contains(&adapter) || holders.len() < max {
-            0.0
+        } else if !queued.is_empty() {
+            queued.clone()
         } else {
-            let busiest = holders
-                .iter()
-                .map(|h| self.rate(h, now))
-                .fold(0.0, f64::max);
-            if busiest > mine {
-                busiest / mine
-            } else {
-                0.0
-            }
+            state.recent.iter().map(String::as_str).collect()
         };
+        let runs = running.contains(&adapter);
+        let mut active = running.clone();
+        active.extend(&queued);
+        active.sort_unstable();
+        active.dedup();
         Some(Outlook {
             held: self.blocker(endpoint, adapter, report).is_some(),
+            runs,
+            full: !runs && active.iter().filter(|a| **a != adapter).count() >= max,
             own_drain: drain(true),
-            others_drain: drain(false),
-            ahead: waiting.len() as u32,
+            others_drain: if others_run {
+                drain(false)
+            } else {
+                Some(Nanos::ZERO)
+            },
+            ahead: queued.iter().filter(|a| **a != adapter).count() as u32,
             turn,
-            displaces,
+            displaces: self.displaces(adapter, &holders, max, now),
         })
+    }
+
+    /// [`Outlook::displaces`] for a request for `adapter` where `holders` hold the slots.
+    fn displaces(&self, adapter: &str, holders: &[&str], max: usize, now: Nanos) -> f64 {
+        if holders.contains(&adapter) || holders.len() < max {
+            return 0.0;
+        }
+        let mine = self.rate(adapter, now).max(1.0);
+        let theirs = holders
+            .iter()
+            .map(|h| self.rate(h, now))
+            .fold(0.0, f64::max);
+        theirs / mine
     }
 }

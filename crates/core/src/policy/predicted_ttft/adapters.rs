@@ -76,7 +76,7 @@ impl PredictedTtft {
         let elsewhere = running_at.iter().any(|&id| id != e.id);
         let (wait, affinity) = wait(state.as_ref(), adapter, elsewhere, costs);
         match &e.lora_outlook {
-            Some(o) if affinity != Affinity::Unknown => gated_wait(o, affinity, costs),
+            Some(o) if affinity != Affinity::Unknown => gated_wait(o, costs),
             _ => wait,
         }
     }
@@ -123,12 +123,13 @@ pub(super) fn wait(
 }
 
 /// Seconds a request for an adapter waits at an endpoint where the LoRA gate serves adapters
-/// in turns ([`crate::lora::LoraGate`]), by what the gate knows there: the batches in the way
-/// drain by the run learned there (`lora_stall` until one is learned), each adapter waiting
-/// ahead takes a turn, and a held request first waits for its own adapter's batch to drain.
-/// Taking the slot of a busier adapter costs a turn for each of its requests per request of this
-/// one (their ratio of traffic).
-pub(super) fn gated_wait(o: &Outlook, affinity: Affinity, (load, stall): (f64, f64)) -> f64 {
+/// in turns ([`crate::lora::LoraGate`]), by the gate's account there, fresher than the engine's
+/// report: the batches in the way drain by the run learned there (`lora_stall` until one is
+/// learned), each adapter queued ahead takes a turn, and a held request first waits for its
+/// own adapter's batch to drain. Taking the slot of another adapter costs a turn for each of
+/// its requests per request of this one (their ratio of traffic): the externality that keeps
+/// a busy adapter on its engine.
+pub(super) fn gated_wait(o: &Outlook, (load, stall): (f64, f64)) -> f64 {
     let turn = o.turn.map_or(stall, Nanos::as_secs_f64);
     let ahead = f64::from(o.ahead) * turn;
     let displace = turn * o.displaces;
@@ -136,13 +137,13 @@ pub(super) fn gated_wait(o: &Outlook, affinity: Affinity, (load, stall): (f64, f
         let own = o.own_drain.map_or(turn / 2.0, Nanos::as_secs_f64);
         return own + ahead.max(turn) + load;
     }
-    match affinity {
-        Affinity::Running | Affinity::Unknown => 0.0,
-        Affinity::FreeSlot => load + displace,
-        Affinity::Waiting | Affinity::Full => {
-            o.others_drain.map_or(stall, Nanos::as_secs_f64) + ahead + load + displace
-        }
+    if o.runs {
+        return 0.0;
     }
+    if !o.full {
+        return load + displace;
+    }
+    o.others_drain.map_or(stall, Nanos::as_secs_f64) + ahead + load + displace
 }
 
 #[cfg(test)]
@@ -179,6 +180,50 @@ mod tests {
             "the scrape covers it"
         );
         assert_eq!(wait(None, "a", false, costs), (0.0, Affinity::Unknown));
+    }
+}
+
+#[cfg(test)]
+mod gated_tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_s_outlook_prices_holds_drains_and_displacement() {
+        let costs = (0.1, 1.5);
+        let ms = Nanos::from_millis;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let held = Outlook {
+            held: true,
+            runs: true,
+            own_drain: Some(ms(300)),
+            ahead: 1,
+            turn: Some(ms(800)),
+            ..Outlook::default()
+        };
+        // Its own batch drains, `b` takes a turn, then the adapter loads again.
+        assert!(close(gated_wait(&held, costs), 1.2));
+        let full = Outlook {
+            full: true,
+            others_drain: Some(ms(200)),
+            turn: Some(ms(800)),
+            displaces: 2.0,
+            ..Outlook::default()
+        };
+        // The running batch drains, the adapter loads, and the busier one loses two turns.
+        assert!(close(gated_wait(&full, costs), 1.9));
+        let free = Outlook::default();
+        assert!(close(gated_wait(&free, costs), 0.1));
+        let runs = Outlook {
+            runs: true,
+            ..Outlook::default()
+        };
+        assert!(close(gated_wait(&runs, costs), 0.0));
+        // Nothing learned yet: the configured stall stands in for the drain.
+        let unknown = Outlook {
+            full: true,
+            ..Outlook::default()
+        };
+        assert!(close(gated_wait(&unknown, costs), 1.6));
     }
 }
 
