@@ -11,13 +11,15 @@
 # logs.
 #
 #   scripts/lora-bench.sh [--rate R] [--requests N] [--mix A,B,C] [--output N] [--load-ms MS]
-#                         [--seed N] [--out DIR]
+#                         [--seed N] [--out DIR] [--only LABEL,...]
 #
-# --mix gives the shares of adapters a, b and c (default 0.5,0.3,0.2); prompts are 256 random
+# --only runs some of the four (labels as in the table: round_robin, blind_predicted_ttft,
+# ungated_predicted_ttft, predicted_ttft). --mix gives the shares of adapters a, b and c (default 0.5,0.3,0.2); prompts are 256 random
 # words, answers --output tokens (default 64, ignore_eos). KVGATE names the binary (default:
 # cargo build --release).
 set -euo pipefail
 RATE=4 REQUESTS=600 MIX=0.5,0.3,0.2 OUTPUT=64 LOAD_MS=100 SEED=1 OUT=${TMPDIR:-/tmp}/kvgate-lora-bench
+ONLY=round_robin,blind_predicted_ttft,ungated_predicted_ttft,predicted_ttft
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) RATE=$2; shift 2 ;;
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --load-ms) LOAD_MS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +66,7 @@ start() {  # LOG ARGS... -> sets URL from the readiness line (not in a subshell:
 
 run() {  # LABEL POLICY [serve flags...]
   local label=$1; shift
+  case ",$ONLY," in *",$label,"*) ;; *) return ;; esac
   local e0 e1 gw
   start "$OUT/$label-e0.log" engine --listen 127.0.0.1:0 --id e0 --model base --seed 1 \
     --lora-modules a b c --max-loras 1 --lora-load-ms "$LOAD_MS"
@@ -88,10 +92,12 @@ run blind_predicted_ttft predicted_ttft --policy-set lora_aware=false "${UNGATED
 run ungated_predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS" "${UNGATED[@]}"
 run predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS"
 python3 - "$OUT" <<'PY'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 print(f"{'policy':24} {'ok':>5} {'err':>4} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12} {'TTFT p99 ms':>12}")
 for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
+    if not os.path.exists(f"{out}/{label}.json"):
+        continue
     report = json.load(open(f"{out}/{label}.json"))
     r = report["results"][0]
     t = r["ttft_ms"]
@@ -99,11 +105,13 @@ for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "
     print(f"{label:24} {r['completed']:>5} {r['failed']:>4} {f(t.get('p50')):>12} {f(t.get('p95')):>12} {f(t.get('p99')):>12}")
 PY
 python3 - "$OUT" <<'PY'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 print(f"\nTTFT p95 ms per adapter (requests): {'a':>12} {'b':>12} {'c':>12}")
 for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
     by = {}
+    if not os.path.exists(f"{out}/{label}-gw.log"):
+        continue
     for line in open(f"{out}/{label}-gw.log"):
         if line.startswith("{"):
             r = json.loads(line)
@@ -117,6 +125,8 @@ for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "
 print("\nheld by the LoRA gate (kvgate_lora_held_total by reason; hold seconds sum/count):")
 for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
     held = {}
+    if not os.path.exists(f"{out}/{label}.json"):
+        continue
     try:
         for line in open(f"{out}/{label}.metrics"):
             if line.startswith("kvgate_lora_held_total{"):

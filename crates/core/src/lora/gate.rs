@@ -115,7 +115,7 @@ pub(super) struct Entry {
 pub(super) struct Book {
     pub(super) entries: BTreeMap<u64, Entry>,
     /// When each adapter's last request here ended: a report older than that is stale about it.
-    last_end: BTreeMap<String, Nanos>,
+    pub(super) last_end: BTreeMap<String, Nanos>,
     /// Learned first-token-to-end seconds.
     pub(super) turn: Option<f64>,
 }

@@ -72,12 +72,21 @@ impl LoraGate {
         queued.sort_unstable();
         queued.dedup();
         let others_run = running.iter().any(|r| *r != adapter);
+        // Who holds the slots: the running adapters, else those queued to run, else the last to
+        // run here (by this gateway's account, else the engine's report).
         let holders: Vec<&str> = if !running.is_empty() {
             running.clone()
         } else if !queued.is_empty() {
             queued.clone()
+        } else if let Some((last, _)) = book.last_end.iter().max_by_key(|(_, at)| **at) {
+            vec![last.as_str()]
         } else {
-            state.recent.iter().map(String::as_str).collect()
+            state
+                .running
+                .iter()
+                .chain(&state.recent)
+                .map(String::as_str)
+                .collect()
         };
         let runs = running.contains(&adapter);
         let mut active = running.clone();
