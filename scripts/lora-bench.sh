@@ -4,22 +4,22 @@
 # default) and --lora-load-ms to load one that is not in memory. An open-loop adapter mix
 # (a JSONL replay whose lines name the adapter as `model`) is sent through a fresh fleet and
 # gateway per policy: round_robin, predicted_ttft blind to adapters (lora_aware=false),
-# predicted_ttft adapter-aware without the LoRA gate (lora.gate.enabled=false), and
-# predicted_ttft with the gate (the default); the adapter-aware ones are told the engines'
-# --lora-load-ms. The first three run without the gate, as kvgate routed before it had one.
+# predicted_ttft adapter-aware without the LoRA gate (lora.gate.enabled=false), with the gate's
+# pricing but no holds (lora.gate.hold=false), and with the gate (the default); the
+# adapter-aware ones are told the engines' --lora-load-ms. The first three run without the gate, as kvgate routed before it had one.
 # Prints one table of TTFT percentiles per policy, and per adapter from the gateways' access
 # logs.
 #
 #   scripts/lora-bench.sh [--rate R] [--requests N] [--mix A,B,C] [--output N] [--load-ms MS]
 #                         [--seed N] [--out DIR] [--only LABEL,...]
 #
-# --only runs some of the four (labels as in the table: round_robin, blind_predicted_ttft,
-# ungated_predicted_ttft, predicted_ttft). --mix gives the shares of adapters a, b and c (default 0.5,0.3,0.2); prompts are 256 random
+# --only runs some of the five (labels as in the table: round_robin, blind_predicted_ttft,
+# ungated_predicted_ttft, priced_predicted_ttft, predicted_ttft). --mix gives the shares of adapters a, b and c (default 0.5,0.3,0.2); prompts are 256 random
 # words, answers --output tokens (default 64, ignore_eos). KVGATE names the binary (default:
 # cargo build --release).
 set -euo pipefail
 RATE=4 REQUESTS=600 MIX=0.5,0.3,0.2 OUTPUT=64 LOAD_MS=100 SEED=1 OUT=${TMPDIR:-/tmp}/kvgate-lora-bench
-ONLY=round_robin,blind_predicted_ttft,ungated_predicted_ttft,predicted_ttft
+ONLY=round_robin,blind_predicted_ttft,ungated_predicted_ttft,priced_predicted_ttft,predicted_ttft
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) RATE=$2; shift 2 ;;
@@ -87,15 +87,17 @@ run() {  # LABEL POLICY [serve flags...]
 
 printf 'lora: { gate: { enabled: false } }\n' > "$OUT/ungated.yaml"
 UNGATED=(--config "$OUT/ungated.yaml")
+printf 'lora: { gate: { hold: false } }\n' > "$OUT/priced.yaml"
 run round_robin round_robin "${UNGATED[@]}"
 run blind_predicted_ttft predicted_ttft --policy-set lora_aware=false "${UNGATED[@]}"
 run ungated_predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS" "${UNGATED[@]}"
+run priced_predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS" --config "$OUT/priced.yaml"
 run predicted_ttft predicted_ttft --policy-set lora_load_ms="$LOAD_MS"
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 print(f"{'policy':24} {'ok':>5} {'err':>4} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12} {'TTFT p99 ms':>12}")
-for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "priced_predicted_ttft", "predicted_ttft"):
     if not os.path.exists(f"{out}/{label}.json"):
         continue
     report = json.load(open(f"{out}/{label}.json"))
@@ -108,7 +110,7 @@ python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 print(f"\nTTFT p95 ms per adapter (requests): {'a':>12} {'b':>12} {'c':>12}")
-for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "priced_predicted_ttft", "predicted_ttft"):
     by = {}
     if not os.path.exists(f"{out}/{label}-gw.log"):
         continue
@@ -123,7 +125,7 @@ for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "
         cells.append(f"{v[int(len(v) * 0.95)]:.0f} ({len(v)})" if v else "-")
     print(f"{label:36} {cells[0]:>12} {cells[1]:>12} {cells[2]:>12}")
 print("\nheld by the LoRA gate (kvgate_lora_held_total by reason; hold seconds sum/count):")
-for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "predicted_ttft"):
+for label in ("round_robin", "blind_predicted_ttft", "ungated_predicted_ttft", "priced_predicted_ttft", "predicted_ttft"):
     held = {}
     if not os.path.exists(f"{out}/{label}.json"):
         continue

@@ -39,6 +39,9 @@ pub struct GateConfig {
     pub enabled: bool,
     /// The longest a request is held.
     pub max_hold_ms: u64,
+    /// Hold requests; off, the gate only prices what each endpoint would make a request wait
+    /// (its outlook) and every request goes where the policy sends it.
+    pub hold: bool,
 }
 
 impl Default for GateConfig {
@@ -49,6 +52,7 @@ impl Default for GateConfig {
             // default engine model): a hold normally ends when the running batch drains, within
             // one request's run.
             max_hold_ms: 3_000,
+            hold: true,
         }
     }
 }
@@ -205,9 +209,7 @@ impl LoraGate {
                 return Verdict::Send { pass, held };
             }
         }
-        let behind = self
-            .config
-            .enabled
+        let behind = (self.config.hold && self.config.enabled)
             .then(|| self.blocker(endpoint, adapter, report));
         match behind.flatten() {
             Some(behind) => {

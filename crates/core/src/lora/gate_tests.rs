@@ -19,6 +19,7 @@ fn gate() -> LoraGate {
     LoraGate::new(GateConfig {
         enabled: true,
         max_hold_ms: 1_000,
+        hold: true,
     })
 }
 
@@ -110,6 +111,7 @@ fn a_report_that_shows_the_waiting_adapter_running_releases() {
     let mut off = LoraGate::new(GateConfig {
         enabled: false,
         max_hold_ms: 1_000,
+        hold: true,
     });
     off.dispatched(2, "b", E, ms(0));
     assert!(matches!(
@@ -194,6 +196,7 @@ fn simulate(arrivals: &[(u64, usize)], run: u64, gated: bool) -> Vec<u64> {
     let mut g = LoraGate::new(GateConfig {
         enabled: gated,
         max_hold_ms: 1_000,
+        hold: true,
     });
     let st = report(1, &[]);
     let rep = Some((&st, Nanos::ZERO));

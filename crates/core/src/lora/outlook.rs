@@ -94,7 +94,7 @@ impl LoraGate {
         active.sort_unstable();
         active.dedup();
         Some(Outlook {
-            held: self.blocker(endpoint, adapter, report).is_some(),
+            held: self.config().hold && self.blocker(endpoint, adapter, report).is_some(),
             runs,
             full: !runs && active.iter().filter(|a| **a != adapter).count() >= max,
             own_drain: drain(true),
