@@ -179,7 +179,7 @@ fn the_lora_gate_holds_a_running_adapter_behind_a_waiting_one() {
     }
     let for_adapter = |id: u64, adapter: &str| Request {
         adapter: Some(adapter.to_owned()),
-        ..Request::from_text(id, &format!("{adapter} request {id}"))
+        ..Request::from_text(id, format!("{adapter} request {id}"))
     };
     let overlaps = Overlaps::default();
     let only = |e: u32| {
