@@ -4,10 +4,13 @@
 # streamed multi-turn sessions sharing system prompts, a few at a time; then each request's
 # predicted TTFT (its decision record at /admin/decisions) is joined with its measured TTFT (the
 # access log) by request id. Prints the share of requests predicted within 20% after a warm-up,
-# and the ratio's spread.
+# and the ratio's spread. With DUMP=FILE it also writes one JSON line per request for offline
+# study (scripts/real-vllm/ttft_candidates.py): the client's send time and the arrival time of
+# every SSE chunk, its max_tokens, the decision record and the access-log row.
 #
 # usage: scripts/real-vllm-ttft-prediction.sh [REQUESTS]   (from the repository root, default 160)
-# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build)
+# env:   VLLM_RECIPE (default scripts/real-vllm), ENGINE_DIR (default .real-vllm), KVGATE (default: cargo build),
+#        DUMP (a file for the per-request lines), GATEWAY_ARGS (more `kvgate serve` flags, e.g. --config FILE)
 set -euo pipefail
 N=${1:-160}
 . "$(dirname "$0")/real-vllm-lib.sh"
@@ -15,21 +18,22 @@ N=${1:-160}
 log="$ENGINE_DIR/logs/access-prediction.log"
 rm -f "$log"
 "$KVGATE" serve --listen 127.0.0.1:$GW --endpoint http://127.0.0.1:$P0 --endpoint http://127.0.0.1:$P1 \
-  --admin-token pred --scrape-interval-ms 200 --access-log "$log" \
+  --admin-token pred --scrape-interval-ms 200 --access-log "$log" ${GATEWAY_ARGS:-} \
   > "$ENGINE_DIR/logs/gateway-prediction.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 200); do curl -sf 127.0.0.1:$GW/ready >/dev/null && break; sleep 0.1; done
 
 ratios="$ENGINE_DIR/logs/ttft-ratios.txt"
 diffs="$ENGINE_DIR/logs/cached-token-diffs.txt"
-"$PY" - "$N" $GW "$log" "$ratios" "$diffs" <<'PY'
+"$PY" - "$N" $GW "$log" "$ratios" "$diffs" "${DUMP:-}" <<'PY'
 import json, random, re, sys, threading, time, urllib.error, urllib.request
-n, gw, log, ratios_file, diffs_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+n, gw, log, ratios_file, diffs_file, dump = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 rng = random.Random(7)
 systems = [f"Team {t}. " + " ".join(f"policy{t}-{i} applies to every answer." for i in range(rng.randrange(40, 160)))
            for t in range(4)]
 lock = threading.Lock()
 sent = 0
+client = {}  # request id -> what the client saw, for DUMP
 
 def session(s):
     global sent
@@ -40,13 +44,18 @@ def session(s):
                 return
             sent += 1
         messages.append({"role": "user", "content": f"session {s} asks " + "why " * rng.randrange(5, 80)})
-        body = json.dumps({"model": "tiny", "messages": messages, "max_tokens": rng.randrange(4, 24),
+        max_tokens = rng.randrange(4, 24)
+        body = json.dumps({"model": "tiny", "messages": messages, "max_tokens": max_tokens,
                            "stream": True, "stream_options": {"include_usage": True}}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{gw}/v1/chat/completions", body,
                                      {"content-type": "application/json", "x-kvgate-session": f"s{s}"})
+        sent_at = time.time()
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
-                r.read()
+                chunks = [time.time() for line in r if line.startswith(b"data:")]
+                with lock:
+                    client[int(r.headers["x-kvgate-request-id"])] = {
+                        "sent_at": sent_at, "chunks": chunks, "max_tokens": max_tokens}
         except urllib.error.HTTPError as e:
             print(f"session {s}: HTTP {e.code} {e.read()[:200]!r}")
             messages = messages[:1]
@@ -63,9 +72,15 @@ time.sleep(0.5)
 req = urllib.request.Request(f"http://127.0.0.1:{gw}/admin/decisions?limit=100000",
                              headers={"Authorization": "Bearer pred"})
 decisions = json.loads(urllib.request.urlopen(req).read())["decisions"]
+rows = [json.loads(l) for l in open(log)]
+if dump:
+    first = {d["request"]: d for d in decisions if d["attempt"] == "first"}
+    access = {r["request_id"]: r for r in rows}
+    with open(dump, "w") as f:
+        f.writelines(json.dumps({"request": i, "client": c, "decision": first.get(i), "access": access.get(i)}) + "\n"
+                     for i, c in sorted(client.items()))
 predicted = {d["request"]: d["reason"]["ttft_ms"] for d in decisions
              if d["attempt"] == "first" and d["reason"]["kind"] == "predicted_ttft"}
-rows = [json.loads(l) for l in open(log)]
 pairs = sorted((r["request_id"], r["ttft_ms"] / predicted[r["request_id"]]) for r in rows
                if r.get("ttft_ms") and r["request_id"] in predicted and r["attempts"] == 1)
 warm = pairs[len(pairs) // 4:]
