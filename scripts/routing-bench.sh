@@ -116,8 +116,11 @@ tenants)
     workload=(--workload agentic --agentic-tenants 32 --agentic-system-len 6000
         --agentic-turns 4 --agentic-max-context 12000)
     kv_blocks=4096
-    sweep=${sweep:-2:4:0.5}
-    duration=${duration:-60}
+    # Five minutes per rate: a rate's sessions all start within it, so its request rate
+    # climbs for minutes and 60 s rates measure a transient (docs/routing.md, Through the
+    # gateway).
+    sweep=${sweep:-1:1.75:0.25}
+    duration=${duration:-300}
     ;;
 shared-prefix)
     # The classic shared-prefix benchmark (SGLang's generated-shared-prefix shape): 32 system
