@@ -44,7 +44,7 @@
 # themselves, on the same engines and workload. Their router's log goes to DIR/SCENARIO-NAME.router.log
 # (appended to, one start per fresh fleet); --config applies to kvgate only and is refused with them.
 # KVGATE=path/to/kvgate skips the release build. Takes (rates x duration + drain) per policy: ~15 min per
-# scenario with the defaults.
+# scenario with the defaults, ~22 min for tenants.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
