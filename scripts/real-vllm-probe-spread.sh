@@ -13,9 +13,9 @@ N=${1:-150}
 . "$(dirname "$0")/real-vllm-lib.sh"
 
 probe() {  # label
-  "$PY" - "$P0" "$N" "$1" <<'PY'
-import json, random, statistics, sys, time, urllib.request
-port, n, label = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+  "$PY" - "$P0" "$N" "$1" "$KVGATE" <<'PY'
+import json, random, subprocess, sys, time, urllib.request
+port, n, label, kvgate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 rng = random.Random(1)
 system = "Team 9. " + " ".join(f"policy9-{i} applies to every answer." for i in range(150))
 def one(i):
@@ -30,12 +30,16 @@ def one(i):
         first = next(time.time() for line in r if line.startswith(b"data:"))
         r.read()
     return first - t0
-ttfts = [one(i) for i in range(n + 5)][5:]  # the first few warm the prefix cache
-m = statistics.median(ttfts)
-share = sum(0.8 * m <= t <= 1.2 * m for t in ttfts) / len(ttfts)
-q = sorted(ttfts)
-print(f"{label}: {n} probes, median {m * 1e3:.1f} ms, p10 {q[n // 10] * 1e3:.1f}, "
-      f"p90 {q[n * 9 // 10] * 1e3:.1f}, within 20% of the median {share:.0%}")
+def stats(values, *flags):
+    """`kvgate stats`, the one definition of a percentile."""
+    done = subprocess.run([kvgate, "stats", "--json", *flags], input="".join(f"{v}\n" for v in values),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+ttfts = [one(i) * 1e3 for i in range(n + 5)][5:]  # the first few warm the prefix cache
+m = stats(ttfts)["p50"]
+s = stats(ttfts, "--percentiles", "10", "--within", f"{0.8 * m},{1.2 * m}")
+print(f"{label}: {n} probes, median {m:.1f} ms, p10 {s['p10']:.1f}, p90 {s['p90']:.1f}, "
+      f"within 20% of the median {s['within']:.0%}")
 PY
 }
 

@@ -350,7 +350,7 @@ print(f"\nreplica-loss: {what}; capacity at TTFT <= {slo_ms / 1000:g} s"
          " killed engine): how many, TTFT P50/P95, median share of the prompt cached"
          if sys.argv[4] == "1" else ""))
 for name in names:
-    rows, attained = [], []
+    rows = []
     files = glob.glob(f"{out}/replica-loss-{name}-*.json")
     files = [f for f in files if re.search(r"-[0-9.]+\.json$", f)]
     files.sort(key=lambda f: float(re.search(r"-([0-9.]+)\.json$", f).group(1)))
@@ -363,19 +363,23 @@ for name in names:
         pre, post = window_p95(path, kill_at - 30, kill_at), window_p95(path, kill_at, kill_at + 30)
         ratio = f"{post / pre:.2f}x" if pre and post else "n/a"
         att = r["slo_attainment"]
-        attained.append((r["offered_rate"], att))
         row = (f"{r['offered_rate']:g}: {r['achieved_rate']:.1f} "
                + ("-" if att is None else f"{100 * att:.1f}%") + " "
                f"{before_token}/{after_token} {pre or float('nan'):.0f}/{post or float('nan'):.0f} ({ratio})")
         rows.append(row + (f"; {recomputes(path, recs)}" if sys.argv[4] == "1" else ""))
-    # Capacity over the rates' separate runs, each on its own fleet and gateway (so the
-    # bench, which counts capacity per target, sees one rate per target): the highest rate
-    # swept before the first that missed.
+    # Capacity over the rates' separate runs: the bench's, over all their records at once. Each
+    # rate ran on its own gateway and the bench counts capacity per target, so the records are
+    # put under one target first.
     cap = None
-    for rate, att in attained:
-        if att is None or att < 0.95:
-            break
-        cap = rate
+    if files:
+        every = f"{out}/replica-loss-{name}.all.jsonl"
+        with open(every, "w") as dst:
+            for f in files:
+                for line in open(f[:-5] + ".jsonl"):
+                    rec = json.loads(line)
+                    rec["target"] = f"replica-loss {name}"
+                    dst.write(json.dumps(rec) + "\n")
+        cap = summarise(every)["capacity"][0]["rate"]
     print(f"{name:<20} capacity {cap!s:>5} | " + " | ".join(rows))
 EOF
     exit 0
