@@ -179,14 +179,18 @@ impl PdFleet {
         let decode = match self.homes.get(&session) {
             Some(&(d, _)) => d,
             None => {
-                // A new session goes to the decode replica with the least queued prefill.
+                // A new session goes to the decode replica with the lowest predicted TTFT (its
+                // queued prefill and the sequences it runs), as the gateway's `predicted_ttft`
+                // picks a decode endpoint. Queued prefill alone left every
+                // session of a decode pool that never prefills on its first replica.
+                let prompt = turn.prompt.len() as u32;
                 let d = *self
                     .decoders
                     .iter()
-                    .min_by(|&&a, &&b| {
-                        let (qa, qb) = (self.replicas[a].queued, self.replicas[b].queued);
-                        qa.total_cmp(&qb).then(a.cmp(&b))
-                    })
+                    .map(|&r| (r, self.side(r, session).ttft(prompt)))
+                    .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+                    .map(|(r, _)| r)
+                    .as_ref()
                     .expect("a decode replica");
                 self.homes.insert(session, (d, Vec::new()));
                 d
@@ -345,5 +349,70 @@ impl PdFleet {
             queries += s.prefix_queries_tokens;
         }
         (queries > 0).then(|| hits as f64 / queries as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Batching;
+    use kvgate_core::disagg::{Config, Mode};
+
+    /// `n` one-turn sessions, 50 ms apart, each with a prompt of its own.
+    struct OneTurn(usize);
+
+    impl Sessions for OneTurn {
+        fn starts(&mut self) -> Vec<(Nanos, Turn)> {
+            (0..self.0)
+                .map(|session| {
+                    let base = (session as u32) << 20;
+                    let turn = Turn {
+                        session,
+                        prompt: (0..2_000).map(|i| base | i).collect(),
+                        output: 100,
+                    };
+                    (Nanos::from_millis(50 * session as u64), turn)
+                })
+                .collect()
+        }
+
+        fn next(&mut self, _: usize, _: Nanos) -> Option<(Nanos, Turn)> {
+            None
+        }
+    }
+
+    fn fleet(mode: Mode, roles: &[Role]) -> PdFleet {
+        let engine = EngineConfig {
+            max_num_seqs: 128,
+            kv_blocks: 16_384,
+            block_size: 16,
+            batching: Batching::Chunked {
+                max_num_batched_tokens: 2_048,
+            },
+            prefix_caching: true,
+            cost: CostModel::default(),
+        };
+        let decider = Decider::new(Config {
+            mode,
+            ..Config::default()
+        });
+        PdFleet::new(engine, roles, decider)
+    }
+
+    /// With every prefill sent away a decode replica's queued prefill is always empty; sessions
+    /// must still spread over the decode pool by what each replica runs.
+    #[test]
+    fn sessions_spread_over_a_decode_pool_that_never_prefills() {
+        use Role::{Decode, Prefill};
+        let mut f = fleet(Mode::Always, &[Prefill, Prefill, Decode, Decode]);
+        f.run(&mut OneTurn(40));
+        let mut per_decoder = BTreeMap::new();
+        for (decode, _) in f.homes.values() {
+            *per_decoder.entry(*decode).or_insert(0) += 1;
+        }
+        assert_eq!(per_decoder.len(), 2, "{per_decoder:?}");
+        assert!(per_decoder.values().all(|&n| n >= 10), "{per_decoder:?}");
+        assert_eq!(f.measured.len(), 40);
+        assert!(f.measured.iter().all(|m| m.remote));
     }
 }

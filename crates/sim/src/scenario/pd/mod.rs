@@ -164,9 +164,10 @@ fn summarise(
 
 /// The scenario's `decode_stall_weight`: of 0, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3 and 5 at
 /// every split, on seeds 1-3 only, the lowest mean TPOT p95 among the settings whose TTFT p95
-/// beat `never`'s and `always`'s on each of the three seeds (0.5 at 3:1). Seeds 4-8 are held
-/// out to report it (docs/pd.md). The gateway's default stays 0.1 (see the docs for why).
-const STALL_WEIGHT: f64 = 0.5;
+/// beat every `always` split's and whose TPOT p95 beat `never`'s on each of the three seeds
+/// (1 at 2:2). Seeds 4-8 are held out to report it (docs/pd.md). The gateway's default stays
+/// 0.1 (see the docs for why).
+const STALL_WEIGHT: f64 = 1.0;
 
 /// The prefill replica counts to run the disaggregated modes at: `prefill_replicas` (one or a
 /// comma-separated list), by default every split of the fleet, so that each mode is compared
