@@ -3,7 +3,9 @@
 # time (time-scale 1): `never` on four whole-request engines, `always`, `threshold` and
 # `conditional` on `--prefill` prefill engines and the rest decode engines (the same fleet size), each on
 # a fresh fleet and gateway, then one `kvgate bench` run of long-prompt agentic sessions. The
-# same comparison as `kvgate sim --scenario pd`. Prints one table; JSON per mode in DIR.
+# same comparison as `kvgate sim --scenario pd`, whose sessions come from the same agentic
+# generator at this shape; `--ignore-eos` makes the engines answer the drawn lengths, as the
+# simulator does. Prints one table; JSON per mode in DIR.
 #
 #   scripts/pd-bench.sh [--rate SESSIONS_PER_S] [--requests N] [--protocol vllm|sglang]
 #                       [--prefill N] [--stall-weight W] [--out DIR] [--seed N]
@@ -17,7 +19,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 rate=0.5
-requests=160
+requests=400
 protocol=vllm
 prefill=1
 out=target/pd-bench
@@ -59,7 +61,7 @@ run_mode() {
     "$KVGATE" bench --url "$gateway" --workload agentic --rate "$rate" --num-requests "$requests" \
         --agentic-tenants 64 --agentic-system-len 8000 --agentic-user-len 1000 \
         --agentic-turns 4 --agentic-output-len 200 --agentic-think-time-ms 1000 \
-        --agentic-fanout-prob 0 --slo-ttft-ms 2000 --slo-tpot-ms 50 --seed "$seed" \
+        --agentic-fanout-prob 0 --ignore-eos --slo-ttft-ms 2000 --slo-tpot-ms 50 --seed "$seed" \
         --no-progress --quiet --json "$out/$mode.json"
     http GET "$gateway/metrics" | grep '^kvgate_disagg_requests_total' >"$out/$mode.disagg.txt" || true
     stop_all

@@ -11,9 +11,11 @@
 //! modes, not of a learned model's error.
 
 use crate::model::{CostModel, EngineConfig, EngineModel, SeqEvent, SeqRequest};
+use crate::workload::{Spec, Workload};
 use kvgate_core::disagg::{Candidate, Decider, Prefill, Side};
 use kvgate_core::policy::calibration::Coefficients;
 use kvgate_core::{EndpointId, Nanos};
+use rand::RngCore;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -24,28 +26,12 @@ pub(super) enum Role {
     Decode,
 }
 
-/// One request of the workload: its session, prompt and output length, and when it arrives.
-#[derive(Clone, Debug)]
-pub(super) struct Turn {
-    pub(super) session: usize,
-    pub(super) prompt: Vec<u32>,
-    pub(super) output: u32,
-}
-
 /// What one request measured.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Measured {
     pub(super) ttft: Option<f64>,
     pub(super) tpot: Option<f64>,
     pub(super) remote: bool,
-}
-
-/// The next turn of each session, given the turn that just finished (a closed loop).
-pub(super) trait Sessions {
-    /// The first turns and when they arrive.
-    fn starts(&mut self) -> Vec<(Nanos, Turn)>;
-    /// The session's next turn after one finished at `now`, if any.
-    fn next(&mut self, session: usize, now: Nanos) -> Option<(Nanos, Turn)>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,7 +42,8 @@ enum Event {
 }
 
 struct Request {
-    turn: Turn,
+    spec: Spec,
+    session: u64,
     arrived: Nanos,
     decode: usize,
     first: Option<Nanos>,
@@ -81,11 +68,13 @@ pub(super) struct PdFleet {
     replicas: Vec<Replica>,
     decider: Decider,
     coefficients: Coefficients,
-    turns: Vec<Option<Turn>>,
+    /// Arrivals not yet routed, and whether each is the workload's open-loop one (whose
+    /// arrival draws the next).
+    arrivals: Vec<Option<(Spec, bool)>>,
     requests: BTreeMap<u64, Request>,
     next_id: u64,
     /// Per session: its decode replica, and (replica, tokens) holding its last prompt.
-    homes: BTreeMap<usize, (usize, Vec<(usize, usize)>)>,
+    homes: BTreeMap<u64, (usize, Vec<(usize, usize)>)>,
     decoders: Vec<usize>,
     pub(super) measured: Vec<Measured>,
     pub(super) output_tokens: u64,
@@ -115,7 +104,7 @@ impl PdFleet {
                 per_token: cost.prefill_token_ns / 1e9,
                 interference: 0.0,
             },
-            turns: Vec::new(),
+            arrivals: Vec::new(),
             requests: BTreeMap::new(),
             next_id: 1,
             homes: BTreeMap::new(),
@@ -132,31 +121,38 @@ impl PdFleet {
         self.queue.push(Reverse((at, self.seq, event)));
     }
 
-    fn arrive_at(&mut self, at: Nanos, turn: Turn) {
-        self.turns.push(Some(turn));
-        self.push(at, Event::Arrival(self.turns.len() - 1));
+    fn arrive(&mut self, spec: Spec, open: bool) {
+        let at = spec.arrival;
+        self.arrivals.push(Some((spec, open)));
+        self.push(at, Event::Arrival(self.arrivals.len() - 1));
     }
 
-    /// Runs every session to its end; returns the time of the last event.
-    pub(super) fn run(&mut self, sessions: &mut dyn Sessions) -> Nanos {
-        for (at, turn) in sessions.starts() {
-            self.arrive_at(at, turn);
+    /// Runs the workload to its end (its follow-ups arrive when a request finishes); returns
+    /// the time of the last event.
+    pub(super) fn run(&mut self, workload: &mut dyn Workload, rng: &mut dyn RngCore) -> Nanos {
+        if let Some(spec) = workload.next_open(rng) {
+            self.arrive(spec, true);
         }
         while let Some(Reverse((at, _, event))) = self.queue.pop() {
             self.now = at;
             match event {
                 Event::Arrival(i) => {
-                    let turn = self.turns[i].take().expect("arrives once");
-                    self.route(turn);
+                    let (spec, open) = self.arrivals[i].take().expect("arrives once");
+                    if open {
+                        if let Some(next) = workload.next_open(rng) {
+                            self.arrive(next, true);
+                        }
+                    }
+                    self.route(spec);
                 }
-                Event::Step(r) => self.step_ended(r, sessions),
+                Event::Step(r) => self.step_ended(r, workload, rng),
                 Event::Transferred(id) => self.transferred(id),
             }
         }
         self.now
     }
 
-    fn held(&self, session: usize, replica: usize) -> u32 {
+    fn held(&self, session: u64, replica: usize) -> u32 {
         self.homes.get(&session).map_or(0, |(_, held)| {
             held.iter()
                 .find(|(r, _)| *r == replica)
@@ -164,7 +160,7 @@ impl PdFleet {
         })
     }
 
-    fn side(&self, replica: usize, session: usize) -> Side {
+    fn side(&self, replica: usize, session: u64) -> Side {
         let r = &self.replicas[replica];
         Side {
             coefficients: self.coefficients,
@@ -174,8 +170,9 @@ impl PdFleet {
         }
     }
 
-    fn route(&mut self, turn: Turn) {
-        let session = turn.session;
+    fn route(&mut self, spec: Spec) {
+        // A request without a session is its own.
+        let session = spec.session.unwrap_or(u64::MAX - spec.tag);
         let decode = match self.homes.get(&session) {
             Some(&(d, _)) => d,
             None => {
@@ -183,7 +180,7 @@ impl PdFleet {
                 // queued prefill and the sequences it runs), as the gateway's `predicted_ttft`
                 // picks a decode endpoint. Queued prefill alone left every
                 // session of a decode pool that never prefills on its first replica.
-                let prompt = turn.prompt.len() as u32;
+                let prompt = spec.tokens.len() as u32;
                 let d = *self
                     .decoders
                     .iter()
@@ -196,7 +193,7 @@ impl PdFleet {
                 d
             }
         };
-        let prompt = turn.prompt.len() as u32;
+        let prompt = spec.tokens.len() as u32;
         let candidates: Vec<Candidate> = (0..self.replicas.len())
             .filter(|&r| self.replicas[r].role == Role::Prefill)
             .map(|r| Candidate {
@@ -217,16 +214,17 @@ impl PdFleet {
         let uncached = f64::from(prompt.saturating_sub(self.held(session, at)));
         let id = self.next_id;
         self.next_id += 1;
-        let output = if remote { 1 } else { turn.output };
+        let output = if remote { 1 } else { spec.output };
         let seq = SeqRequest {
             id,
-            prompt: turn.prompt.clone(),
+            prompt: spec.tokens.clone(),
             max_output_tokens: output,
         };
         self.requests.insert(
             id,
             Request {
-                turn,
+                spec,
+                session,
                 arrived: self.now,
                 decode,
                 first: None,
@@ -253,13 +251,13 @@ impl PdFleet {
         }
     }
 
-    fn step_ended(&mut self, r: usize, sessions: &mut dyn Sessions) {
+    fn step_ended(&mut self, r: usize, workload: &mut dyn Workload, rng: &mut dyn RngCore) {
         self.replicas[r].busy = false;
         for event in std::mem::take(&mut self.replicas[r].pending) {
             match event {
                 SeqEvent::FirstToken { id, .. } => self.first_token(r, id),
                 SeqEvent::Finished { id, output_tokens } => {
-                    self.finished(r, id, output_tokens, sessions)
+                    self.finished(r, id, output_tokens, workload, rng)
                 }
                 _ => {}
             }
@@ -279,12 +277,19 @@ impl PdFleet {
         }
     }
 
-    fn finished(&mut self, r: usize, id: u64, output: u32, sessions: &mut dyn Sessions) {
+    fn finished(
+        &mut self,
+        r: usize,
+        id: u64,
+        output: u32,
+        workload: &mut dyn Workload,
+        rng: &mut dyn RngCore,
+    ) {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        let session = req.turn.session;
-        let prompt = req.turn.prompt.len();
+        let session = req.session;
+        let prompt = req.spec.tokens.len();
         if req.remote && self.replicas[r].role == Role::Prefill {
             // The prefill leg: the decode replica receives the KV it lacks over the link.
             let lacking = (prompt as u32).saturating_sub(self.held(session, req.decode));
@@ -308,14 +313,16 @@ impl PdFleet {
             tpot,
             remote: req.remote,
         });
-        if let Some((at, turn)) = sessions.next(session, self.now) {
-            self.arrive_at(at, turn);
+        let mut next = Vec::new();
+        workload.on_complete(req.spec.tag, self.now, rng, &mut next);
+        for spec in next {
+            self.arrive(spec, false);
         }
     }
 
     /// Replica `r` now holds the session's prompt of `tokens` tokens (it computed or received
     /// it); an older prompt elsewhere is a prefix of it, still held.
-    fn remember(&mut self, session: usize, r: usize, tokens: usize) {
+    fn remember(&mut self, session: u64, r: usize, tokens: usize) {
         if let Some((_, held)) = self.homes.get_mut(&session) {
             match held.iter_mut().find(|(x, _)| *x == r) {
                 Some(h) => h.1 = tokens,
@@ -332,8 +339,8 @@ impl PdFleet {
         req.queued = (d, 0.0);
         let seq = SeqRequest {
             id,
-            prompt: req.turn.prompt.clone(),
-            max_output_tokens: req.turn.output,
+            prompt: req.spec.tokens.clone(),
+            max_output_tokens: req.spec.output,
         };
         let transferred = seq.prompt.len() as u32;
         self.replicas[d].engine.submit_transferred(seq, transferred);
@@ -357,27 +364,25 @@ mod tests {
     use super::*;
     use crate::model::Batching;
     use kvgate_core::disagg::{Config, Mode};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     /// `n` one-turn sessions, 50 ms apart, each with a prompt of its own.
-    struct OneTurn(usize);
+    struct OneTurn(u64);
 
-    impl Sessions for OneTurn {
-        fn starts(&mut self) -> Vec<(Nanos, Turn)> {
-            (0..self.0)
-                .map(|session| {
-                    let base = (session as u32) << 20;
-                    let turn = Turn {
-                        session,
-                        prompt: (0..2_000).map(|i| base | i).collect(),
-                        output: 100,
-                    };
-                    (Nanos::from_millis(50 * session as u64), turn)
-                })
-                .collect()
-        }
-
-        fn next(&mut self, _: usize, _: Nanos) -> Option<(Nanos, Turn)> {
-            None
+    impl Workload for OneTurn {
+        fn next_open(&mut self, _: &mut dyn RngCore) -> Option<Spec> {
+            let session = self.0.checked_sub(1)?;
+            self.0 = session;
+            let base = (session as u32) << 20;
+            Some(Spec {
+                arrival: Nanos::from_millis(50 * (40 - session)),
+                tokens: (0..2_000).map(|i| base | i).collect(),
+                output: 100,
+                tenant: None,
+                session: Some(session),
+                tag: session,
+            })
         }
     }
 
@@ -405,7 +410,7 @@ mod tests {
     fn sessions_spread_over_a_decode_pool_that_never_prefills() {
         use Role::{Decode, Prefill};
         let mut f = fleet(Mode::Always, &[Prefill, Prefill, Decode, Decode]);
-        f.run(&mut OneTurn(40));
+        f.run(&mut OneTurn(40), &mut ChaCha8Rng::seed_from_u64(1));
         let mut per_decoder = BTreeMap::new();
         for (decode, _) in f.homes.values() {
             *per_decoder.entry(*decode).or_insert(0) += 1;
