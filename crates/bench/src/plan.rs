@@ -42,10 +42,7 @@ pub(crate) enum Plan {
 }
 
 fn mean(base: Lengths, mean: f64) -> Lengths {
-    Lengths {
-        mean: mean.max(1.0),
-        ..base
-    }
+    base.with_mean(mean.max(1.0))
 }
 
 pub(crate) fn plan(args: &BenchArgs) -> Result<Plan, BenchError> {

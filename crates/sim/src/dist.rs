@@ -88,6 +88,11 @@ pub struct Lengths {
 }
 
 impl Lengths {
+    /// The same distribution (spread and clamps) around another mean.
+    pub fn with_mean(self, mean: f64) -> Self {
+        Lengths { mean, ..self }
+    }
+
     /// A fixed length.
     pub fn fixed(n: u32) -> Self {
         Lengths {

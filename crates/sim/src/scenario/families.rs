@@ -107,7 +107,7 @@ pub(super) fn rates(p: &mut Params<'_>, default: &[f64]) -> Result<Vec<f64>, Err
 pub(super) fn bursts(p: &mut Params<'_>) -> Result<Family, Error> {
     let base = BurstsConfig::default();
     let lengths = |p: &mut Params<'_>, key: &str, base: Lengths| {
-        p.f64(key, base.mean).map(|mean| Lengths { mean, ..base })
+        p.f64(key, base.mean).map(|mean| base.with_mean(mean))
     };
     let bursts = BurstsConfig {
         requests: p.u64("requests", base.requests)?,

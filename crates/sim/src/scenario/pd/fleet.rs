@@ -178,16 +178,14 @@ impl PdFleet {
             None => {
                 // A new session goes to the decode replica with the lowest predicted TTFT (its
                 // queued prefill and the sequences it runs), as the gateway's `predicted_ttft`
-                // picks a decode endpoint. Queued prefill alone left every
-                // session of a decode pool that never prefills on its first replica.
+                // picks a decode endpoint. Queued prefill alone left every session of a decode
+                // pool that never prefills on its first replica.
                 let prompt = spec.tokens.len() as u32;
-                let d = *self
+                let (d, _) = self
                     .decoders
                     .iter()
                     .map(|&r| (r, self.side(r, session).ttft(prompt)))
                     .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-                    .map(|(r, _)| r)
-                    .as_ref()
                     .expect("a decode replica");
                 self.homes.insert(session, (d, Vec::new()));
                 d
@@ -362,21 +360,26 @@ impl PdFleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Batching;
     use kvgate_core::disagg::{Config, Mode};
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
     /// `n` one-turn sessions, 50 ms apart, each with a prompt of its own.
-    struct OneTurn(u64);
+    struct OneTurn {
+        n: u64,
+        next: u64,
+    }
 
     impl Workload for OneTurn {
         fn next_open(&mut self, _: &mut dyn RngCore) -> Option<Spec> {
-            let session = self.0.checked_sub(1)?;
-            self.0 = session;
+            let session = self.next;
+            if session == self.n {
+                return None;
+            }
+            self.next += 1;
             let base = (session as u32) << 20;
             Some(Spec {
-                arrival: Nanos::from_millis(50 * (40 - session)),
+                arrival: Nanos::from_millis(50 * session),
                 tokens: (0..2_000).map(|i| base | i).collect(),
                 output: 100,
                 tenant: None,
@@ -387,16 +390,7 @@ mod tests {
     }
 
     fn fleet(mode: Mode, roles: &[Role]) -> PdFleet {
-        let engine = EngineConfig {
-            max_num_seqs: 128,
-            kv_blocks: 16_384,
-            block_size: 16,
-            batching: Batching::Chunked {
-                max_num_batched_tokens: 2_048,
-            },
-            prefix_caching: true,
-            cost: CostModel::default(),
-        };
+        let engine = super::super::engine(16_384);
         let decider = Decider::new(Config {
             mode,
             ..Config::default()
@@ -410,7 +404,10 @@ mod tests {
     fn sessions_spread_over_a_decode_pool_that_never_prefills() {
         use Role::{Decode, Prefill};
         let mut f = fleet(Mode::Always, &[Prefill, Prefill, Decode, Decode]);
-        f.run(&mut OneTurn(40), &mut ChaCha8Rng::seed_from_u64(1));
+        f.run(
+            &mut OneTurn { n: 40, next: 0 },
+            &mut ChaCha8Rng::seed_from_u64(1),
+        );
         let mut per_decoder = BTreeMap::new();
         for (decode, _) in f.homes.values() {
             *per_decoder.entry(*decode).or_insert(0) += 1;

@@ -17,7 +17,6 @@ mod fleet;
 
 use super::table::{num, pct, Table};
 use super::{to_value, Error, Options, Params, Report};
-use crate::dist::Lengths;
 use crate::model::{Batching, CostModel, EngineConfig};
 use crate::workload::{Agentic, AgenticConfig};
 use fleet::{Measured, PdFleet, Role};
@@ -133,20 +132,35 @@ fn decision(p: &mut Params<'_>) -> Result<Config, Error> {
 /// sends (the same generator), at `scripts/pd-bench.sh`'s shape, without fan-out.
 fn workload(p: &mut Params<'_>) -> Result<AgenticConfig, Error> {
     let d = AgenticConfig::default();
-    let mean = |base: Lengths, mean: f64| Lengths { mean, ..base };
     Ok(AgenticConfig {
         requests: p.u64("requests", 1_500)?.max(1),
         session_rate: p.positive_f64("session_rate", 0.6)?,
         tenants: p.u64("tenants", 64)?.max(1) as u32,
         system_tokens: p.u64("system_tokens", 8_000)? as u32,
         turns: p.positive_f64("turns", 4.0)?.max(1.0),
-        user_text: mean(d.user_text, p.positive_f64("turn_tokens", 1_000.0)?),
-        answer: mean(d.answer, p.positive_f64("output_tokens", 200.0)?),
+        user_text: d
+            .user_text
+            .with_mean(p.positive_f64("turn_tokens", 1_000.0)?),
+        answer: d.answer.with_mean(p.positive_f64("output_tokens", 200.0)?),
         think_time_s: p.f64("think_ms", 1_000.0)?.max(0.0) / 1e3,
         fanout_prob: 0.0,
         max_context: p.u64("max_context", 32_000)? as u32,
         ..d
     })
+}
+
+/// Every replica's engine: the agentic scenario's, with `kv_blocks` blocks of KV.
+fn engine(kv_blocks: usize) -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 128,
+        kv_blocks,
+        block_size: 16,
+        batching: Batching::Chunked {
+            max_num_batched_tokens: 2_048,
+        },
+        prefix_caching: true,
+        cost: CostModel::default(),
+    }
 }
 
 /// One table row.
@@ -170,16 +184,7 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
     let workload = workload(&mut p)?;
     let decision = decision(&mut p)?;
     let slo = (p.f64("slo_ttft_ms", 2_000.0)?, p.f64("slo_tpot_ms", 50.0)?);
-    let engine = EngineConfig {
-        max_num_seqs: 128,
-        kv_blocks: p.u64("kv_blocks", 16_384)? as usize,
-        block_size: 16,
-        batching: Batching::Chunked {
-            max_num_batched_tokens: 2_048,
-        },
-        prefix_caching: true,
-        cost: CostModel::default(),
-    };
+    let engine = engine(p.u64("kv_blocks", 16_384)? as usize);
     let params = p.finish()?;
     let mut table = Table::new(&[
         "mode", "P:D", "remote", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "SLO met",
