@@ -189,12 +189,28 @@ pub struct Verdict {
     pub local_secs: f64,
     /// The best prefill endpoint's price, seconds, when there was a candidate.
     pub remote_secs: Option<f64>,
+    /// Tokens the best prefill endpoint has not cached, when there was a candidate: what a
+    /// remote prefill computes there, and so what it queues there.
+    pub remote_uncached_tokens: Option<u32>,
 }
 
 impl Verdict {
     /// Whether the prefill goes to a prefill endpoint.
     pub fn is_remote(&self) -> bool {
         matches!(self.prefill, Prefill::Remote(_))
+    }
+
+    /// The tokens a prefill leg of a `prompt_tokens` prompt computes on `endpoint`, and so
+    /// queues there: the decision's figure for the endpoint it chose, the whole prompt on
+    /// another (a retry's, whose cache it did not price). Queueing the whole prompt at the
+    /// endpoint holding a session's context made it look busier than it was by the context
+    /// each turn, and the session's next turn then went to a prefill endpoint that had to
+    /// compute the whole context again (docs/pd.md).
+    pub fn remote_tokens(&self, endpoint: EndpointId, prompt_tokens: u32) -> u32 {
+        match self.remote_uncached_tokens {
+            Some(uncached) if self.prefill == Prefill::Remote(endpoint) => uncached,
+            _ => prompt_tokens,
+        }
     }
 }
 
@@ -258,6 +274,7 @@ impl Decider {
             uncached_tokens: uncached,
             local_secs: local,
             remote_secs: best.map(|b| b.1),
+            remote_uncached_tokens: best.map(|b| b.0.side.uncached(prompt_tokens)),
         };
         if self.config.mode == Mode::Never {
             return verdict(Prefill::Local, Why::Never);

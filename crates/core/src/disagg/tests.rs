@@ -212,3 +212,19 @@ proptest! {
         prop_assert!(before.is_remote() || !after.is_remote());
     }
 }
+
+#[test]
+fn a_remote_leg_queues_what_its_endpoint_computes() {
+    let v = decider(Mode::Always).decide(
+        9_000,
+        &side(0.0, 0.0, 0),
+        &[candidate(1, 0.0, 8_000), candidate(2, 0.0, 0)],
+    );
+    assert_eq!(v.prefill, Prefill::Remote(EndpointId(1)));
+    assert_eq!(v.remote_uncached_tokens, Some(1_000));
+    assert_eq!(v.remote_tokens(EndpointId(1), 9_000), 1_000);
+    // A retry elsewhere was not priced: its whole prompt.
+    assert_eq!(v.remote_tokens(EndpointId(2), 9_000), 9_000);
+    let local = decider(Mode::Never).decide(9_000, &side(0.0, 0.0, 0), &[candidate(1, 0.0, 0)]);
+    assert_eq!(local.remote_tokens(EndpointId(1), 9_000), 9_000);
+}

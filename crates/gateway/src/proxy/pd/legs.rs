@@ -147,11 +147,13 @@ impl Leg {
         sending: &Sending,
         leg_body: Bytes,
     ) -> Result<Bytes, LegError> {
+        let tokens =
+            (self.legs.verdict).remote_tokens(dispatch.target.id, self.request.prompt_tokens);
         let queued = self
             .shared
             .disagg
             .ledger
-            .enqueue(dispatch.target.id, f64::from(self.request.prompt_tokens));
+            .enqueue(dispatch.target.id, f64::from(tokens));
         let (dispatch, result) = dispatch
             .send(sending, leg_body, self.forwarded.clone())
             .await;
