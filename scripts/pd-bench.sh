@@ -9,9 +9,12 @@
 #
 #   scripts/pd-bench.sh [--rate SESSIONS_PER_S] [--requests N] [--protocol vllm|sglang]
 #                       [--prefill N] [--stall-weight W] [--out DIR] [--seed N]
+#                       [--only MODE,MODE...]
 #
 # --prefill N: prefill engines of the four in the disaggregated modes (the rest decode);
 # --stall-weight W: the conditional decision's decode_stall_weight (default: the gateway's).
+# `moved`: remote turns whose session's previous turn was prefilled remotely on another
+# prefill engine (which then computed the whole context again), of all such pairs.
 #
 # KVGATE=path/to/kvgate skips the release build.
 set -euo pipefail
@@ -25,6 +28,7 @@ prefill=1
 out=target/pd-bench
 seed=1
 stall=
+only=never,always,threshold,conditional
 while [[ $# -gt 0 ]]; do
     case $1 in
         --rate) rate=$2; shift 2 ;;
@@ -34,6 +38,7 @@ while [[ $# -gt 0 ]]; do
         --out) out=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --stall-weight) stall=", decode_stall_weight: $2"; shift 2 ;;
+        --only) only=$2; shift 2 ;;
         *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
 done
@@ -67,14 +72,29 @@ run_mode() {
     stop_all
 }
 
-for mode in never always threshold conditional; do
-    run_mode "$mode"
+for mode in ${only//,/ }; do
+    case $mode in
+        never|always|threshold|conditional) run_mode "$mode" ;;
+        *) echo "unknown mode $mode" >&2; exit 2 ;;
+    esac
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$only" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-print(f"{'mode':<12} {'remote':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT p50':>9} {'TPOT p95':>9} {'SLO met':>8} {'failed':>6}")
-for mode in ["never", "always", "threshold", "conditional"]:
+
+
+def moved(mode):
+    turns = {}
+    for line in (out / f"{mode}.access.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        turns.setdefault(r.get("session"), []).append((r["request_id"], r.get("prefill_endpoint")))
+    pairs = [(a[1], b[1]) for t in turns.values() for a, b in zip(sorted(t), sorted(t)[1:])
+             if a[1] and b[1]]
+    return f"{sum(a != b for a, b in pairs)}/{len(pairs)}" if pairs else "-"
+
+
+print(f"{'mode':<12} {'remote':>7} {'moved':>8} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT p50':>9} {'TPOT p95':>9} {'SLO met':>8} {'failed':>6}")
+for mode in sys.argv[2].split(","):
     report = json.loads((out / f"{mode}.json").read_text())
     r = report["results"][0]
     counts = {}
@@ -86,7 +106,7 @@ for mode in ["never", "always", "threshold", "conditional"]:
     def f(x, d=0):
         return "-" if x is None else f"{x:.{d}f}"
     slo = r['slo_attainment']
-    print(f"{mode:<12} {remote:>7} {f(r['ttft_ms']['p50']):>9} {f(r['ttft_ms']['p95']):>9} "
+    print(f"{mode:<12} {remote:>7} {moved(mode):>8} {f(r['ttft_ms']['p50']):>9} {f(r['ttft_ms']['p95']):>9} "
           f"{f(r['tpot_ms']['p50'], 1):>9} {f(r['tpot_ms']['p95'], 1):>9} "
           f"{'-' if slo is None else f'{slo:.0%}':>8} {r['failed']:>6}")
 PY

@@ -60,6 +60,8 @@ pub(crate) struct Facts {
     pub(crate) prefill_endpoint: Option<Arc<str>>,
     /// The prefill leg's time.
     pub(crate) prefill_ms: Option<f64>,
+    /// The tokens the decision expected the prefill endpoint to compute.
+    pub(crate) prefill_uncached_tokens: Option<u32>,
 }
 
 /// The request's outcome so far. See the module documentation.
@@ -396,6 +398,7 @@ impl Ending {
             disagg_why: f.disagg_why,
             prefill_endpoint: f.prefill_endpoint.as_deref(),
             prefill_ms: f.prefill_ms,
+            prefill_uncached_tokens: f.prefill_uncached_tokens,
         });
         if !written {
             self.shared.metrics.requests.access_log_dropped.inc();

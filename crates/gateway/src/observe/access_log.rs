@@ -112,6 +112,10 @@ pub(crate) struct AccessRecord<'a> {
     /// The prefill leg's time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) prefill_ms: Option<f64>,
+    /// The prompt tokens the decision expected the prefill endpoint not to hold (what the
+    /// prefix index believed of its cache), when a prefill endpoint prefilled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prefill_uncached_tokens: Option<u32>,
 }
 
 /// Where lines go; the default writes nothing.
@@ -255,6 +259,7 @@ mod tests {
             disagg_why: None,
             prefill_endpoint: None,
             prefill_ms: None,
+            prefill_uncached_tokens: None,
         }
     }
 

@@ -57,6 +57,13 @@ impl EngineModel {
         (hits * bs) as u32
     }
 
+    /// Prompt tokens the cache would serve `prompt` ([`Self::with_oracle`] on): its leading
+    /// blocks cached now or held by a sequence here.
+    pub fn oracle_cached_tokens(&self, prompt: &[u32]) -> u32 {
+        let prompt_len = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        self.oracle_cached(&chained_hashes(prompt, self.config.block_size), prompt_len)
+    }
+
     /// The time this engine would take, from the end of the iteration in progress, to produce
     /// the first token of `prompt` submitted now: the prefill work of every sequence ahead of it
     /// (first come, first served) plus its own uncached tokens, in iterations of the configured

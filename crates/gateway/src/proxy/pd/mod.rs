@@ -90,6 +90,7 @@ impl Legs {
         facts.disagg_why = Some(self.verdict.why.label());
         facts.prefill_endpoint = self.prefill.clone().filter(|_| remote);
         facts.prefill_ms = self.prefill_secs.get().map(|s| s * 1e3);
+        facts.prefill_uncached_tokens = self.verdict.remote_uncached_tokens.filter(|_| remote);
     }
 }
 

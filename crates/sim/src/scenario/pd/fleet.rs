@@ -5,8 +5,9 @@
 //! and the decode replica then computes only the prompt's last token).
 //!
 //! The router's view is exact, not scraped: its own queue of uncached prefill tokens per
-//! replica, the engine's running sequences, and what each replica holds of a session's last
-//! prompt (the replica that last computed or received it). The prices come from the cost model
+//! replica, the engine's running sequences, and what each replica's cache holds of a prompt
+//! (the engine's own blocks, a tenant's system prompt as much as a session's context, as the
+//! gateway's prefix index tracks both). The prices come from the cost model
 //! itself (its step overhead, prefill and per-sequence costs), so the comparison is of the
 //! modes, not of a learned model's error.
 
@@ -17,7 +18,8 @@ use kvgate_core::policy::calibration::Coefficients;
 use kvgate_core::{EndpointId, Nanos};
 use rand::RngCore;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// What each replica does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub(super) struct Measured {
     pub(super) ttft: Option<f64>,
     pub(super) tpot: Option<f64>,
     pub(super) remote: bool,
+    /// A session's first request's TTFT floor in ms ([`PdFleet::floor`]).
+    pub(super) floor: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,11 +47,11 @@ enum Event {
 
 struct Request {
     spec: Spec,
-    session: u64,
     arrived: Nanos,
     decode: usize,
     first: Option<Nanos>,
     remote: bool,
+    floor: Option<f64>,
     /// Uncached tokens queued at the replica prefilling it, until its first token there.
     queued: (usize, f64),
 }
@@ -73,11 +77,13 @@ pub(super) struct PdFleet {
     arrivals: Vec<Option<(Spec, bool)>>,
     requests: BTreeMap<u64, Request>,
     next_id: u64,
-    /// Per session: its decode replica, and (replica, tokens) holding its last prompt.
-    homes: BTreeMap<u64, (usize, Vec<(usize, usize)>)>,
+    /// Per session: its decode replica.
+    homes: BTreeMap<u64, usize>,
     decoders: Vec<usize>,
     pub(super) measured: Vec<Measured>,
     pub(super) output_tokens: u64,
+    /// The chained hashes of every block of every prompt that arrived.
+    seen: HashSet<u64>,
 }
 
 impl PdFleet {
@@ -90,7 +96,9 @@ impl PdFleet {
             replicas: roles
                 .iter()
                 .map(|&role| Replica {
-                    engine: EngineModel::new(engine).with_kv_events(false),
+                    engine: EngineModel::new(engine)
+                        .with_kv_events(false)
+                        .with_oracle(true),
                     role,
                     busy: false,
                     pending: Vec::new(),
@@ -113,7 +121,32 @@ impl PdFleet {
                 .collect(),
             measured: Vec::new(),
             output_tokens: 0,
+            seen: HashSet::new(),
         }
+    }
+
+    /// The least time to a first token any router could give a session's opening `prompt`:
+    /// the prefill, alone on an idle replica, of its tokens past the longest prefix (in whole
+    /// blocks, as engines cache) of any prompt that arrived before it. Engines admit in arrival
+    /// order, so no placement, split or mode has these tokens cached anywhere when this prompt
+    /// is prefilled, and every mode's TTFT of this request is at least this; a later turn's floor is counted as 0 (an engine may hold the answer it generated),
+    /// so the floors' percentiles bound every mode's from below.
+    fn floor(&mut self, prompt: &[u32]) -> f64 {
+        const BLOCK: usize = 16;
+        let mut chain = 0u64;
+        let mut cached = 0;
+        for (i, block) in prompt.chunks_exact(BLOCK).enumerate() {
+            let mut h = DefaultHasher::new();
+            (chain, block).hash(&mut h);
+            chain = h.finish();
+            if cached == i * BLOCK && self.seen.contains(&chain) {
+                cached += BLOCK;
+            }
+            self.seen.insert(chain);
+        }
+        self.coefficients
+            .predict((prompt.len() - cached) as f64, 0.0)
+            * 1e3
     }
 
     fn push(&mut self, at: Nanos, event: Event) {
@@ -138,12 +171,13 @@ impl PdFleet {
             match event {
                 Event::Arrival(i) => {
                     let (spec, open) = self.arrivals[i].take().expect("arrives once");
+                    let floor = self.floor(&spec.tokens);
                     if open {
                         if let Some(next) = workload.next_open(rng) {
                             self.arrive(next, true);
                         }
                     }
-                    self.route(spec);
+                    self.route(spec, open.then_some(floor));
                 }
                 Event::Step(r) => self.step_ended(r, workload, rng),
                 Event::Transferred(id) => self.transferred(id),
@@ -152,64 +186,59 @@ impl PdFleet {
         self.now
     }
 
-    fn held(&self, session: u64, replica: usize) -> u32 {
-        self.homes.get(&session).map_or(0, |(_, held)| {
-            held.iter()
-                .find(|(r, _)| *r == replica)
-                .map_or(0, |&(_, n)| n as u32)
-        })
+    fn held(&self, replica: usize, prompt: &[u32]) -> u32 {
+        self.replicas[replica].engine.oracle_cached_tokens(prompt)
     }
 
-    fn side(&self, replica: usize, session: u64) -> Side {
+    fn side(&self, replica: usize, prompt: &[u32]) -> Side {
         let r = &self.replicas[replica];
         Side {
             coefficients: self.coefficients,
             queued_tokens: r.queued,
             decodes: f64::from(r.engine.stats().running),
-            cached_tokens: self.held(session, replica),
+            cached_tokens: self.held(replica, prompt),
         }
     }
 
-    fn route(&mut self, spec: Spec) {
+    fn route(&mut self, spec: Spec, floor: Option<f64>) {
         // A request without a session is its own.
         let session = spec.session.unwrap_or(u64::MAX - spec.tag);
+        let prompt = spec.tokens.len() as u32;
         let decode = match self.homes.get(&session) {
-            Some(&(d, _)) => d,
+            Some(&d) => d,
             None => {
                 // A new session goes to the decode replica with the lowest predicted TTFT (its
-                // queued prefill and the sequences it runs), as the gateway's `predicted_ttft`
-                // picks a decode endpoint. Queued prefill alone left every session of a decode
-                // pool that never prefills on its first replica.
-                let prompt = spec.tokens.len() as u32;
+                // queued prefill, the sequences it runs and what it holds of the prompt), as
+                // the gateway's `predicted_ttft` picks a decode endpoint. Queued prefill alone
+                // left every session of a decode pool that never prefills on its first replica.
                 let (d, _) = self
                     .decoders
                     .iter()
-                    .map(|&r| (r, self.side(r, session).ttft(prompt)))
+                    .map(|&r| (r, self.side(r, &spec.tokens).ttft(prompt)))
                     .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
                     .expect("a decode replica");
-                self.homes.insert(session, (d, Vec::new()));
+                self.homes.insert(session, d);
                 d
             }
         };
-        let prompt = spec.tokens.len() as u32;
         let candidates: Vec<Candidate> = (0..self.replicas.len())
             .filter(|&r| self.replicas[r].role == Role::Prefill)
             .map(|r| Candidate {
                 endpoint: EndpointId(r as u32),
                 side: Side {
                     decodes: 0.0,
-                    ..self.side(r, session)
+                    ..self.side(r, &spec.tokens)
                 },
             })
             .collect();
         let verdict = self
             .decider
-            .decide(prompt, &self.side(decode, session), &candidates);
+            .decide(prompt, &self.side(decode, &spec.tokens), &candidates);
         let (at, remote) = match verdict.prefill {
             Prefill::Remote(e) => (e.0 as usize, true),
             Prefill::Local => (decode, false),
         };
-        let uncached = f64::from(prompt.saturating_sub(self.held(session, at)));
+        let uncached = f64::from(prompt.saturating_sub(self.held(at, &spec.tokens)));
         let id = self.next_id;
         self.next_id += 1;
         let output = if remote { 1 } else { spec.output };
@@ -222,11 +251,11 @@ impl PdFleet {
             id,
             Request {
                 spec,
-                session,
                 arrived: self.now,
                 decode,
                 first: None,
                 remote,
+                floor,
                 queued: (at, uncached),
             },
         );
@@ -286,13 +315,11 @@ impl PdFleet {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        let session = req.session;
-        let prompt = req.spec.tokens.len();
+        let prompt = req.spec.tokens.len() as u32;
         if req.remote && self.replicas[r].role == Role::Prefill {
             // The prefill leg: the decode replica receives the KV it lacks over the link.
-            let lacking = (prompt as u32).saturating_sub(self.held(session, req.decode));
+            let lacking = prompt.saturating_sub(self.held(req.decode, &req.spec.tokens));
             let secs = self.decider.config().transfer.seconds(lacking);
-            self.remember(session, r, prompt);
             self.push(
                 self.now + Nanos::from_secs_f64(secs),
                 Event::Transferred(id),
@@ -300,7 +327,6 @@ impl PdFleet {
             return;
         }
         let req = self.requests.remove(&id).expect("present");
-        self.remember(session, r, prompt);
         let ttft = req.first.map(|f| (f - req.arrived).as_secs_f64() * 1e3);
         let tpot = req
             .first
@@ -310,22 +336,12 @@ impl PdFleet {
             ttft,
             tpot,
             remote: req.remote,
+            floor: req.floor,
         });
         let mut next = Vec::new();
         workload.on_complete(req.spec.tag, self.now, rng, &mut next);
         for spec in next {
             self.arrive(spec, false);
-        }
-    }
-
-    /// Replica `r` now holds the session's prompt of `tokens` tokens (it computed or received
-    /// it); an older prompt elsewhere is a prefix of it, still held.
-    fn remember(&mut self, session: u64, r: usize, tokens: usize) {
-        if let Some((_, held)) = self.homes.get_mut(&session) {
-            match held.iter_mut().find(|(x, _)| *x == r) {
-                Some(h) => h.1 = tokens,
-                None => held.push((r, tokens)),
-            }
         }
     }
 
@@ -409,12 +425,27 @@ mod tests {
             &mut ChaCha8Rng::seed_from_u64(1),
         );
         let mut per_decoder = BTreeMap::new();
-        for (decode, _) in f.homes.values() {
+        for decode in f.homes.values() {
             *per_decoder.entry(*decode).or_insert(0) += 1;
         }
         assert_eq!(per_decoder.len(), 2, "{per_decoder:?}");
         assert!(per_decoder.values().all(|&n| n >= 10), "{per_decoder:?}");
         assert_eq!(f.measured.len(), 40);
         assert!(f.measured.iter().all(|m| m.remote));
+    }
+
+    #[test]
+    fn a_floor_prices_only_the_blocks_no_earlier_prompt_had() {
+        let mut f = fleet(Mode::Never, &[Role::Decode]);
+        let ms = |tokens: f64| f.coefficients.predict(tokens, 0.0) * 1e3;
+        let (first, fresh_tail, again) = (ms(64.0), ms(20.0), ms(0.0));
+        assert_eq!(f.floor(&(0..64).collect::<Vec<_>>()), first);
+        // Three whole blocks shared, then one new block and a partial one.
+        let tail: Vec<u32> = (0..48).chain(1_000..1_020).collect();
+        assert_eq!(f.floor(&tail), fresh_tail);
+        assert_eq!(f.floor(&(0..64).collect::<Vec<_>>()), again);
+        // A shared block after a differing one is not a prefix.
+        let shifted: Vec<u32> = (1_000..1_016).chain(16..64).collect();
+        assert_eq!(f.floor(&shifted), first);
     }
 }
