@@ -9,10 +9,11 @@
 #
 #   scripts/pd-bench.sh [--rate SESSIONS_PER_S] [--requests N] [--protocol vllm|sglang]
 #                       [--prefill N] [--stall-weight W] [--out DIR] [--seed N]
-#                       [--only MODE,MODE...]
+#                       [--duplicate-weight W] [--only MODE,MODE...]
 #
 # --prefill N: prefill engines of the four in the disaggregated modes (the rest decode);
 # --stall-weight W: the conditional decision's decode_stall_weight (default: the gateway's).
+# --duplicate-weight W: the prefill choice's duplicate_prefill_weight (default: the gateway's).
 # `moved`: remote turns whose session's previous turn was prefilled remotely on another
 # prefill engine (which then computed the whole context again), of all such pairs.
 #
@@ -28,6 +29,7 @@ prefill=1
 out=target/pd-bench
 seed=1
 stall=
+duplicate=
 only=never,always,threshold,conditional
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -38,6 +40,7 @@ while [[ $# -gt 0 ]]; do
         --out) out=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --stall-weight) stall=", decode_stall_weight: $2"; shift 2 ;;
+        --duplicate-weight) duplicate=", duplicate_prefill_weight: $2"; shift 2 ;;
         --only) only=$2; shift 2 ;;
         *) echo "unknown flag $1" >&2; exit 2 ;;
     esac
@@ -56,7 +59,7 @@ run_mode() {
         port=${url##*:}
         echo "  - {url: \"$url\", role: $role, bootstrap_port: $port}" >>"$config"
     done
-    echo "disaggregation: {protocol: $protocol, decision: {mode: $mode$stall}}" >>"$config"
+    echo "disaggregation: {protocol: $protocol, decision: {mode: $mode$stall$duplicate}}" >>"$config"
     start "$KVGATE" serve --listen 127.0.0.1:0 --config "$config" --access-log "$out/$mode.access.jsonl"
     local gateway=$url
     for _ in $(seq 1 100); do

@@ -74,6 +74,13 @@ pub struct Config {
     /// beside a busy decode batch goes remote even where its own TTFT would be a little shorter
     /// locally. `kvgate sim --scenario pd` measures the modes.
     pub decode_stall_weight: f64,
+    /// Choosing the prefill endpoint: what one token it computes that another prefill
+    /// endpoint holds costs the requests after it, in units of its prefill time. Soonest-ready
+    /// alone moves a session off the prefill endpoint holding its context whenever that one is
+    /// busier by more than the context's prefill, and the pool then computes the context
+    /// twice (the M/M/1 delay a unit of work imposes on later arrivals is rho/(1-rho) units, 1 at
+    /// rho = 0.5; `predicted_ttft` prices the same externality with measured utilisation).
+    pub duplicate_prefill_weight: f64,
     /// The KV link between the pools.
     pub transfer: Transfer,
 }
@@ -85,6 +92,7 @@ impl Default for Config {
             threshold_tokens: 2048,
             prefill_busy_tokens: 8192,
             decode_stall_weight: 0.1,
+            duplicate_prefill_weight: 1.0,
             transfer: Transfer::default(),
         }
     }
@@ -107,6 +115,12 @@ impl Config {
         if !(self.decode_stall_weight.is_finite() && self.decode_stall_weight >= 0.0) {
             return bad(
                 "decode_stall_weight",
+                "must be a finite number, not negative",
+            );
+        }
+        if !(self.duplicate_prefill_weight.is_finite() && self.duplicate_prefill_weight >= 0.0) {
+            return bad(
+                "duplicate_prefill_weight",
                 "must be a finite number, not negative",
             );
         }
@@ -261,13 +275,25 @@ impl Decider {
         let uncached = decode.uncached(prompt_tokens);
         let local = decode.ttft(prompt_tokens) + self.stall(decode, uncached);
         let transfer = self.config.transfer.seconds(uncached);
-        // The soonest ready, not the lowest price: the price is flat in a prefill endpoint's
-        // speed while the decode endpoint's own queue is the longer wait.
+        // The soonest ready (plus the duplicated prefill's charge), not the lowest price: the
+        // price is flat in a prefill endpoint's speed while the decode endpoint's own queue is
+        // the longer wait.
+        let fewest = candidates
+            .iter()
+            .map(|c| c.side.uncached(prompt_tokens))
+            .min()
+            .unwrap_or(0);
         let best = candidates
             .iter()
-            .map(|c| (c, c.side.ttft(prompt_tokens)))
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.endpoint.cmp(&b.0.endpoint)))
-            .map(|(c, ready)| (c, self.remote(decode, ready + transfer)));
+            .map(|c| {
+                let ready = c.side.ttft(prompt_tokens);
+                let duplicated = f64::from(c.side.uncached(prompt_tokens) - fewest)
+                    * c.side.coefficients.seconds_per_token(c.side.decodes);
+                let cost = ready + self.config.duplicate_prefill_weight * duplicated;
+                (c, ready, cost)
+            })
+            .min_by(|a, b| a.2.total_cmp(&b.2).then(a.0.endpoint.cmp(&b.0.endpoint)))
+            .map(|(c, ready, _)| (c, self.remote(decode, ready + transfer)));
         let verdict = |prefill, why| Verdict {
             prefill,
             why,

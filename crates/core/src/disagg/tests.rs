@@ -115,14 +115,25 @@ fn the_prefill_endpoint_is_chosen_by_cache_then_queue() {
         d.decide(8_000, &decode, &c).prefill,
         Prefill::Remote(EndpointId(2))
     );
+    // Soonest ready when duplicated prefill is free: 3 (9,000 tokens of work against 2's
+    // 11,000); charged once, 3's 6,000 tokens that 2 holds make it 2.
     let c = [
         candidate(1, 4_000.0, 0),
         candidate(2, 9_000.0, 6_000),
         candidate(3, 1_000.0, 0),
     ];
+    let free = Decider::new(Config {
+        mode: Mode::Always,
+        duplicate_prefill_weight: 0.0,
+        ..Config::default()
+    });
+    assert_eq!(
+        free.decide(8_000, &decode, &c).prefill,
+        Prefill::Remote(EndpointId(3))
+    );
     assert_eq!(
         d.decide(8_000, &decode, &c).prefill,
-        Prefill::Remote(EndpointId(3))
+        Prefill::Remote(EndpointId(2))
     );
     // Ties go to the lowest id, whatever the order.
     let c = [candidate(5, 0.0, 0), candidate(4, 0.0, 0)];
@@ -166,7 +177,7 @@ fn invalid_settings_name_the_setting() {
 
 proptest! {
     /// Conditional picks the cheaper of the two prices it reports, and the prefill endpoint
-    /// it names is the cheapest candidate.
+    /// it names is the cheapest candidate (soonest ready, plus the duplicated prefill).
     #[test]
     fn conditional_takes_the_lower_price(
         prompt in 1u32..40_000,
@@ -187,11 +198,13 @@ proptest! {
         prop_assert_eq!(v.is_remote(), remote < v.local_secs);
         let always = decider(Mode::Always).decide(prompt, &decode, &candidates);
         if let Prefill::Remote(e) = always.prefill {
-            let cheapest = candidates.iter().all(|c| {
-                let mine = &candidates[e.0 as usize].side;
-                mine.ttft(prompt) <= c.side.ttft(prompt)
-            });
-            prop_assert!(cheapest);
+            let fewest = candidates.iter().map(|c| c.side.uncached(prompt)).min().unwrap();
+            let cost = |s: &Side| {
+                let duplicated = f64::from(s.uncached(prompt) - fewest);
+                s.ttft(prompt) + duplicated * s.coefficients.seconds_per_token(s.decodes)
+            };
+            let mine = cost(&candidates[e.0 as usize].side);
+            prop_assert!(candidates.iter().all(|c| mine <= cost(&c.side)));
         } else {
             prop_assert!(false, "always with candidates goes remote");
         }
@@ -227,4 +240,35 @@ fn a_remote_leg_queues_what_its_endpoint_computes() {
     assert_eq!(v.remote_tokens(EndpointId(2), 9_000), 9_000);
     let local = decider(Mode::Never).decide(9_000, &side(0.0, 0.0, 0), &[candidate(1, 0.0, 0)]);
     assert_eq!(local.remote_tokens(EndpointId(1), 9_000), 9_000);
+}
+
+#[test]
+fn a_duplicate_prefill_is_charged_when_choosing_the_prefill_endpoint() {
+    // Endpoint 1 holds 8,000 of the 9,000 tokens behind 10,000 queued; endpoint 2 holds
+    // nothing and is idle: soonest ready is 2 (9,000 tokens against 11,000).
+    let candidates = [candidate(1, 10_000.0, 8_000), candidate(2, 0.0, 0)];
+    let pick = |weight| {
+        Decider::new(Config {
+            mode: Mode::Always,
+            duplicate_prefill_weight: weight,
+            ..Config::default()
+        })
+        .decide(9_000, &side(0.0, 0.0, 0), &candidates)
+        .prefill
+    };
+    assert_eq!(pick(0.0), Prefill::Remote(EndpointId(2)));
+    // Charged once, the 8,000 duplicated tokens outweigh the 2,000-token head start.
+    assert_eq!(pick(1.0), Prefill::Remote(EndpointId(1)));
+}
+
+#[test]
+fn a_negative_duplicate_weight_is_refused() {
+    let config = Config {
+        duplicate_prefill_weight: -1.0,
+        ..Config::default()
+    };
+    assert_eq!(
+        config.validate().unwrap_err().field,
+        "duplicate_prefill_weight"
+    );
 }

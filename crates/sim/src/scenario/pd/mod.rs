@@ -121,6 +121,10 @@ fn decision(p: &mut Params<'_>) -> Result<Config, Error> {
     let mut decision = Config {
         threshold_tokens: p.u64("threshold_tokens", 2_048)? as u32,
         decode_stall_weight: p.f64("decode_stall_weight", STALL_WEIGHT)?,
+        duplicate_prefill_weight: p.f64(
+            "duplicate_prefill_weight",
+            Config::default().duplicate_prefill_weight,
+        )?,
         ..Config::default()
     };
     decision.transfer.bandwidth_gbps = p.positive_f64("bandwidth_gbps", 40.0)?;
