@@ -171,6 +171,32 @@ fn engine(kv_blocks: usize) -> EngineConfig {
     }
 }
 
+/// One run of `decider` on `replicas` replicas whose first `split` prefill (the rest decode):
+/// the fleet afterwards, and the time of its last event.
+fn simulate(
+    engine: EngineConfig,
+    (replicas, split): (usize, usize),
+    decider: Decider,
+    workload: AgenticConfig,
+    seed: u64,
+) -> (PdFleet, Nanos) {
+    let roles: Vec<Role> = (0..replicas)
+        .map(|i| {
+            if i < split {
+                Role::Prefill
+            } else {
+                Role::Decode
+            }
+        })
+        .collect();
+    let mut fleet = PdFleet::new(engine, &roles, decider);
+    let end = fleet.run(
+        &mut Agentic::new(workload),
+        &mut ChaCha8Rng::seed_from_u64(seed),
+    );
+    (fleet, end)
+}
+
 /// One table row.
 fn row(r: &ModeResult) -> Vec<String> {
     vec![
@@ -205,22 +231,11 @@ pub(super) fn run(options: &Options) -> Result<Report, Error> {
             .flat_map(|mode| splits.iter().map(move |&split| (mode, split))),
     );
     for (mode, split) in runs {
-        let roles: Vec<Role> = (0..replicas)
-            .map(|i| {
-                if i < split {
-                    Role::Prefill
-                } else {
-                    Role::Decode
-                }
-            })
-            .collect();
         let decider = Decider::new(Config {
             mode,
             ..decision.clone()
         });
-        let mut fleet = PdFleet::new(engine, &roles, decider);
-        let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
-        let end = fleet.run(&mut Agentic::new(workload), &mut rng);
+        let (fleet, end) = simulate(engine, (replicas, split), decider, workload, options.seed);
         let r = summarise(mode.label(), (split, replicas - split), &fleet, end, slo);
         table.row(row(&r));
         results.push(to_value(&r));
@@ -287,24 +302,11 @@ mod tests {
             (Mode::Threshold, 1),
             (Mode::Conditional, 3),
         ] {
-            let roles: Vec<Role> = (0..4)
-                .map(|i| {
-                    if i < split {
-                        Role::Prefill
-                    } else {
-                        Role::Decode
-                    }
-                })
-                .collect();
             let decider = Decider::new(Config {
                 mode,
                 ..Config::default()
             });
-            let mut fleet = PdFleet::new(engine(16_384), &roles, decider);
-            fleet.run(
-                &mut Agentic::new(workload),
-                &mut ChaCha8Rng::seed_from_u64(7),
-            );
+            let (fleet, _) = simulate(engine(16_384), (4, split), decider, workload, 7);
             let firsts: Vec<_> = fleet
                 .measured
                 .iter()
