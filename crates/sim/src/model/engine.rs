@@ -20,7 +20,7 @@ const ENGINE_HASH_SEED: u64 = 0x656e_6769_6e65;
 /// bytes) seeded by block `i - 1`'s hash, exactly as
 /// [`kvgate_core::index::blocks::block_hashes`] with `scope = ENGINE_HASH_SEED`, without
 /// allocating per block.
-fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+pub(crate) fn chained_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     chained_hashes_from(tokens, block_size, ENGINE_HASH_SEED)
 }
 

@@ -45,6 +45,7 @@ mod pool;
 mod tests;
 
 pub use cost::{CostModel, TICK_NANOS};
+pub(crate) use engine::chained_hashes;
 pub use engine::EngineModel;
 pub use lora::{LoraConfig, LoraStats};
 

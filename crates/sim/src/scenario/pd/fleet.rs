@@ -11,7 +11,7 @@
 //! itself (its step overhead, prefill and per-sequence costs), so the comparison is of the
 //! modes, not of a learned model's error.
 
-use crate::model::{CostModel, EngineConfig, EngineModel, SeqEvent, SeqRequest};
+use crate::model::{chained_hashes, CostModel, EngineConfig, EngineModel, SeqEvent, SeqRequest};
 use crate::workload::{Spec, Workload};
 use kvgate_core::disagg::{Candidate, Decider, Prefill, Side};
 use kvgate_core::policy::calibration::Coefficients;
@@ -19,7 +19,6 @@ use kvgate_core::{EndpointId, Nanos};
 use rand::RngCore;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// What each replica does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,12 +132,8 @@ impl PdFleet {
     /// so the floors' percentiles bound every mode's from below.
     fn floor(&mut self, prompt: &[u32]) -> f64 {
         const BLOCK: usize = 16;
-        let mut chain = 0u64;
         let mut cached = 0;
-        for (i, block) in prompt.chunks_exact(BLOCK).enumerate() {
-            let mut h = DefaultHasher::new();
-            (chain, block).hash(&mut h);
-            chain = h.finish();
+        for (i, chain) in chained_hashes(prompt, BLOCK).into_iter().enumerate() {
             if cached == i * BLOCK && self.seen.contains(&chain) {
                 cached += BLOCK;
             }
